@@ -1,0 +1,1 @@
+"""CosyVoice2 Studio: zero-shot voice cloning served through vLLM."""
