@@ -1,0 +1,155 @@
+"""Speech tokens -> 24 kHz waveform, streamed, with all per-request state in one object.
+
+The chunk schedule reproduces the official `CosyVoice2Model.tts` (cosyvoice_internals.md §5):
+the first hop is `first_hop_tokens` plus the pad that puts its end on a 25-token chunk edge of
+the (prompt + generated) sequence; each hop needs `pre_lookahead` extra tokens; hops then grow
+x`hop_growth` up to `max_hop_tokens`; the last chunk is `finalize=True` with full attention.
+HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail.
+
+Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
+so it never leaks into the next request (upstream mutates the shared model and every later
+request starts with a 4 s first chunk). `crossfade="complementary"` is an option; the default
+"hamming" reproduces the official window (its halves sum to ~1.08).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from app.audio import MEL_FRAMES_PER_TOKEN
+
+MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
+SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * 480  # 3840: NSF source phase continuity (160 ms)
+CROSSFADE_SAMPLES = SOURCE_CACHE_SAMPLES  # 3840 samples held back and cross-faded
+
+
+@dataclass(frozen=True)
+class FlowPrompt:
+    """The voice as the flow sees it (mel frames == 2 x tokens, aligned by the frontend)."""
+
+    tokens: Tensor  # [1, P] int32/int64 speech tokens of the prompt
+    mel: Tensor  # [1, 2P, 80] float32 log-mel of the 24 kHz prompt
+    embedding: Tensor  # [1, 192] float32 CAM++ x-vector
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    first_hop_tokens: int = 25
+    hop_growth: int = 2
+    max_hop_tokens: int = 100
+    chunk_tokens: int = 25  # the flow's static chunk size (prompt pad aligns to it)
+    pre_lookahead: int = 3
+    crossfade: str = "hamming"  # "hamming" (official) | "complementary" (halves sum to 1)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One token2wav call: run the flow on tokens[:n_tokens], keep mel from token_offset on."""
+
+    n_tokens: int
+    token_offset: int
+    streaming: bool  # chunk-causal attention in the flow
+    finalize: bool  # last chunk: no look-ahead hold-back, emit the held-back tail
+
+
+def _crossfade_windows(kind: str, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(fade_in, fade_out) weights, each [n], applied as new*fade_in + old_tail*fade_out."""
+    if kind == "hamming":  # np.hamming(2n): rising half for the new chunk, falling half for the old
+        w = torch.hamming_window(2 * n, periodic=False, dtype=torch.float64)
+        return w[:n].float().to(device), w[n:].float().to(device)
+    if kind == "complementary":
+        t = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+        fade_in = torch.sin(0.5 * math.pi * t) ** 2
+        return fade_in.float().to(device), (1.0 - fade_in).float().to(device)
+    raise ValueError(f"unknown crossfade {kind!r}")
+
+
+class Token2WavStream:
+    """Per-request token->wave state: hop schedule, token offset, HiFT mel/source/speech caches.
+
+    Usage: whenever tokens arrive, `plan = s.next_plan(n_available, lm_finished)`; if a plan is
+    returned, `wave = s.run(tokens, plan)` ([N] float32 at 24 kHz). Exactly one plan has
+    `finalize=True`; after it `s.done` is True. With `stream=False` only that final plan exists.
+    The shared flow/hift modules are never mutated.
+    """
+
+    def __init__(self, flow, hift, prompt: FlowPrompt, opts: StreamOptions, *, stream: bool,
+                 speed: float = 1.0, generator: torch.Generator | None = None) -> None:
+        if speed != 1.0 and stream:
+            raise ValueError("speed change is only supported without streaming (as upstream)")
+        self.flow, self.hift, self.prompt, self.opts = flow, hift, prompt, opts
+        self.stream, self.speed, self.generator = stream, speed, generator
+        n_prompt = prompt.tokens.shape[1]
+        # pad so the first chunk ends on a chunk edge of prompt + generated tokens
+        self.prompt_pad = -n_prompt % opts.chunk_tokens
+        self.hop = opts.first_hop_tokens
+        self.token_offset = 0
+        self.done = False
+        self._mel_cache: Tensor | None = None  # [1, 80, 8]
+        self._source_cache: Tensor | None = None  # [1, 1, 3840]
+        self._speech_tail: Tensor | None = None  # [1, 3840]
+
+    def _this_hop(self) -> int:
+        return self.hop + self.prompt_pad if self.token_offset == 0 else self.hop
+
+    def next_plan(self, n_available: int, lm_finished: bool) -> ChunkPlan | None:
+        """The next chunk to compute given `n_available` tokens, or None to wait for more."""
+        if self.done:
+            return None
+        if self.stream:
+            hop = self._this_hop()
+            if n_available - self.token_offset >= hop + self.opts.pre_lookahead:
+                return ChunkPlan(self.token_offset + hop + self.opts.pre_lookahead, self.token_offset,
+                                 streaming=True, finalize=False)
+        if lm_finished:
+            return ChunkPlan(n_available, self.token_offset, streaming=False, finalize=True)
+        return None
+
+    @torch.inference_mode()
+    def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
+        """Flow stage of `plan`: new mel frames [1, 80, T] (float32), prefix before offset cut."""
+        p = self.prompt
+        tok = tokens[:, : plan.n_tokens]
+        mel = self.flow.inference(tok, p.tokens, p.mel, p.embedding,
+                                  streaming=plan.streaming, finalize=plan.finalize)
+        return mel[:, :, plan.token_offset * MEL_FRAMES_PER_TOKEN:].float()
+
+    @torch.inference_mode()
+    def vocode(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
+        """HiFT stage of `plan`: returns the samples to emit, [N] float32; updates the caches."""
+        if self._mel_cache is not None:
+            mel = torch.cat([self._mel_cache, mel], dim=2)
+        if plan.finalize and self.speed != 1.0:
+            mel = F.interpolate(mel, size=int(mel.shape[2] / self.speed), mode="linear")
+        hift_dtype = next(self.hift.parameters()).dtype
+        wav, source = self.hift.inference(mel.to(hift_dtype), self._source_cache, generator=self.generator)
+        wav = wav.float()
+        if self._speech_tail is not None:
+            fade_in, fade_out = _crossfade_windows(self.opts.crossfade, CROSSFADE_SAMPLES, wav.device)
+            head = wav[:, :CROSSFADE_SAMPLES] * fade_in + self._speech_tail * fade_out
+            wav = torch.cat([head, wav[:, CROSSFADE_SAMPLES:]], dim=1)
+        if not plan.finalize:
+            self._mel_cache = mel[:, :, -MEL_CACHE_FRAMES:]
+            self._source_cache = source[:, :, -SOURCE_CACHE_SAMPLES:]
+            self._speech_tail = wav[:, -CROSSFADE_SAMPLES:]
+            wav = wav[:, :-CROSSFADE_SAMPLES]
+        return wav[0]
+
+    def advance(self, plan: ChunkPlan) -> None:
+        """Move the schedule past `plan` (call after its audio was produced)."""
+        if plan.finalize:
+            self.done = True
+            return
+        self.token_offset += self._this_hop()
+        self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)
+
+    def run(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
+        """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32."""
+        wave = self.vocode(self.flow_mel(tokens, plan), plan)
+        self.advance(plan)
+        return wave
