@@ -48,3 +48,25 @@ def golden(parity: Path):
         return cache[name]
 
     return load
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Tiny models on a 2-core box: OpenMP across 2 threads is slower than 1 for these ops."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A `make_model --size tiny` folder, built once per test session."""
+    from app.tools.make_model import make_model
+    from app.tools.model_sizes import TINY
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    make_model(out, TINY, seed=0)
+    return out

@@ -1,0 +1,122 @@
+"""The speech-LM interface the pipeline talks to, and its reference PyTorch implementation.
+
+A backend turns prompt embeddings into a stream of speech-token ids. The reference backend runs
+`SpeechLM.decode` (KV cache, RAS with a per-request seeded generator) in worker threads; the
+vLLM backend implements the same `SpeechTokenSource` protocol on one shared AsyncLLM.
+Closing the async iterator (consumer cancelled, Stop, disconnect) stops the decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from app.config import SamplingConfig
+from app.model.llm import SpeechLM
+from app.model.sampling import ras_sample
+
+
+@dataclass(frozen=True)
+class LMRequest:
+    request_id: str
+    prompt_embeds: Tensor  # [T, D] float32: [sos, text emb, task_id, prompt speech emb]
+    min_tokens: int
+    max_tokens: int
+    seed: int
+    sampling: SamplingConfig
+
+
+class SpeechTokenSource(Protocol):
+    """What the pipeline needs from an LM backend."""
+
+    name: str
+
+    def stream(self, req: LMRequest) -> AsyncIterator[list[int]]:
+        """New speech-token ids (< 6561) as they are sampled; ends at a stop token or max_tokens."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+_END = object()
+
+
+class TorchLMBackend:
+    """Reference backend: the PyTorch `SpeechLM`, one worker thread per active request."""
+
+    name = "torch"
+
+    def __init__(self, llm: SpeechLM, max_concurrency: int = 4) -> None:
+        self.llm = llm
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="torch-lm")
+        self._workers: set[asyncio.Future] = set()  # decode threads still running
+
+    @property
+    def n_active(self) -> int:
+        """Decode workers still running (a cancelled one stops at its next token)."""
+        return len(self._workers)
+
+    async def drain(self) -> None:
+        """Wait until every decode worker has returned."""
+        if self._workers:
+            await asyncio.wait(set(self._workers))
+
+    def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
+        s = req.sampling
+        sampler = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
+        generator = torch.Generator(device="cpu").manual_seed(req.seed)
+        device = next(self.llm.parameters()).device
+        lm_input = req.prompt_embeds.to(device).unsqueeze(0)
+        for token in self.llm.decode(lm_input, req.min_tokens, req.max_tokens, generator, sampler):
+            if cancel.is_set():
+                return
+            emit(token)
+
+    async def stream(self, req: LMRequest) -> AsyncIterator[list[int]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                self._decode(req, put, cancel)
+            except BaseException as e:  # forwarded to the consumer, re-raised there
+                put(e)
+            finally:
+                put(_END)
+
+        fut = loop.run_in_executor(self._executor, work)
+        self._workers.add(fut)
+        fut.add_done_callback(self._workers.discard)
+        try:
+            while True:
+                item = await queue.get()
+                batch: list[int] = []
+                while True:  # drain whatever else is already queued into one delta
+                    if item is _END:
+                        if batch:
+                            yield batch
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    batch.append(int(item))
+                    if queue.empty():
+                        break
+                    item = queue.get_nowait()
+                yield batch
+        finally:
+            cancel.set()  # the worker stops at its next token
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,76 @@
+"""Requests in, chunks out: small frozen dataclasses, never dicts of tensors."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from app.model.frontend import VoiceFeatures
+
+Mode = Literal["zero_shot", "cross_lingual", "instruct"]
+MODES: tuple[Mode, ...] = ("zero_shot", "cross_lingual", "instruct")
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One synthesis: speak `text` in `voice`.
+
+    zero_shot: the LM continues the reference (transcript + speech tokens); cross_lingual: the LM
+    sees only the text (use when the reference language differs); instruct: the LM sees
+    `instruct_text` (e.g. "Speak happily<|endofprompt|>") instead of the transcript. The flow
+    always uses the reference's tokens, mel and x-vector.
+    """
+
+    text: str
+    voice: VoiceFeatures
+    mode: Mode = "zero_shot"
+    instruct_text: str = ""
+    seed: int = 0
+    speed: float = 1.0  # non-streaming only, as upstream
+    stream: bool = True
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "instruct" and not self.instruct_text.strip():
+            raise ValueError("instruct mode needs an instruction (instruct_text)")
+        if self.stream and self.speed != 1.0:
+            raise ValueError("speed applies only without streaming; set stream=False or speed=1.0")
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Timings of one finished request (seconds unless named *_ms)."""
+
+    ttfa_ms: float  # request start -> first non-empty audio chunk ready
+    wall_s: float
+    audio_s: float
+    n_tokens: int  # speech tokens produced by the LM (all segments)
+    n_segments: int
+    n_chunks: int
+    lm_s: float  # time spent waiting on the LM stream
+    flow_s: float
+    hift_s: float
+
+    @property
+    def rtf(self) -> float:
+        return self.wall_s / self.audio_s if self.audio_s > 0 else float("inf")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of the output, in order. Exactly one chunk per request has `is_final=True`."""
+
+    samples: np.ndarray  # [N] float32 at 24 kHz in [-1, 1]
+    index: int
+    segment: int  # which normalised text segment it belongs to
+    is_final: bool
+    stats: RequestStats | None = None  # set on the final chunk only

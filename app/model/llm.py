@@ -1,0 +1,244 @@
+"""The CosyVoice2 speech LM (official `Qwen2LM`): prompt building, one decode step, decode loops.
+
+`SpeechLM` holds weights only (state-dict keys identical to `Qwen2LM`); each request owns a
+`DecodeState` (KV cache, generator, emitted tokens). The pure-torch `decode` loop here is the
+reference backend; a serving engine may replace the loop and keep `build_lm_input`,
+`length_limits` and the stop-token constants.
+
+Sequence fed to the Qwen2 backbone (positions from 0 at sos):
+    [sos, embed_tokens(prompt_text + text), task_id, speech_embedding(prompt_speech)]
+sos/task_id are the two rows of `llm_embedding`; no speaker embedding is used.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from app.model.hparams import LLMDims
+from app.model.qwen2 import KVCache, Qwen2ForCausalLM
+from app.model.sampling import Sampler, ras_sample
+
+SPEECH_TOKEN_SIZE = 6561  # real speech tokens 0..6560 (3^8 FSQ codebook)
+EOS_TOKEN = SPEECH_TOKEN_SIZE  # 6561: end of speech; banned while fewer than min_len tokens
+UNUSED_STOP_TOKEN = SPEECH_TOKEN_SIZE + 1  # 6562: no role at inference, only a stop id
+FILL_TOKEN = SPEECH_TOKEN_SIZE + 2  # 6563: bistream "need more text" marker
+STOP_TOKENS = frozenset({EOS_TOKEN, UNUSED_STOP_TOKEN, FILL_TOKEN})
+N_SPEECH_ROWS = SPEECH_TOKEN_SIZE + 3  # rows of speech_embedding / outputs of llm_decoder
+SOS_ROW, TASK_ID_ROW = 0, 1  # rows of llm_embedding
+MIN_TOKEN_TEXT_RATIO = 2  # min_len = 2 x tts-text tokens
+MAX_TOKEN_TEXT_RATIO = 20  # max_len = 20 x tts-text tokens
+
+
+class _Qwen2Encoder(nn.Module):
+    """The official `Qwen2Encoder` level: no weights of its own, it gives keys `llm.model.*`."""
+
+    def __init__(self, dims: LLMDims) -> None:
+        super().__init__()
+        self.model = Qwen2ForCausalLM(dims.qwen)
+
+
+@dataclass
+class DecodeState:
+    """One request's decode loop state; it dies with the request."""
+
+    cache: KVCache
+    generator: torch.Generator
+    pending: Tensor  # [1, T, D] embeddings not yet fed: the prefix, then the last token
+    min_len: int
+    max_len: int
+    out_tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+def _ids(x: Tensor | Sequence[int], device: torch.device) -> Tensor:
+    """Token ids as a long tensor `[1, L]` (accepts `[L]`, `[1, L]` or a list)."""
+    t = torch.as_tensor(x, dtype=torch.long, device=device)
+    return t.reshape(1, -1)
+
+
+class SpeechLM(nn.Module):
+    """Text + prompt speech tokens -> speech tokens (25 Hz), official `Qwen2LM` weights."""
+
+    def __init__(self, dims: LLMDims) -> None:
+        super().__init__()
+        if dims.speech_token_size != SPEECH_TOKEN_SIZE:
+            raise ValueError(f"speech_token_size {dims.speech_token_size} != {SPEECH_TOKEN_SIZE}: "
+                             "not a CosyVoice2 LLM")
+        if dims.llm_input_size != dims.qwen.hidden_size or dims.llm_output_size != dims.qwen.hidden_size:
+            raise ValueError(f"llm_input/output_size {dims.llm_input_size}/{dims.llm_output_size} "
+                             f"!= Qwen2 hidden_size {dims.qwen.hidden_size}")
+        self.dims = dims
+        self.llm_embedding = nn.Embedding(2, dims.llm_input_size)
+        self.llm = _Qwen2Encoder(dims)
+        self.llm_decoder = nn.Linear(dims.llm_output_size, N_SPEECH_ROWS)
+        self.speech_embedding = nn.Embedding(N_SPEECH_ROWS, dims.llm_input_size)
+
+    # --- pieces --------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.llm_decoder.weight.device
+
+    def embed_text(self, text_ids: Tensor | Sequence[int]) -> Tensor:
+        """Qwen text embeddings `[1, L, D]` of text token ids."""
+        return self.llm.model.model.embed_tokens(_ids(text_ids, self.device))
+
+    def embed_speech(self, token_ids: Tensor | Sequence[int] | int) -> Tensor:
+        """Speech-token embeddings `[1, L, D]` (an int gives `[1, 1, D]`)."""
+        return self.speech_embedding(_ids(token_ids, self.device))
+
+    def _special(self, row: int) -> Tensor:
+        return self.llm_embedding.weight[row].reshape(1, 1, -1)  # [1, 1, D]
+
+    @torch.inference_mode()
+    def build_lm_input(self, text_ids: Tensor | Sequence[int], prompt_text_ids: Tensor | Sequence[int] = (),
+                       prompt_speech_tokens: Tensor | Sequence[int] = ()) -> Tensor:
+        """LM prefix `[1, 1 + Lp + Lt + 1 + Ls, D]`.
+
+        zero_shot: prompt text + prompt speech; cross_lingual: neither; instruct: the instruct
+        text (ending in `<|endofprompt|>`) as `prompt_text_ids` and no prompt speech.
+        """
+        text = torch.cat([_ids(prompt_text_ids, self.device), _ids(text_ids, self.device)], dim=1)
+        return torch.cat([self._special(SOS_ROW), self.embed_text(text), self._special(TASK_ID_ROW),
+                          self.embed_speech(prompt_speech_tokens)], dim=1)
+
+    @staticmethod
+    def length_limits(n_tts_text_tokens: int) -> tuple[int, int]:
+        """(min_len, max_len) speech tokens for a tts text of that many tokens (prompt excluded)."""
+        return int(n_tts_text_tokens * MIN_TOKEN_TEXT_RATIO), int(n_tts_text_tokens * MAX_TOKEN_TEXT_RATIO)
+
+    @torch.inference_mode()
+    def hidden(self, inputs_embeds: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Final-norm Qwen2 hidden states `[B, T, D]` (see `Qwen2Model.forward`)."""
+        return self.llm.model(inputs_embeds, cache)
+
+    @torch.inference_mode()
+    def logp(self, hidden_last: Tensor) -> Tensor:
+        """log_softmax(llm_decoder(h)): `[D] -> [6564]` (or `[B, D] -> [B, 6564]`)."""
+        return self.llm_decoder(hidden_last).log_softmax(dim=-1)
+
+    def new_cache(self) -> KVCache:
+        return self.llm.model.model.new_cache()
+
+    def ras_sampler(self) -> Sampler:
+        """The official sampler with this checkpoint's yaml settings (top_p, top_k, window, tau_r)."""
+        d = self.dims
+        return functools.partial(ras_sample, top_p=d.top_p, top_k=d.top_k, win_size=d.win_size, tau_r=d.tau_r)
+
+    @torch.inference_mode()
+    def _feed(self, inputs_embeds: Tensor, cache: KVCache) -> Tensor:
+        """Feed `[1, T, D]` through the backbone; log-probs `[6564]` of the next token."""
+        return self.logp(self.hidden(inputs_embeds, cache)[0, -1])
+
+    # --- decoding ------------------------------------------------------------------------------
+
+    def start(self, lm_input: Tensor, min_len: int, max_len: int, generator: torch.Generator) -> DecodeState:
+        """A fresh per-request state for `lm_input [1, T, D]` (see `build_lm_input`)."""
+        return DecodeState(self.new_cache(), generator, lm_input, min_len, max_len)
+
+    @torch.inference_mode()
+    def next_token(self, state: DecodeState, sampler: Sampler | None = None) -> int | None:
+        """One official decode step: the next speech token, or None once the request ended.
+
+        eos (6561) is set to -inf while fewer than `min_len` tokens were emitted; any stop id
+        (6561/6562/6563) or reaching `max_len` tokens ends the request.
+        """
+        if state.finished or len(state.out_tokens) >= state.max_len:
+            state.finished = True
+            return None
+        logp = self._feed(state.pending, state.cache)
+        if len(state.out_tokens) < state.min_len:
+            logp[EOS_TOKEN] = -float("inf")
+        token = (sampler or self.ras_sampler())(logp, state.out_tokens, state.generator)
+        if token in STOP_TOKENS:
+            state.finished = True
+            return None
+        state.out_tokens.append(token)
+        state.pending = self.embed_speech(token)
+        return token
+
+    def decode(self, lm_input: Tensor, min_len: int, max_len: int, generator: torch.Generator,
+               sampler: Sampler | None = None) -> Iterator[int]:
+        """Yield speech tokens one at a time (KV-cached) until a stop id or `max_len` tokens."""
+        state = self.start(lm_input, min_len, max_len, generator)
+        sampler = sampler or self.ras_sampler()
+        while (token := self.next_token(state, sampler)) is not None:
+            yield token
+
+    @torch.inference_mode()
+    def decode_bistream(self, text_pieces: Iterable[Tensor | Sequence[int]],
+                        prompt_text_ids: Tensor | Sequence[int], prompt_speech_tokens: Tensor | Sequence[int],
+                        generator: torch.Generator, sampler: Sampler | None = None,
+                        max_len: int | None = None) -> Iterator[int]:
+        """Official bi-streaming decode: text arrives piece by piece, speech tokens leave as made.
+
+        Each item of `text_pieces` is handled as one arrival (upstream feeds one id at a time).
+        Prompt text/speech are interleaved 5 text : 15 speech (`mix_ratio`); then each 5 new
+        text tokens let the LM speak until it emits (or is forced to emit, every 16th output)
+        the fill token 6563, which is never fed back. After the last piece, leftover text +
+        task_id are fed and decoding runs to eos with no length limits. Upstream quirks kept:
+        after a fill, the last fed chunk is fed again in front of the final text; prompt speech
+        still pending when the text ends is dropped. Fill tokens are not yielded.
+        `max_len` (not upstream, which has no limit) stops after that many yielded tokens.
+        """
+        sampler = sampler or self.ras_sampler()
+        n_text, n_speech = self.dims.mix_ratio
+        cache, out, n_yielded = self.new_cache(), [], 0  # out: every output incl. fills (RAS window)
+        pending = self._special(SOS_ROW)  # [1, T, D]; stays as-is after it is fed (see quirks)
+        text_cache = self.embed_text(prompt_text_ids)  # [1, Lt, D] text waiting to be fed
+        speech_prompt = self.embed_speech(prompt_speech_tokens)  # [1, Ls, D]
+        n_prompt = speech_prompt.shape[1]
+        next_fill = (n_prompt // n_speech + 1) * n_speech - n_prompt  # output index of a forced fill
+
+        def step(logp: Tensor) -> int:
+            if len(out) == next_fill:
+                return FILL_TOKEN
+            logp[EOS_TOKEN] = -float("inf")
+            return sampler(logp, out, generator)
+
+        for piece in text_pieces:
+            text_cache = torch.cat([text_cache, self.embed_text(piece)], dim=1)
+            while speech_prompt.shape[1] and text_cache.shape[1] >= n_text:
+                pending = torch.cat([pending, text_cache[:, :n_text], speech_prompt[:, :n_speech]], dim=1)
+                text_cache, speech_prompt = text_cache[:, n_text:], speech_prompt[:, n_speech:]
+            if speech_prompt.shape[1]:
+                continue
+            after_fill = bool(out) and out[-1] == FILL_TOKEN
+            if after_fill or (not out and pending.shape[1] == 1):
+                if text_cache.shape[1] < n_text:
+                    continue  # wait for more text
+                chunk, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
+                pending = chunk if after_fill else torch.cat([pending, chunk], dim=1)
+            while True:
+                token = step(self._feed(pending, cache))
+                if token == FILL_TOKEN:
+                    next_fill = len(out) + n_speech + 1
+                out.append(token)
+                if token == FILL_TOKEN:
+                    break
+                if token >= SPEECH_TOKEN_SIZE:
+                    raise RuntimeError(f"bistream decode produced stop token {token} mid-text")
+                yield token
+                n_yielded += 1
+                if max_len is not None and n_yielded >= max_len:
+                    return
+                pending = self.embed_speech(token)
+
+        pending = torch.cat([pending, text_cache, self._special(TASK_ID_ROW)], dim=1)
+        while True:
+            token = sampler(self._feed(pending, cache), out, generator)
+            out.append(token)
+            if token == EOS_TOKEN:
+                return
+            if token >= SPEECH_TOKEN_SIZE:
+                raise RuntimeError(f"bistream decode produced {token}; only speech or eos may come")
+            yield token
+            n_yielded += 1
+            if max_len is not None and n_yielded >= max_len:
+                return
+            pending = self.embed_speech(token)
