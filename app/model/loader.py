@@ -40,10 +40,11 @@ class CosyVoice2Model:
     flow: CausalFlow
     hift: HiFTGenerator
     device: torch.device
+    checkpoint_counts: dict[str, dict[str, int]]  # per file: {"tensors": n, "params": n} as stored
 
     def parameter_counts(self) -> dict[str, int]:
-        return {name: sum(p.numel() for p in m.state_dict().values())
-                for name, m in (("llm", self.llm), ("flow", self.flow), ("hift", self.hift))}
+        """Parameters of each checkpoint file as stored (llm counts Qwen's tied lm_head separately)."""
+        return {name: c["params"] for name, c in self.checkpoint_counts.items()}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -66,14 +67,18 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_strict(module: nn.Module, path: Path,
-                transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> None:
+                transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+                ) -> dict[str, int]:
+    """Strict load of `path` into `module`; returns the file's tensor and parameter counts."""
     sd = read_state_dict(path)
+    counts = {"tensors": len(sd), "params": sum(v.numel() for v in sd.values())}
     if transform is not None:
         sd = transform(sd)
     try:
         module.load_state_dict(sd, strict=True)
     except RuntimeError as e:
         raise ModelFolderError(f"{path} does not match the sizes in cosyvoice2.yaml: {e}") from e
+    return counts
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -105,15 +110,16 @@ def load_model(model_dir: str | Path, *, device: str = "auto", llm_dtype: str = 
     hp = load_hparams(model_dir)
     dev = resolve_device(device)
 
+    counts = {}
     llm = SpeechLM(hp.llm)
-    load_strict(llm, model_dir / "llm.pt")
+    counts["llm"] = load_strict(llm, model_dir / "llm.pt")
     # Qwen's text lm_head (tied to embed_tokens in the file) is never used by the speech LM;
     # drop it so it costs no second copy of the 151936-row table after a dtype cast.
     llm.llm.model.lm_head = nn.Identity()
     flow = CausalFlow(hp.flow)
-    load_strict(flow, model_dir / "flow.pt")
+    counts["flow"] = load_strict(flow, model_dir / "flow.pt")
     hift = HiFTGenerator(hp.hift, nsf_noise=nsf_noise)
-    load_strict(hift, model_dir / "hift.pt", transform=normalize_hift_state_dict)
+    counts["hift"] = load_strict(hift, model_dir / "hift.pt", transform=normalize_hift_state_dict)
     hift.remove_weight_norm()
 
     llm = llm.to(dev, _DTYPES[llm_dtype]).eval()
@@ -122,4 +128,4 @@ def load_model(model_dir: str | Path, *, device: str = "auto", llm_dtype: str = 
     hift.f0_predictor.float()  # f0 must be fp32 (see HiFTGenerator.f0)
     frontend = load_frontend(model_dir, hp, device=dev, text_frontend=text_frontend)
     return CosyVoice2Model(model_dir=model_dir, hparams=hp, frontend=frontend, llm=llm, flow=flow,
-                           hift=hift, device=dev)
+                           hift=hift, device=dev, checkpoint_counts=counts)

@@ -114,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
-    report = make_model(args.out, SIZES[args.size], args.seed, args.tokenizer_from, args.force)
+    try:
+        report = make_model(args.out, SIZES[args.size], args.seed, args.tokenizer_from, args.force)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.size == "full":
         mismatches = compare_official(report)
         report["equals_official_counts"] = not mismatches

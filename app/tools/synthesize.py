@@ -66,7 +66,8 @@ async def run(args: argparse.Namespace) -> dict:
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     Path(args.out).write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
     assert stats is not None
-    return {"out": args.out, "load_s": round(load_s, 3), "frontend_s": round(frontend_s, 3),
+    return {"out": args.out, "checkpoint_counts": model.checkpoint_counts,
+            "load_s": round(load_s, 3), "frontend_s": round(frontend_s, 3),
             "ttfa_ms": round(stats.ttfa_ms, 1), "rtf": round(stats.rtf, 3), "audio_s": round(stats.audio_s, 3),
             "n_tokens": stats.n_tokens, "tokens_per_s": round(stats.tokens_per_s, 1),
             "n_segments": stats.n_segments, "chunk_samples": chunk_lens,
@@ -75,7 +76,11 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report = asyncio.run(run(args))
+    try:
+        report = asyncio.run(run(args))
+    except (ValueError, OSError) as e:  # bad model folder, audio, text or config: say what, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(report))
     return 0
 
