@@ -180,6 +180,7 @@ class HiFTGenerator(nn.Module):
         if source.ndim != 3 or source.shape[1] != 1 or source.shape[-1] != expected:
             raise ValueError(f"source must be [B, 1, {expected}] for {mel.shape[-1]} mel frames, "
                              f"got {tuple(source.shape)}")
+        mel = mel.to(self.conv_pre.weight.dtype)  # the decoder may run in fp16/bf16 (f0 stays fp32)
         spec = self._stft(source[:, 0]).to(mel.dtype)  # [B, n_fft+2, 120 T + 1]
         n_stages = len(self.ups)
         x = self.conv_pre(mel)  # [B, base, T]

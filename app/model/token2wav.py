@@ -126,8 +126,7 @@ class Token2WavStream:
             mel = torch.cat([self._mel_cache, mel], dim=2)
         if plan.finalize and self.speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / self.speed), mode="linear")
-        hift_dtype = next(self.hift.parameters()).dtype
-        wav, source = self.hift.inference(mel.to(hift_dtype), self._source_cache, generator=self.generator)
+        wav, source = self.hift.inference(mel, self._source_cache, generator=self.generator)
         wav = wav.float()
         if self._speech_tail is not None:
             fade_in, fade_out = _crossfade_windows(self.opts.crossfade, CROSSFADE_SAMPLES, wav.device)
