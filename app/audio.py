@@ -17,7 +17,6 @@ import wave as _wave
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 import torch.nn.functional as F
 
@@ -104,6 +103,8 @@ def _read_any(src: str | Path | bytes) -> tuple[torch.Tensor, int]:
             raise AudioError(f"cannot read audio file {path}: {e}") from e
     if not data:
         raise AudioError(f"{name} is empty (0 bytes)")
+    import soundfile as sf  # lazily: only prompt decoding needs libsndfile
+
     try:
         # soundfile's float read of int PCM is int/32768 (16 bit), as torchaudio's loader gives it
         samples, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [N, C]

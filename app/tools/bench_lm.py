@@ -1,0 +1,148 @@
+"""Speech-LM benchmark: time to first token and inter-token latency at several concurrencies.
+
+    python -m app.tools.bench_lm --model-dir D [--config configs/x.toml] [--conc 1,16,64]
+        [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
+
+Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
+tokens) built with the model's own embedding tables, and produces exactly `--tokens` speech tokens
+(fixed-length mode: eos ignored, as random-weight models need). A level of concurrency C starts C
+requests at once and waits for all of them (after a short warm-up at that size). TTFT = first
+token - submit; ITL = (last - first token time) / (tokens - 1). GPU memory from nvidia-smi.
+Prints one JSON line per level and a Markdown table; `--out` writes the whole report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from app.config import load_config
+from app.engine.backends import make_backend
+from app.engine.lm_backend import LMRequest
+from app.model.loader import load_model
+
+
+def gpu_memory() -> dict:
+    """Device used/total MiB and per-process MiB (vLLM's engine core is its own process)."""
+    def q(args: list[str]) -> str:
+        try:
+            return subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
+                                  text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    used_total = q(["--query-gpu=memory.used,memory.total"])
+    procs = q(["--query-compute-apps=pid,used_memory"])
+    out: dict = {"available": bool(used_total)}
+    if used_total:
+        used, total = (int(x) for x in used_total.splitlines()[0].split(","))
+        out.update(used_mib=used, total_mib=total,
+                   processes_mib={p.split(",")[0].strip(): int(p.split(",")[1]) for p in procs.splitlines() if p})
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+async def one(backend, req: LMRequest) -> tuple[float, list[tuple[float, int]]]:
+    t0 = time.perf_counter()
+    marks = []
+    async for ids in backend.stream(req):
+        marks.append((time.perf_counter(), len(ids)))
+    return t0, marks
+
+
+def make_requests(model, cfg, n: int, args, tag: str) -> list[LMRequest]:
+    g = torch.Generator().manual_seed(hash(tag) % 2**31)
+    reqs = []
+    for i in range(n):
+        text = torch.randint(0, 150_000, (args.text_tokens,), generator=g)
+        speech = torch.randint(0, 6561, (args.prompt_tokens,), generator=g)
+        emb = model.llm.build_lm_input(text, (), speech)[0].float().cpu()
+        reqs.append(LMRequest(request_id=f"{tag}-{i}", prompt_embeds=emb, min_tokens=args.tokens,
+                              max_tokens=args.tokens, seed=i, sampling=cfg.sampling, ignore_eos=True))
+    return reqs
+
+
+async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
+    reqs = make_requests(model, cfg, c, args, tag)
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*[one(backend, r) for r in reqs])
+    wall = time.perf_counter() - t0
+    ttft, itl, n_total = [], [], 0
+    for ts, marks in res:
+        n = sum(k for _, k in marks)
+        n_total += n
+        ttft.append(marks[0][0] - ts)
+        if n > marks[0][1]:
+            itl.append((marks[-1][0] - marks[0][0]) / (n - marks[0][1]))
+    short = sum(sum(k for _, k in m) != args.tokens for _, m in res)
+    return {"concurrency": c, "requests": c, "short_requests": short, "wall_s": round(wall, 3),
+            "tokens_per_s": round(n_total / wall, 1),
+            "ttft_ms_p50": round(1e3 * pct(ttft, 50), 2), "ttft_ms_p95": round(1e3 * pct(ttft, 95), 2),
+            "itl_ms_p50": round(1e3 * pct(itl, 50), 3) if itl else None,
+            "itl_ms_mean": round(1e3 * statistics.mean(itl), 3) if itl else None,
+            "realtime_x_per_stream": round(1000 / 40 / (1e3 * statistics.mean(itl)), 1) if itl else None}
+
+
+async def run(args) -> dict:
+    cfg = load_config(args.config, {"model.device": args.device} if args.device else {})
+    model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
+    t0 = time.perf_counter()
+    backend = await make_backend(cfg, model)
+    start_s = time.perf_counter() - t0
+    report = {"machine": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "date": time.strftime("%Y-%m-%d"), "backend": backend.name, "engine_start_s": round(start_s, 1),
+              "facts": getattr(backend, "facts", dict)(), "tokens": args.tokens,
+              "prompt_positions": 2 + args.text_tokens + args.prompt_tokens,
+              "mem_after_start": gpu_memory(), "levels": []}
+    try:
+        for c in args.conc:
+            await level(backend, model, cfg, c, argparse.Namespace(**{**vars(args), "tokens": 8}), f"warm{c}")
+            for rep in range(args.reps):
+                r = await level(backend, model, cfg, c, args, f"c{c}r{rep}")
+                r["rep"] = rep
+                report["levels"].append(r)
+                print("BENCH_LM", json.dumps(r), flush=True)
+        report["mem_after_runs"] = gpu_memory()
+    finally:
+        await backend.aclose()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.tools.bench_lm", description=__doc__.split("\n")[0])
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--config", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
+    p.add_argument("--tokens", type=int, default=300)
+    p.add_argument("--prompt-tokens", type=int, default=150)
+    p.add_argument("--text-tokens", type=int, default=20)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    report = asyncio.run(run(args))
+    print("| streams | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | tokens/s | x real time per stream |")
+    print("|---|---|---|---|---|---|")
+    for r in report["levels"]:
+        print(f"| {r['concurrency']} | {r['ttft_ms_p50']} | {r['ttft_ms_p95']} | {r['itl_ms_p50']} | "
+              f"{r['tokens_per_s']} | {r['realtime_x_per_stream']} |")
+    print("memory after runs:", json.dumps(report.get("mem_after_runs")))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,327 @@
+"""The vLLM speech-LM path with the real (CPU) engine on the tiny model: export, engine, pipeline.
+
+One engine per module (float32, eager), driven from one event loop (`asyncio.Runner`), because
+an AsyncLLM's output task lives on the loop that first used it. The export tests need no vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from app.config import load_config
+from app.engine import vllm_backend
+from app.engine.backends import make_backend, resolve_backend_name, vllm_installed
+from app.engine.lm_backend import LMRequest, TorchLMBackend
+from app.engine.pipeline import Synthesizer
+from app.engine.requests import SynthesisRequest
+from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, SpeechLM
+from app.model.loader import load_model
+from app.model.vllm_export import PAD_BIAS, export_lm_for_vllm, file_sha256, padded_vocab_size
+
+EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+TEXTS = ("Hello there, how are you today?", "A second sentence, a little longer than the first one.",
+         "Numbers like one two three.")
+# RAS that always keeps the top-1 id and never sees a repeat: argmax decoding on both backends
+GREEDY = {"sampling.top_k": 1, "sampling.tau_r": 1000.0}
+
+
+def cpu_overrides(cache: Path, **extra) -> dict:
+    n_cpu = os.cpu_count() or 1
+    return {"model.device": "cpu", "vllm.dtype": "float32", "vllm.enforce_eager": True,
+            "vllm.export_cache_dir": str(cache), "vllm.max_num_seqs": 16, "vllm.cpu_kvcache_space_gib": 1,
+            "vllm.cpu_omp_threads_bind": f"0-{n_cpu - 1}", "vllm.cpu_num_reserved_cpus": 0, **extra}
+
+
+def tokens(chunks: list[list[int]]) -> list[int]:
+    return [t for c in chunks for t in c]
+
+
+# --- export (no vLLM needed) ---------------------------------------------------------------------
+
+
+def test_export_logits_equal_speechlm(tiny_model_dir, tmp_path):
+    """The exported folder, read as a plain HF Qwen2 (transformers) + bias, gives SpeechLM's logits."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["CosyVoice2ForCausalLM"] and cfg["model_type"] == "qwen2"
+    assert cfg["vocab_size"] == padded_vocab_size() == 6592 and cfg["tie_word_embeddings"] is False
+    assert "bos_token_id" not in cfg and "eos_token_id" not in cfg
+    sd = load_file(out / "model.safetensors")
+    bias = sd.pop("lm_head.bias")
+    assert (bias[N_SPEECH_ROWS:] == PAD_BIAS).all() and not sd["lm_head.weight"][N_SPEECH_ROWS:].any()
+    assert not sd["model.embed_tokens.weight"][N_SPEECH_ROWS:].any()
+
+    hf = Qwen2ForCausalLM(Qwen2Config.from_dict({k: v for k, v in cfg.items() if k != "architectures"}))
+    hf.load_state_dict(sd, strict=True)
+    model = load_model(tiny_model_dir, device="cpu")
+    llm: SpeechLM = model.llm
+    with torch.inference_mode():
+        lm_input = llm.build_lm_input(list(range(300, 330)), list(range(400, 410)), list(range(10, 60)))
+        ids = torch.tensor([[5, 6561 - 1, 77, 0]])  # fed-back speech tokens go through embed_tokens
+        emb = torch.cat([lm_input, llm.embed_speech(ids)], dim=1)
+        ref = llm.llm_decoder(llm.hidden(emb))  # [1, T, 6564]
+        got = hf(inputs_embeds=emb).logits + bias  # [1, T, 6592]
+        assert torch.equal(hf.model.embed_tokens(ids), llm.embed_speech(ids))
+    err = (got[..., :N_SPEECH_ROWS] - ref).abs().max().item()
+    assert err < 1e-4, err
+    assert (got[..., N_SPEECH_ROWS:] < ref.min() - 1000).all()
+
+
+def test_export_idempotent_keyed_atomic(tiny_model_dir, tmp_path, monkeypatch):
+    before = sorted(p.name for p in tiny_model_dir.rglob("*"))
+    cache = tmp_path / "cache"
+    a = export_lm_for_vllm(tiny_model_dir, cache, dtype="bfloat16")
+    assert a.name == f"{file_sha256(tiny_model_dir / 'llm.pt')[:16]}-bfloat16"
+    mtime = (a / "model.safetensors").stat().st_mtime_ns
+    assert export_lm_for_vllm(tiny_model_dir, cache, dtype="bfloat16") == a  # reused, not rewritten
+    assert (a / "model.safetensors").stat().st_mtime_ns == mtime
+    assert load_file(a / "model.safetensors")["lm_head.weight"].dtype == torch.bfloat16
+    assert sorted(p.name for p in tiny_model_dir.rglob("*")) == before  # nothing written into the model
+    with pytest.raises(ValueError, match="inside the model folder"):
+        export_lm_for_vllm(tiny_model_dir, tiny_model_dir / "cache")
+
+    # content key: another llm.pt (one weight changed) -> another folder
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.name != "llm.pt":
+            (other / f.name).symlink_to(f)
+    sd = torch.load(tiny_model_dir / "llm.pt", weights_only=True)
+    sd["llm_decoder.bias"] = sd["llm_decoder.bias"] + 1.0
+    torch.save(sd, other / "llm.pt")
+    b = export_lm_for_vllm(other, cache, dtype="bfloat16")
+    assert b != a and b.parent == a.parent
+
+    # atomic: a failure mid-write leaves neither a final folder nor a temp folder
+    import app.model.vllm_export as vx
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(vx, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        export_lm_for_vllm(tiny_model_dir, cache, dtype="float16")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([a.name, b.name])
+
+
+def test_backend_choice_and_start_error_hints():
+    torch_cfg = load_config(overrides={"engine.backend": "torch", "engine.max_concurrency": 2})
+    assert resolve_backend_name(torch_cfg) == "torch"
+    lm = asyncio.run(make_backend(torch_cfg, SimpleNamespace(llm=None, model_dir=None)))
+    assert isinstance(lm, TorchLMBackend) and lm._executor._max_workers == 2
+    asyncio.run(lm.aclose())
+    assert resolve_backend_name(load_config()) == ("vllm" if vllm_installed() else "torch")
+    cfg = load_config().vllm
+    msg = vllm_backend._explain(RuntimeError("Engine core initialization failed. See root cause above."), cfg, 32768)
+    assert "vllm.max_model_len" in msg and "vllm.gpu_memory_utilization" in msg and "cpu_kvcache_space_gib" in msg
+    msg = vllm_backend._explain(ValueError("No available memory for the cache blocks."), cfg, 32768)
+    assert "not enough memory" in msg and "vllm.max_num_seqs" in msg
+
+
+# --- the real engine -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner():
+    pytest.importorskip("vllm")
+    with asyncio.Runner() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm_cache")
+
+
+async def start_must_fail(cfg, model_dir) -> None:
+    backend = await vllm_backend.VLLMBackend.start(cfg, model_dir)
+    await backend.aclose()  # started after all: free the slot for the module's engine, then fail
+    pytest.fail("the engine started")
+
+
+def test_engine_start_error_names_the_setting(runner, tiny_model_dir, cache_dir):
+    """Runs before the module's engine exists (one engine per process)."""
+    cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.max_model_len": 10**6}))
+    with pytest.raises(vllm_backend.EngineStartError, match=r"lower vllm\.max_model_len \(now 1000000; "
+                                                            r"this model allows at most 32768\)"):
+        runner.run(start_must_fail(cfg, tiny_model_dir))
+    assert vllm_backend._running is None  # a failed start leaves the slot free
+
+
+@pytest.mark.slow
+def test_engine_out_of_memory_names_the_settings(runner, tiny_model_dir, cache_dir, monkeypatch):
+    """No room for the KV cache: the engine process fails; the error says which settings to change."""
+    for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(k, raising=False)
+    if torch.cuda.is_available():  # a GPU engine: a sliver of the card
+        cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.gpu_memory_utilization": 0.001}))
+        expected = "vllm.gpu_memory_utilization (now 0.001"
+    else:  # vllm-cpu: more KV cache than the machine has
+        cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.cpu_kvcache_space_gib": 100_000}))
+        expected = "vllm.cpu_kvcache_space_gib (now 100000 GiB)"
+    with pytest.raises(vllm_backend.EngineStartError) as info:
+        runner.run(start_must_fail(cfg, tiny_model_dir))
+    msg = str(info.value)
+    assert expected in msg and "vllm.max_model_len" in msg, msg
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # what start set is rolled back
+    assert vllm_backend._running is None
+
+
+@pytest.fixture(scope="module")
+def engine(runner, tiny_model_dir, cache_dir):
+    """(vLLM backend, torch backend, Synthesizer on vLLM, Synthesizer on torch, voice, config)."""
+    cfg = load_config(overrides=cpu_overrides(cache_dir, **GREEDY, **{"streaming.nsf_noise": False,
+                                                                      "engine.backend": "vllm"}))
+    model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)
+    t0 = time.perf_counter()
+    backend = runner.run(make_backend(cfg, model))
+    assert isinstance(backend, vllm_backend.VLLMBackend)
+    print(f"\nvLLM engine start {time.perf_counter() - t0:.1f} s (export + AsyncLLM); facts {backend.facts()}")
+    assert len(model.llm.llm.model.model.layers) == 0  # vLLM decodes: the torch layers were freed
+    synth = Synthesizer(model, backend, cfg)
+    ref_model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)  # the reference keeps its layers
+    ref_synth = Synthesizer(ref_model, TorchLMBackend(ref_model.llm), cfg)
+    voice = synth.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+    try:
+        yield backend, ref_synth.lm, synth, ref_synth, voice, cfg
+    finally:
+        runner.run(synth.aclose())  # shuts the engine down
+        runner.run(ref_synth.aclose())
+    assert vllm_backend._running is None
+
+
+def lm_requests(synth, voice) -> list[LMRequest]:
+    reqs = []
+    for i, text in enumerate(TEXTS):
+        reqs.append(synth.lm_request(SynthesisRequest(text=text, voice=voice, seed=i), text, 0))
+    reqs.append(synth.lm_request(SynthesisRequest(text=TEXTS[0], voice=voice, mode="cross_lingual"), TEXTS[0], 0))
+    long = dataclasses.replace(reqs[1], request_id="long", min_tokens=120, max_tokens=120)
+    fixed = dataclasses.replace(reqs[2], request_id="fixed", min_tokens=0, max_tokens=60, ignore_eos=True)
+    return [*reqs, long, fixed]
+
+
+async def collect(backend, req: LMRequest) -> list[int]:
+    return tokens([c async for c in backend.stream(req)])
+
+
+def test_one_engine_per_process(engine, runner, tiny_model_dir):
+    backend, *_, cfg = engine
+    with pytest.raises(vllm_backend.EngineStartError, match="already runs"):
+        runner.run(vllm_backend.VLLMBackend.start(cfg, tiny_model_dir))
+    facts = backend.facts()
+    assert facts["backend"] == "vllm" and facts["dtype"] == "float32" and facts["running"]
+    assert facts["engine_args"]["enable_prompt_embeds"] and facts["engine_args"]["skip_tokenizer_init"]
+    too_long = LMRequest("too-long", torch.zeros(cfg.vllm.max_model_len, 128), 1, 10, 0, cfg.sampling)
+    with pytest.raises(ValueError, match=r"vllm\.max_model_len"):
+        runner.run(collect(backend, too_long))
+
+
+def test_deterministic_tokens_equal_torch_backend(engine, runner):
+    backend, torch_lm, synth, _, voice, _ = engine
+    n_total, t_total = 0, 0.0
+    for req in lm_requests(synth, voice):
+        ref = runner.run(collect(torch_lm, req))
+        t0 = time.perf_counter()
+        got = runner.run(collect(backend, req))
+        t_total += time.perf_counter() - t0
+        n_total += len(got)
+        assert got == ref, req.request_id
+        assert req.min_tokens <= len(got) <= req.max_tokens
+        assert len(got) == req.max_tokens or not req.ignore_eos
+    print(f"\nvLLM single stream: {n_total} tokens, {n_total / t_total:.0f} tok/s "
+          f"(sampler: {backend.facts()['sampler']})")
+    assert backend.n_unfinished() == 0
+
+
+def test_eight_concurrent_streams(engine, runner):
+    """Official RAS sampling (random, seeded); eos banned until N = max: each stream gives exactly N."""
+    backend, _, synth, _, voice, cfg = engine
+    base = synth.lm_request(SynthesisRequest(text=TEXTS[1], voice=voice), TEXTS[1], 0)
+    ras = dataclasses.replace(cfg.sampling, top_k=25, tau_r=0.1)
+    reqs = [dataclasses.replace(base, request_id=f"c{i}", seed=i, min_tokens=30 + 7 * i, max_tokens=30 + 7 * i,
+                                sampling=ras) for i in range(8)]
+
+    async def all_at_once():
+        return await asyncio.gather(*(collect(backend, r) for r in reqs))
+
+    t0 = time.perf_counter()
+    outs = runner.run(all_at_once())
+    dt = time.perf_counter() - t0
+    print(f"\n8 concurrent streams: {sum(map(len, outs))} tokens in {dt:.2f} s, "
+          f"{sum(map(len, outs)) / dt:.0f} tok/s")
+    assert [len(o) for o in outs] == [r.max_tokens for r in reqs]
+    assert all(0 <= t < SPEECH_TOKEN_SIZE for o in outs for t in o)
+    assert len({tuple(o[:30]) for o in outs}) == 8  # different seeds, different draws
+    assert backend.n_unfinished() == 0
+
+
+def test_cancelled_stream_leaves_no_request(engine, runner):
+    backend, _, synth, _, voice, _ = engine
+    base = synth.lm_request(SynthesisRequest(text=TEXTS[0], voice=voice), TEXTS[0], 0)
+    long = dataclasses.replace(base, min_tokens=1500, max_tokens=1500)
+
+    async def close_early() -> int:
+        stream = backend.stream(dataclasses.replace(long, request_id="closed"))
+        got = [await anext(stream) for _ in range(3)]
+        assert backend.n_unfinished() == 1
+        await stream.aclose()
+        return len(tokens(got))
+
+    async def cancel_task() -> None:
+        seen = asyncio.Event()
+
+        async def consume():
+            async for _ in backend.stream(dataclasses.replace(long, request_id="cancelled")):
+                seen.set()
+
+        task = asyncio.create_task(consume())
+        await seen.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def engine_core_idle() -> bool:
+        for _ in range(50):  # the abort reaches the engine-core process asynchronously
+            if not await backend.engine.engine_core.call_utility_async("has_work"):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    assert runner.run(close_early()) >= 3
+    assert backend.n_unfinished() == 0
+    runner.run(cancel_task())
+    assert backend.n_unfinished() == 0
+    assert runner.run(engine_core_idle())
+    assert len(runner.run(collect(backend, dataclasses.replace(base, min_tokens=5, max_tokens=5)))) == 5
+
+
+def test_synthesizer_through_vllm(engine, runner):
+    """The whole chain on vLLM: audio, and (greedy LM, deterministic vocoder) the same audio as torch."""
+    _, _, synth, ref_synth, voice, _ = engine
+    req = SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=1, stream=True)
+    audio, stats = runner.run(synth.synthesize(req))
+    ref, ref_stats = runner.run(ref_synth.synthesize(req))
+    assert stats.n_tokens > 0 and stats.audio_s > 0 and audio.shape[0] > 0
+    assert audio.dtype == np.float32 and np.isfinite(audio).all()
+    assert stats.n_tokens == ref_stats.n_tokens
+    assert np.array_equal(audio, ref)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cleanup_cache(cache_dir):
+    yield
+    shutil.rmtree(cache_dir, ignore_errors=True)
