@@ -14,14 +14,6 @@ MU_ATOL = 1e-4  # README §6: flow mu, estimator output
 MEL_ATOL = 1e-3  # README §6: flow mel
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # the tiny model's ops are far too small for intra-op threads: on a shared 2-core box they
-    # only contend (about 10x slower than one thread)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -53,13 +53,6 @@ def _tiny_mel(frames: int = 12, seed: int = 0) -> torch.Tensor:
     return torch.randn(1, 80, frames, generator=g) - 4.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny convolutions on a shared 2-core box: OpenMP across threads costs ~100x, so run on one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

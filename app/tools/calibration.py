@@ -19,12 +19,12 @@ same data.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from app.config import SamplingConfig
 from app.model.llm import SPEECH_TOKEN_SIZE, SpeechLM
 from app.model.sampling import ras_sample
 
@@ -41,14 +41,9 @@ CALIBRATION_TEXTS = (
 )
 
 
-@dataclass(frozen=True)
-class RASParams:
-    """The official sampler's settings (cosyvoice2.yaml `sampling`)."""
-
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
+# the sampler's settings: the [sampling] section (official cosyvoice2.yaml defaults)
+RASParams = SamplingConfig
+OFFICIAL_RAS = SamplingConfig()
 
 
 def _export_bias(export_dir: Path) -> Tensor:
@@ -107,7 +102,7 @@ def text_prefixes(model_dir: Path, texts: tuple[str, ...] = CALIBRATION_TEXTS) -
 
 @torch.inference_mode()
 def sample_speech_tokens(model: nn.Module, prefix_embeds: Tensor, n_tokens: int, generator: torch.Generator,
-                         ras: RASParams = RASParams()) -> Tensor:
+                         ras: RASParams = OFFICIAL_RAS) -> Tensor:
     """Speech tokens `[B, n_tokens]` (ids < 6561) the LM samples after `prefix_embeds [B, T, D]`.
 
     KV-cached decoding with the official RAS per row (row order fixes the generator's draws);
@@ -131,7 +126,7 @@ def sample_speech_tokens(model: nn.Module, prefix_embeds: Tensor, n_tokens: int,
 
 @torch.inference_mode()
 def calibration_samples(model: nn.Module, n_samples: int, seq_len: int, generator: torch.Generator, *,
-                        prefixes: list[Tensor] | None = None, ras: RASParams = RASParams(),
+                        prefixes: list[Tensor] | None = None, ras: RASParams = OFFICIAL_RAS,
                         ) -> list[dict[str, Tensor]]:
     """`n_samples` calibration inputs for `model(**sample)`, each with a batch dim of 1.
 
