@@ -1,0 +1,134 @@
+"""Round-to-nearest W4A16 of the exported speech LM, with no extra packages.
+
+    python -m app.tools.quantize_rtn EXPORT_DIR OUT_DIR [--group-size 128]
+
+Writes the same compressed-tensors `pack-quantized` checkpoint as `app.tools.quantize` (4-bit
+asymmetric weights, one scale and zero point per group of `group_size` inputs, int8 zero points
+packed along the output dim, `lm_head` and embeddings kept in 16 bit), but with min/max rounding
+instead of AWQ's calibrated scaling. It needs only torch and safetensors, so it runs where
+llm-compressor cannot be installed (the offline GPU machine) and on random-weight models, for
+which calibration means nothing; for a trained model prefer `app.tools.quantize` (AWQ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+NUM_BITS = 4
+QMIN, QMAX = -(1 << (NUM_BITS - 1)), (1 << (NUM_BITS - 1)) - 1  # signed int4 range [-8, 7]
+PACK = 32 // NUM_BITS  # values per int32
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_weight(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [out, in] -> (q int8 [out, in] in [-8, 7], scale [out, in/g], zero_point int8 [out, in/g]).
+
+    Asymmetric min/max per group, with 0 kept representable; dequantised w = (q - zp) * scale.
+    """
+    out_f, in_f = w.shape
+    g = w.float().reshape(out_f, in_f // group_size, group_size)
+    lo = g.amin(dim=2).clamp(max=0.0)
+    hi = g.amax(dim=2).clamp(min=0.0)
+    scale = ((hi - lo) / (QMAX - QMIN)).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = scale.to(w.dtype).float()  # the stored (16-bit) scale is the one dequantisation uses
+    zp = (QMIN - torch.round(lo / scale)).clamp(QMIN, QMAX)
+    q = (torch.round(g / scale[..., None]) + zp[..., None]).clamp(QMIN, QMAX)
+    return q.reshape(out_f, in_f).to(torch.int8), scale.to(w.dtype), zp.to(torch.int8)
+
+
+def pack_int4(q: torch.Tensor, dim: int) -> torch.Tensor:
+    """int8 values in [-8, 7] -> int32, 8 per word along `dim` (first value in the low bits).
+
+    Stored as unsigned nibbles (value + 8), the compressed-tensors convention.
+    """
+    u = (q.to(torch.int32) - QMIN) & 0xF  # [..] in [0, 15]
+    if dim == 0:
+        u = u.t()
+    rows, cols = u.shape
+    assert cols % PACK == 0, (rows, cols)
+    u = u.reshape(rows, cols // PACK, PACK)
+    shifts = torch.arange(PACK, dtype=torch.int32) * NUM_BITS
+    packed = (u << shifts).sum(dim=2, dtype=torch.int64)  # up to 2^32 - 1: wrap into int32 below
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed.t().contiguous() if dim == 0 else packed.contiguous()
+
+
+def quantization_config(group_size: int) -> dict:
+    weights = {"num_bits": NUM_BITS, "type": "int", "symmetric": False, "strategy": "group",
+               "group_size": group_size, "dynamic": False, "actorder": None, "block_structure": None,
+               "observer": "minmax", "observer_kwargs": {}, "zp_dtype": "torch.int8", "scale_dtype": None}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None, "format": "pack-quantized"}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
+            "global_compression_ratio": None}
+
+
+def quantize_folder(export_dir: Path, out_dir: Path, group_size: int = 128, force: bool = False) -> dict:
+    """Quantize every decoder Linear of `export_dir` into `out_dir` (atomic); returns a report."""
+    t0 = time.perf_counter()
+    if out_dir.exists():
+        if not force:
+            raise FileExistsError(f"{out_dir} exists (use --force)")
+        shutil.rmtree(out_dir)
+    sd = load_file(export_dir / "model.safetensors")
+    out: dict[str, torch.Tensor] = {}
+    before = after = 0
+    for name, t in sd.items():
+        stem = name.removesuffix(".weight")
+        if name.endswith(".weight") and stem.rsplit(".", 1)[-1] in _LINEARS:
+            if t.shape[1] % group_size or t.shape[0] % PACK:
+                raise ValueError(f"{name} {tuple(t.shape)}: in must divide by {group_size}, out by {PACK}")
+            q, scale, zp = quantize_weight(t, group_size)
+            out[f"{stem}.weight_packed"] = pack_int4(q, dim=1)
+            out[f"{stem}.weight_scale"] = scale.contiguous()
+            out[f"{stem}.weight_zero_point"] = pack_int4(zp, dim=0)
+            out[f"{stem}.weight_shape"] = torch.tensor(t.shape, dtype=torch.int64)
+            before += t.numel() * t.element_size()
+            after += sum(out[f"{stem}.{k}"].numel() * out[f"{stem}.{k}"].element_size()
+                         for k in ("weight_packed", "weight_scale", "weight_zero_point"))
+        else:
+            out[name] = t
+    cfg = json.loads((export_dir / "config.json").read_text())
+    cfg["quantization_config"] = quantization_config(group_size)
+    cfg["cosyvoice2_quantize"] = {"method": "rtn", "group_size": group_size, "source": str(export_dir)}
+    tmp = Path(tempfile.mkdtemp(prefix=".rtn-", dir=out_dir.parent))
+    try:
+        save_file(out, tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"out": str(out_dir), "method": "rtn", "group_size": group_size,
+            "linear_bytes_before": before, "linear_bytes_after": after,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.tools.quantize_rtn", description=__doc__.split("\n")[0])
+    p.add_argument("export_dir", type=Path)
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--force", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        report = quantize_folder(args.export_dir, args.out_dir, args.group_size, args.force)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
