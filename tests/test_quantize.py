@@ -29,6 +29,7 @@ from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS, SpeechL
 from app.model.vllm_export import export_lm_for_vllm
 from app.tools.calibration import calibration_samples, load_export_lm, text_prefixes
 from app.tools.quantize import check_shapes, lm_weight_bytes, quantize
+from app.tools.quantize_rtn import dequantized_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 QUANT_PYTHON = REPO / ".venv-quant" / "bin" / "python"
@@ -146,27 +147,10 @@ def test_quantized_folder_loads_by_config(quantized, export_bf16):
 # --- the quantized folder in the real vLLM CPU engine --------------------------------------------
 
 
-def unpack_int4(packed: Tensor, n: int, dim: int) -> Tensor:
-    """compressed-tensors pack-quantized int32 words (8 nibbles, low first, stored +8) -> ints in
-    [-8, 7], `n` values along `dim`."""
-    words = packed.T if dim == 0 else packed
-    nibbles = (words[..., None] >> torch.arange(0, 32, 4)) & 0xF  # [rows, words, 8]
-    q = nibbles.reshape(words.shape[0], -1)[:, :n] - 8
-    return q.T if dim == 0 else q
-
-
 def dequantized_lm(model_dir: Path, qdir: Path) -> SpeechLM:
     """SpeechLM (fp32) holding the W4A16 folder's weights, dequantized: (q - zero) * scale per group."""
     sd = torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True)
-    got = load_file(qdir / "model.safetensors")
-    for key in [k for k in got if k.endswith(".weight_packed")]:
-        base = key.removesuffix(".weight_packed")
-        n_out, n_in = got[base + ".weight_shape"].tolist()
-        scale = got[base + ".weight_scale"].float()  # [out, groups]
-        zero = unpack_int4(got[base + ".weight_zero_point"], n_out, dim=0)  # [out, groups]
-        group = n_in // scale.shape[1]
-        q = unpack_int4(got[base + ".weight_packed"], n_in, dim=1)  # [out, in]
-        got[base + ".weight"] = (q - zero.repeat_interleave(group, 1)) * scale.repeat_interleave(group, 1)
+    got = dequantized_state_dict(qdir)
     for key, t in got.items():
         if (key.startswith("model.layers.") and key.endswith((".weight", ".bias"))) or key == "model.norm.weight":
             sd["llm.model." + key] = t.float()

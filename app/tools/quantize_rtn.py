@@ -62,6 +62,28 @@ def pack_int4(q: torch.Tensor, dim: int) -> torch.Tensor:
     return packed.t().contiguous() if dim == 0 else packed.contiguous()
 
 
+def unpack_int4(packed: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """Inverse of `pack_int4`: int32 words -> ints in [-8, 7], `n` values along `dim`."""
+    words = packed.t() if dim == 0 else packed
+    nibbles = (words[..., None] >> torch.arange(0, 32, NUM_BITS)) & 0xF  # [rows, words, 8]
+    q = nibbles.reshape(words.shape[0], -1)[:, :n] + QMIN
+    return q.t() if dim == 0 else q
+
+
+def dequantized_state_dict(qdir: Path) -> dict[str, torch.Tensor]:
+    """A W4A16 folder's tensors with every packed Linear back as a float32 `weight`."""
+    got = load_file(qdir / "model.safetensors")
+    for key in [k for k in got if k.endswith(".weight_packed")]:
+        base = key.removesuffix(".weight_packed")
+        n_out, n_in = got.pop(base + ".weight_shape").tolist()
+        scale = got.pop(base + ".weight_scale").float()  # [out, groups]
+        zero = unpack_int4(got.pop(base + ".weight_zero_point"), n_out, dim=0)  # [out, groups]
+        group = n_in // scale.shape[1]
+        q = unpack_int4(got.pop(key), n_in, dim=1)  # [out, in]
+        got[base + ".weight"] = (q - zero.repeat_interleave(group, 1)) * scale.repeat_interleave(group, 1)
+    return got
+
+
 def quantization_config(group_size: int) -> dict:
     weights = {"num_bits": NUM_BITS, "type": "int", "symmetric": False, "strategy": "group",
                "group_size": group_size, "dynamic": False, "actorder": None, "block_structure": None,
@@ -114,15 +136,65 @@ def quantize_folder(export_dir: Path, out_dir: Path, group_size: int = 128, forc
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
+@torch.inference_mode()
+def token_agreement(model_dir: Path, qdir: Path, n_prompts: int = 4, n_tokens: int = 32, seed: int = 0) -> dict:
+    """Teacher-forced top-1 agreement with the fp32 LM of `model_dir`, for the 4-bit weights of
+    `qdir` (dequantized, fp32) and, as a floor, for the same LM in bf16.
+
+    The forced sequences are the fp32 model's own greedy continuations of random zero-shot-shaped
+    prompts, so agreement = share of positions where the other model's argmax is the same token.
+    """
+    from app.model.hparams import load_hparams
+    from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, SpeechLM
+
+    hp = load_hparams(model_dir)
+    ref = SpeechLM(hp.llm).eval()
+    ref.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
+    quant = SpeechLM(hp.llm).eval()
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    for k, v in dequantized_state_dict(qdir).items():
+        if k.startswith("model.layers.") or k == "model.norm.weight":
+            sd["llm.model." + k] = v.float()
+    sd["llm_decoder.bias"] = load_file(qdir / "model.safetensors")["lm_head.bias"][:N_SPEECH_ROWS].float()
+    quant.load_state_dict(sd, strict=True)
+    half = SpeechLM(hp.llm).eval()
+    half.load_state_dict(ref.state_dict(), strict=True)
+    half = half.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(seed)
+
+    def argmaxes(lm: SpeechLM, prefix: torch.Tensor, forced: list[int]) -> list[int]:
+        emb = torch.cat([prefix, ref.embed_speech(forced)], dim=1).to(lm.llm_decoder.weight.dtype)
+        logits = lm.llm_decoder(lm.hidden(emb))[0, prefix.shape[1] - 1: -1, :SPEECH_TOKEN_SIZE]
+        return logits.argmax(-1).tolist()
+
+    same_q = same_h = total = 0
+    for _ in range(n_prompts):
+        prefix = ref.build_lm_input(torch.randint(0, 150_000, (20,), generator=g), (),
+                                    torch.randint(0, SPEECH_TOKEN_SIZE, (100,), generator=g))
+        cache, pending, forced = ref.new_cache(), prefix, []
+        for _ in range(n_tokens):
+            forced.append(int(ref._feed(pending, cache)[:SPEECH_TOKEN_SIZE].argmax()))
+            pending = ref.embed_speech(forced[-1])
+        same_q += sum(a == b for a, b in zip(argmaxes(quant, prefix, forced), forced, strict=True))
+        same_h += sum(a == b for a, b in zip(argmaxes(half, prefix, forced), forced, strict=True))
+        total += n_tokens
+    return {"positions": total, "w4a16_vs_fp32_top1": round(same_q / total, 4),
+            "bf16_vs_fp32_top1": round(same_h / total, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.tools.quantize_rtn", description=__doc__.split("\n")[0])
     p.add_argument("export_dir", type=Path)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--force", action="store_true")
+    p.add_argument("--agreement-model-dir", type=Path, default=None,
+                   help="also measure teacher-forced top-1 agreement with this CosyVoice2 folder's fp32 LM")
     args = p.parse_args(argv)
     try:
         report = quantize_folder(args.export_dir, args.out_dir, args.group_size, args.force)
+        if args.agreement_model_dir:
+            report["agreement"] = token_agreement(args.agreement_model_dir, args.out_dir)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
