@@ -33,8 +33,13 @@ class ModelConfig:
     flow_dtype: Dtype = "float32"
     hift_dtype: Dtype = "float32"  # the vocoder is numerically sensitive; fp32 by default
     text_frontend: bool = True  # wetext normalisation + paragraph splitting
+    repo_id: str = "FunAudioLLM/CosyVoice2-0.5B"  # downloaded with huggingface_hub when dir is ""
+    download: bool = True  # False: never touch the network (cached snapshot or the random model)
+    random_model_dir: str = "~/.cache/cosyvoice2-studio/tiny-random"  # offline fallback (noise)
 
     def __post_init__(self) -> None:
+        if not self.repo_id or not self.random_model_dir:
+            raise ConfigError("model.repo_id and model.random_model_dir must not be empty")
         for k in ("llm_dtype", "flow_dtype", "hift_dtype"):
             if getattr(self, k) not in _DTYPES:
                 raise ConfigError(f"model.{k} must be one of {_DTYPES}, got {getattr(self, k)!r}")
@@ -138,12 +143,47 @@ class VLLMConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server and the Gradio queue (flags and GRADIO_SERVER_* override host/port in app.py)."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 to serve other machines (Spaces sets GRADIO_SERVER_NAME=0.0.0.0)
+    port: int = 7860
+    queue_max_size: int = 64  # requests waiting beyond the running ones; more get "queue is full"
+    concurrency_limit: int = 16  # synthesis requests running at once; vLLM batches them (<= max_num_seqs)
+    max_text_chars: int = 2000  # longer texts are refused with a message
+    max_upload_mb: int = 20  # reference uploads (30 s of 48 kHz stereo WAV is ~6 MB)
+    voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"server.port must be in 1..65535, got {self.port}")
+        for k in ("queue_max_size", "concurrency_limit", "max_text_chars", "max_upload_mb"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"server.{k} must be >= 1")
+        if not self.host or not self.voices_dir:
+            raise ConfigError("server.host and server.voices_dir must not be empty")
+
+
+@dataclass(frozen=True)
+class UIConfig:
+    title: str = "CosyVoice2 Studio"
+    status_refresh_s: float = 1.0  # the loading-status line polls this often until the model is ready
+    panel_refresh_s: float = 1.0  # the live panels' gr.Timer period (app/ui/panels.py)
+
+    def __post_init__(self) -> None:
+        if self.status_refresh_s <= 0 or self.panel_refresh_s <= 0:
+            raise ConfigError("ui.status_refresh_s and ui.panel_refresh_s must be > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    ui: UIConfig = field(default_factory=UIConfig)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +211,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _SECTIONS: dict[str, type] = {
     "ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig, "StreamingConfig": StreamingConfig,
-    "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig,
+    "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig, "ServerConfig": ServerConfig, "UIConfig": UIConfig,
 }
 
 

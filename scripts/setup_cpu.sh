@@ -27,6 +27,10 @@ import torch, transformers, onnxruntime, wetext, vllm
 assert "cosyvoice2" in {e.name for e in entry_points(group="vllm.general_plugins")}, "plugin entry point missing"
 print("setup ok: torch", torch.__version__, "vllm", vllm.__version__, "(cosyvoice2 plugin registered)")
 PY
+# browser tests: Debian chromium + ffmpeg (apt, needs root) and playwright (already pinned in requirements-dev)
+if [ "${NO_BROWSER:-0}" != 1 ]; then
+  bash scripts/setup_browser.sh
+fi
 # llm-compressor (AWQ, app.tools.quantize) lives in its own venv: its pins clash with vLLM's.
 # NO_QUANTIZE_VENV=1 skips it (tests/test_quantize.py then skips its quantizing tests, saying why).
 if [ "${NO_QUANTIZE_VENV:-0}" != 1 ]; then

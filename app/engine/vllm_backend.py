@@ -179,8 +179,9 @@ class VLLMBackend:
         try:
             # no local name for the engine: exceptions vLLM keeps from its imports hold this frame,
             # and a local here would keep the AsyncLLM alive after aclose()
-            return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs)), cfg, model_path, kwargs, ras=ras,
-                       started_at=t0, env=env)
+            # the start (15-60 s) runs in a worker thread so the serving loop keeps answering meanwhile
+            return cls(await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs)), cfg,
+                       model_path, kwargs, ras=ras, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             _unset(env)
             raise EngineStartError(_explain(e, cfg, max_positions)) from e

@@ -1,0 +1,162 @@
+"""Saved voices: `VoiceFeatures` on disk, one `<name>.npz` (plain arrays, no pickle) + `<name>.json` each.
+
+A saved voice skips the frontend (speech tokenizer, CAM++, prompt mel) for every later request and
+survives restarts. Names come from users (the page, the HTTP API), so they are checked against
+`NAME_RE` before any path is built, and every path is re-checked to sit directly in the store's
+folder. Writes are atomic (temp file + rename); the JSON is written last, so a voice is listed only
+once both files are complete. Each voice records a fingerprint of the model's feature extractors:
+features from another model (e.g. the offline random model) are refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app.audio import TOKEN_RATE_HZ
+from app.model.frontend import VoiceFeatures
+
+NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
+NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
+MAX_PROMPT_TEXT_CHARS = 1000
+
+
+class VoiceError(ValueError):
+    """A voice name is invalid, unknown, taken, or its files are unusable; the message says which."""
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """What the store knows about a saved voice without loading its arrays."""
+
+    name: str
+    prompt_text: str
+    prompt_seconds: float  # length of the reference, from its speech tokens (25 Hz)
+    created: float  # unix time
+    model_fingerprint: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "prompt_text": self.prompt_text, "prompt_seconds": self.prompt_seconds,
+                "created": self.created, "model_fingerprint": self.model_fingerprint}
+
+
+def check_name(name: str) -> str:
+    """The NFC-normalised name if it is a valid voice name, else `VoiceError` naming the rule."""
+    if not isinstance(name, str):
+        raise VoiceError(f"a voice name must be text, got {type(name).__name__}")
+    norm = unicodedata.normalize("NFC", name.strip())
+    if not NAME_RE.fullmatch(norm) or norm.startswith(("_", "-")):
+        raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}")
+    return norm
+
+
+class VoiceStore:
+    """Saved voices in one folder. Thread-safe; every method may be called from worker threads."""
+
+    def __init__(self, root: str | Path, model_fingerprint: str = "") -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.model_fingerprint = model_fingerprint  # "" = accept voices of any model
+        self._lock = threading.Lock()
+
+    def _paths(self, name: str) -> tuple[Path, Path]:
+        name = check_name(name)
+        npz, meta = self.root / f"{name}.npz", self.root / f"{name}.json"
+        # belt and braces: NAME_RE already rules out separators and dots
+        if npz.parent != self.root or meta.parent != self.root:
+            raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}")
+        return npz, meta
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def list(self) -> list[VoiceInfo]:
+        """Saved voices of this model, newest first (voices of other models are left out)."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for meta in self.root.glob("*.json"):
+            info = self._read_info(meta)
+            if info is None or not (self.root / f"{info.name}.npz").is_file():
+                continue
+            if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
+                continue
+            out.append(info)
+        return sorted(out, key=lambda v: (-v.created, v.name))
+
+    def names(self) -> list[str]:
+        return [v.name for v in self.list()]
+
+    def _read_info(self, meta: Path) -> VoiceInfo | None:
+        try:
+            d = json.loads(meta.read_text(encoding="utf-8"))
+            info = VoiceInfo(name=check_name(d["name"]), prompt_text=str(d["prompt_text"]),
+                             prompt_seconds=float(d["prompt_seconds"]), created=float(d["created"]),
+                             model_fingerprint=str(d.get("model_fingerprint", "")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # a foreign or damaged file in the folder: not a voice
+        return info if meta.stem == info.name else None
+
+    def info(self, name: str) -> VoiceInfo:
+        _, meta = self._paths(name)
+        info = self._read_info(meta) if meta.is_file() else None
+        if info is None:
+            raise VoiceError(f"no saved voice named {check_name(name)!r}")
+        return info
+
+    def load(self, name: str) -> VoiceFeatures:
+        """The saved features of `name`; `VoiceError` if unknown, damaged or from another model."""
+        npz, _ = self._paths(name)
+        info = self.info(name)
+        if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
+            raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording")
+        try:
+            with np.load(npz, allow_pickle=False) as z:
+                return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
+        except (OSError, ValueError, KeyError, AssertionError) as e:
+            raise VoiceError(f"voice {info.name!r} is damaged ({e}); delete it and save it again") from e
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def save(self, name: str, voice: VoiceFeatures, *, overwrite: bool = False) -> VoiceInfo:
+        """Store `voice` under `name` (atomically); `VoiceError` if the name is invalid or taken."""
+        name = check_name(name)
+        if len(voice.prompt_text) > MAX_PROMPT_TEXT_CHARS:
+            raise VoiceError(f"the transcript is longer than {MAX_PROMPT_TEXT_CHARS} characters")
+        npz, meta = self._paths(name)
+        info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
+                         prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2), created=time.time(),
+                         model_fingerprint=self.model_fingerprint)
+        with self._lock:
+            if meta.exists() and not overwrite:
+                raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name")
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._atomic_write(npz, lambda f: np.savez(f, **voice.to_arrays()))
+            self._atomic_write(meta, lambda f: f.write(json.dumps(info.to_dict(), ensure_ascii=False).encode()))
+        return info
+
+    def delete(self, name: str) -> None:
+        """Remove `name`; `VoiceError` if there is no such voice."""
+        npz, meta = self._paths(name)
+        with self._lock:
+            if not meta.exists() and not npz.exists():
+                raise VoiceError(f"no saved voice named {check_name(name)!r}")
+            meta.unlink(missing_ok=True)  # unlisted first, then the arrays
+            npz.unlink(missing_ok=True)
+
+    def _atomic_write(self, path: Path, write) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=path.suffix)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

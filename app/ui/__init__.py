@@ -1,0 +1,1 @@
+"""The Gradio studio: layout (components and wiring), handlers (callbacks), panels (live timers), i18n."""

@@ -1,0 +1,253 @@
+"""Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save voices.
+
+`Handlers(service).synthesize` is the `synthesize` API event: an async generator whose keyword
+parameters are the API's (text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed,
+stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed scale (never float
+arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
+per-request stats line and the details. Stop cancels the event: Gradio cancels the task and closes
+this generator, which closes `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, wav_bytes
+from app.engine.pipeline import EmptyTextError
+from app.engine.requests import MODES, RequestStats, SynthesisRequest
+from app.engine.service import NotReadyError, StudioService
+from app.engine.voices import VoiceError
+from app.model.frontend import PromptAudioError, VoiceFeatures
+
+MAX_SEED = 2**31 - 1
+MAX_INSTRUCT_CHARS = 500
+SPEED_RANGE = (0.5, 2.0)
+# live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
+# segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
+LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
+ARRIVAL_KEY = "studio_arrived_at"  # request-state key set by ArrivalStamp (time.monotonic())
+
+
+class ArrivalStamp:
+    """ASGI middleware: stamps each request's arrival, so a handler can tell how long it queued."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
+        await self.app(scope, receive, send)
+
+
+def queue_wait_s(request: gr.Request | None, now: float) -> float:
+    """Seconds between the queue-join HTTP request's arrival and `now` (0 where unknown)."""
+    raw = getattr(request, "request", None) if request is not None else None
+    arrived = getattr(raw, "scope", {}).get("state", {}).get(ARRIVAL_KEY) if raw is not None else None
+    return max(0.0, now - arrived) if arrived is not None else 0.0
+
+
+def live_playback() -> bool:
+    """Gradio encodes streamed audio with ffmpeg; without it only the final WAV can play."""
+    return shutil.which("ffmpeg") is not None
+
+
+def _error(e: BaseException, *paths: str | None) -> gr.Error:
+    """A gr.Error with the message of `e`, server paths reduced to their file names."""
+    msg = str(e)
+    for p in paths:
+        if p:
+            msg = msg.replace(str(p), Path(p).name)
+    return gr.Error(msg)
+
+
+def stats_line(stats: RequestStats, *, seed: int, mode: str, queue_s: float, frontend_s: float) -> str:
+    """The per-request line under the player: latency, speed and where the time went."""
+    return (f"**TTFA** {stats.ttfa_ms:.0f} ms · **RTF** {stats.rtf:.2f} · **{stats.tokens_per_s:.1f}** tokens/s · "
+            f"**audio** {stats.audio_s:.2f} s · LM {stats.lm_s:.2f} s · flow {stats.flow_s:.2f} s · "
+            f"vocoder {stats.hift_s:.2f} s · queue {queue_s:.2f} s · reference {frontend_s:.2f} s · "
+            f"mode {mode} · seed {seed}")
+
+
+class Handlers:
+    """The page's callbacks, bound to the process's `StudioService`."""
+
+    def __init__(self, service: StudioService) -> None:
+        self.service = service
+        self.cfg = service.cfg
+
+    # --- synthesis -----------------------------------------------------------------------------
+
+    def _check_text(self, text: str | None, instruct_text: str | None, mode: str) -> tuple[str, str]:
+        text = (text or "").strip()
+        if not text:
+            raise gr.Error("Type the text to speak.")
+        limit = self.cfg.server.max_text_chars
+        if len(text) > limit:
+            raise gr.Error(f"The text has {len(text)} characters; the limit is {limit}. Shorten it or split it.")
+        if mode not in MODES:
+            raise gr.Error(f"Unknown mode {mode!r}: use one of {', '.join(MODES)}.")
+        instruct_text = (instruct_text or "").strip()
+        if mode == "instruct" and not instruct_text:
+            raise gr.Error("Instruct mode needs an instruction, e.g. 'Speak slowly and calmly.'")
+        if len(instruct_text) > MAX_INSTRUCT_CHARS:
+            raise gr.Error(f"The instruction is longer than {MAX_INSTRUCT_CHARS} characters.")
+        return text, instruct_text
+
+    async def _voice(self, voice: str | None, prompt_audio: str | None, prompt_text: str | None) -> VoiceFeatures:
+        if voice:
+            try:
+                return self.service.voices.load(voice)
+            except VoiceError as e:
+                raise gr.Error(str(e)) from e
+        if not prompt_audio:
+            raise gr.Error("Upload or record a reference clip, or pick a saved voice.")
+        try:
+            return await self.service.voice_from_audio(prompt_audio, (prompt_text or "").strip())
+        except (AudioError, PromptAudioError, OSError) as e:
+            raise _error(e, prompt_audio) from e
+
+    async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
+                         instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
+                         request: gr.Request = None):
+        """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details)."""
+        t_start = time.monotonic()
+        queue_s = queue_wait_s(request, t_start)
+        try:
+            self.service.require_ready()
+        except NotReadyError as e:
+            raise gr.Error(str(e), title="Not ready") from e
+        text, instruct_text = self._check_text(text, instruct_text, mode)
+        stream = bool(stream)
+        speed = float(speed if speed is not None else 1.0)
+        if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
+            raise gr.Error(f"Speed must be between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}.")
+        if stream and speed != 1.0:
+            raise gr.Error("Speed works only without streaming: turn Stream off or set speed to 1.0.")
+        seed = secrets.randbelow(MAX_SEED + 1) if seed is None or seed < 0 else int(seed)
+        if seed > MAX_SEED:
+            raise gr.Error(f"The seed must be between 0 and {MAX_SEED} (or -1 for a random one).")
+        features = await self._voice(voice, prompt_audio, prompt_text)
+        frontend_s = time.monotonic() - t_start
+        notes = []
+        if mode == "zero_shot" and not features.prompt_text.strip():
+            mode = "cross_lingual"
+            notes.append("no transcript: used cross-lingual mode (the voice without its words)")
+            gr.Warning("No transcript given: cross-lingual mode is used instead of zero-shot.")
+        live = stream and live_playback()
+        if stream and not live:
+            notes.append("ffmpeg is not installed: live playback is off, the final WAV plays when done")
+        try:
+            req = SynthesisRequest(text=text, voice=features, mode=mode, instruct_text=instruct_text, seed=seed,
+                                   speed=speed, stream=stream)
+        except ValueError as e:
+            raise gr.Error(str(e)) from e
+
+        parts: list[np.ndarray] = []
+        stats: RequestStats | None = None
+        n_samples = 0
+        try:
+            async with contextlib.aclosing(self.service.stream(req, queue_wait_s=queue_s)) as chunks:
+                async for chunk in chunks:
+                    stats = chunk.stats or stats
+                    if not chunk.samples.size:
+                        continue
+                    parts.append(chunk.samples)
+                    n_samples += chunk.samples.size
+                    if live:
+                        progress = f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s"
+                        for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
+                            yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
+        except EmptyTextError as e:
+            raise gr.Error(str(e)) from e
+        except NotReadyError as e:
+            raise gr.Error(str(e), title="Not ready") from e
+        except ValueError as e:  # e.g. a prompt longer than the engine's max_model_len
+            raise gr.Error(f"Synthesis failed: {e}") from e
+        assert stats is not None  # the stream always ends with a final chunk
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        line = stats_line(stats, seed=seed, mode=mode, queue_s=queue_s, frontend_s=frontend_s)
+        if notes:
+            line += "\n\n" + "\n".join(f"- {n}" for n in notes)
+        details = {"seed": seed, "mode": mode, "stream": stream, "speed": speed, "voice": voice or None,
+                   "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.shape[0]),
+                   "audio_s": round(stats.audio_s, 3), "ttfa_ms": round(stats.ttfa_ms, 1), "rtf": round(stats.rtf, 3),
+                   "tokens": stats.n_tokens, "tokens_per_s": round(stats.tokens_per_s, 1),
+                   "lm_s": round(stats.lm_s, 3), "flow_s": round(stats.flow_s, 3), "vocoder_s": round(stats.hift_s, 3),
+                   "queue_wait_s": round(queue_s, 3), "reference_s": round(frontend_s, 3),
+                   "chunks": stats.n_chunks, "segments": stats.n_segments, "notes": notes}
+        yield (gr.skip() if live else None), wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ), line, details
+
+    @staticmethod
+    def random_seed() -> int:
+        return secrets.randbelow(MAX_SEED + 1)
+
+    # --- saved voices --------------------------------------------------------------------------
+
+    async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str) -> tuple[str, str]:
+        """Compute the reference's features and store them under `name` (replacing a voice of that name).
+
+        Returns (message, the saved name).
+        """
+        try:
+            self.service.require_ready()
+        except NotReadyError as e:
+            raise gr.Error(str(e), title="Not ready") from e
+        if not prompt_audio:
+            raise gr.Error("Upload or record the reference clip to save first.")
+        try:
+            features = await self.service.voice_from_audio(prompt_audio, (prompt_text or "").strip())
+            info = self.service.voices.save(name or "", features, overwrite=True)
+        except (AudioError, PromptAudioError, VoiceError, OSError) as e:
+            raise _error(e, prompt_audio) from e
+        note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
+        return f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", info.name
+
+    def delete_voice(self, voice: str | None) -> tuple[str, str]:
+        """Delete the saved voice `voice`. Returns (message, "")."""
+        if not voice:
+            raise gr.Error("Pick a saved voice to delete.")
+        try:
+            self.service.voices.delete(voice)
+        except VoiceError as e:
+            raise gr.Error(str(e)) from e
+        return f"Deleted voice **{voice}**.", ""
+
+    def list_voices(self) -> list[dict]:
+        """The saved voices of the loaded model: name, transcript, length, creation time."""
+        return [v.to_dict() for v in self.service.voices.list()]
+
+    def voice_choices(self, current: str | None = "") -> gr.Dropdown:
+        """The dropdown's choices, refreshed from the store (keeps `current` if it still exists)."""
+        names = self.service.voices.names()
+        return gr.Dropdown(choices=["", *names], value=current if current in names else "")
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self):
+        """(status line, banner, timer): polled until the service is ready or failed."""
+        s = self.service
+        if s.ready:
+            facts = s.facts()
+            text = (f"**Status:** ready · backend `{facts.get('backend', '?')}` · device `{facts.get('device')}` · "
+                    f"model `{facts.get('model_dir')}`")
+        elif s.error:
+            text = f"**Status:** failed to start: {s.error}"
+        else:
+            text = f"**Status:** {s.status}…  (synthesis is available once the model is ready)"
+        if not live_playback():
+            text += "  \nffmpeg is not installed: live playback is off (the final WAV still plays)."
+        banner = gr.Markdown(visible=s.random_model, value=(
+            "### ⚠️ Running on a generated tiny random model: the output is noise\n"
+            f"No model folder was given and `{self.cfg.model.repo_id}` could not be downloaded. Point the app at "
+            "real weights with `python app.py --model-dir /path/to/CosyVoice2-0.5B` (or `COSYVOICE_MODEL_DIR`), "
+            "or start it with internet access to download them.") if s.random_model else "")
+        return text, banner, gr.Timer(active=not (s.ready or s.error))

@@ -1,0 +1,116 @@
+"""The studio page: inputs, outputs, examples, live panels, and the wiring (handlers live in handlers.py).
+
+`build_demo(service)` declares the `gr.Blocks` and its events; `app.py` mounts it on FastAPI.
+Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+
+from app.engine.service import ASSETS_DIR, StudioService
+from app.ui.handlers import Handlers
+from app.ui.i18n import make_i18n
+from app.ui.panels import PANEL_TRANSLATIONS, build_panels
+
+CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
+
+
+def example_rows() -> tuple[list[list], list[str]]:
+    """Rows (text, prompt_audio, prompt_text, mode, instruct_text) built from assets/examples.json."""
+    spec = json.loads((ASSETS_DIR / "examples.json").read_text(encoding="utf-8"))
+    voices = {v["name"]: v for v in spec["voices"]}
+    texts = {t["lang"]: t["text"] for t in reversed(spec["texts"])}  # the first text of each language
+    numbers = spec["texts"][-1]["text"]
+    en, zh = voices["espeak-en"], voices["espeak-zh"]
+    rows = [
+        (texts["en"], en, "zero_shot", "", "English, zero-shot"),
+        (texts["zh"], zh, "zero_shot", "", "中文, zero-shot"),
+        (numbers, en, "zero_shot", "", "numbers and dates"),
+        (texts["zh"], en, "cross_lingual", "", "English voice speaks Chinese"),
+        (texts["en"], zh, "instruct", "Speak slowly and calmly.", "instruct"),
+    ]
+    out = [[text, str(ASSETS_DIR / v["audio"]), v["transcript"] if mode == "zero_shot" else "", mode, instruct]
+           for text, v, mode, instruct, _ in rows]
+    return out, [label for *_, label in rows]
+
+
+def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
+    """The page and its translations (pass both to `gr.mount_gradio_app`)."""
+    cfg = service.cfg
+    i18n = make_i18n(PANEL_TRANSLATIONS)
+    h = Handlers(service)
+    with gr.Blocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP) as demo:
+        gr.Markdown(f"# {cfg.ui.title}")
+        gr.Markdown(i18n("intro"))
+        banner = gr.Markdown(visible=False, elem_id="banner")
+        status = gr.Markdown("**Status:** starting…", elem_id="status")
+        with gr.Row():
+            with gr.Column():
+                text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
+                                  max_length=cfg.server.max_text_chars, elem_id="text")
+                with gr.Group():
+                    prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
+                                            label=i18n("prompt_audio"), elem_id="prompt_audio")
+                    prompt_text = gr.Textbox(label=i18n("prompt_text"), info=i18n("prompt_text_info"),
+                                             elem_id="prompt_text")
+                gr.Markdown(i18n("consent"), elem_id="consent")
+                mode = gr.Radio([(i18n("mode_zero_shot"), "zero_shot"), (i18n("mode_cross_lingual"), "cross_lingual"),
+                                 (i18n("mode_instruct"), "instruct")], value="zero_shot", label=i18n("mode"),
+                                elem_id="mode")
+                instruct_text = gr.Textbox(label=i18n("instruct_text"), placeholder=i18n("instruct_placeholder"),
+                                           visible=False, elem_id="instruct_text")
+                with gr.Accordion(i18n("saved_voices"), open=False):
+                    voice = gr.Dropdown([""], value="", allow_custom_value=True, label=i18n("voice"),
+                                        elem_id="voice")
+                    with gr.Row():
+                        voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
+                        save = gr.Button(i18n("save_voice"), elem_id="save_voice")
+                        delete = gr.Button(i18n("delete_voice"), elem_id="delete_voice")
+                    voice_msg = gr.Markdown(elem_id="voice_msg")
+                with gr.Row():
+                    seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
+                    dice = gr.Button(i18n("random_seed"), elem_id="dice")
+                with gr.Row():
+                    stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
+                    speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
+                                      elem_id="speed")
+                with gr.Row():
+                    go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
+                    stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
+            with gr.Column():
+                stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
+                final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
+                                     buttons=["download"], elem_id="final_out")
+                stats = gr.Markdown(elem_id="stats")
+                with gr.Accordion(i18n("details"), open=False):
+                    details = gr.JSON(elem_id="details")
+        rows, labels = example_rows()
+        gr.Examples(rows, [text, prompt_audio, prompt_text, mode, instruct_text], cache_examples=False,
+                    example_labels=labels, label=i18n("examples"))
+        with gr.Accordion(i18n("panels"), open=True):
+            build_panels(service, i18n)
+
+        inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream]
+        synth = go.click(h.synthesize, inputs, [stream_out, final_out, stats, details], api_name="synthesize",
+                         concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
+        stop.click(None, None, None, cancels=[synth], api_visibility="private")
+        dice.click(h.random_seed, None, seed, queue=False, api_visibility="private")
+        stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, queue=False,
+                      api_visibility="private")
+        mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, queue=False,
+                    api_visibility="private")
+        save.click(h.save_voice, [voice_name, prompt_audio, prompt_text], [voice_msg, voice], api_name="save_voice",
+                   ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+        delete.click(h.delete_voice, voice, [voice_msg, voice], api_name="delete_voice",
+                     ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+        gr.api(h.list_voices, api_name="list_voices")
+        timer = gr.Timer(cfg.ui.status_refresh_s)
+        timer.tick(h.status, None, [status, banner, timer], queue=False, show_progress="hidden",
+                   api_visibility="private")
+        demo.load(h.status, None, [status, banner, timer], queue=False, api_visibility="private")
+        demo.load(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+    demo.queue(max_size=cfg.server.queue_max_size)
+    return demo, i18n

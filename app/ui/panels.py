@@ -1,0 +1,194 @@
+"""Live panels: memory over time, latency of recent requests, engine facts; refreshed by a `gr.Timer`.
+
+`build_panels(service)` is called inside the layout's `gr.Blocks`. Each timer tick (`[ui]
+panel_refresh_s`, 1 s; no queue, so panels never wait behind synthesis jobs) takes one memory sample through
+`service.metrics.memory_snapshot(backend)` and redraws from the metrics' ring buffers. Without
+a GPU the memory panels show CPU and RAM and say so. docs/panels.md says where each number comes from.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.engine.metrics import NO_GPU_NOTE, Metrics
+
+TICK_S = 1.0
+WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
+N_REQUESTS = 30  # requests in the latency plots
+N_TABLE = 8  # rows of the latency table, newest first
+STAGES = (("queue_wait_s", "queue wait"), ("lm_s", "LM"), ("flow_s", "flow"), ("vocoder_s", "vocoder"))
+TABLE_COLUMNS = ("#", "ended", "outcome", "TTFA ms", "RTF", "queue s", "LM s", "flow s", "vocoder s", "audio s",
+                 "tokens/s")
+
+# for the layout's gr.I18n: merge these into its translations (component labels only)
+PANEL_TRANSLATIONS = {
+    "en": {"panels_memory": "Memory", "panels_load": "Load", "panels_stages": "Per-stage time",
+           "panels_latency": "Latency", "panels_recent": "Recent requests", "panels_facts": "Engine"},
+    "zh": {"panels_memory": "内存", "panels_load": "负载", "panels_stages": "各阶段耗时", "panels_latency": "延迟",
+           "panels_recent": "最近的请求", "panels_facts": "引擎"},
+}
+
+
+def build_panels(service: Any, i18n: gr.I18n | None = None) -> None:
+    """Create the panel components and their timer inside the current `gr.Blocks` context.
+
+    `service` is the `StudioService`: `metrics` (a `Metrics`), `backend` (None until started),
+    `status`, `facts()`.
+    """
+    label = i18n if i18n is not None else (lambda key: PANEL_TRANSLATIONS["en"][key])
+    headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
+    with gr.Row():
+        memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
+                             x_title="seconds ago", elem_id="memory_plot")
+        load = gr.LinePlot(x="seconds", y="percent", color="series", label=label("panels_load"),
+                           x_title="seconds ago", elem_id="load_plot")
+    with gr.Row():
+        stages = gr.BarPlot(x="request", y="seconds", color="stage", label=label("panels_stages"),
+                            x_title="request #", elem_id="stage_plot")
+        # points, not lines: one request is already visible
+        latency = gr.ScatterPlot(x="request", y="value", color="series", label=label("panels_latency"),
+                                 x_title="request #", elem_id="latency_plot")
+    table = gr.Dataframe(pd.DataFrame(columns=list(TABLE_COLUMNS)), label=label("panels_recent"),
+                         interactive=False, elem_id="latency_table")
+    facts = gr.Markdown(elem_id="engine_facts", label=label("panels_facts"))
+    ui = getattr(getattr(service, "cfg", None), "ui", None)
+    timer = gr.Timer(getattr(ui, "panel_refresh_s", TICK_S))
+    timer.tick(lambda: refresh(service), None, [headline, memory, load, stages, latency, table, facts],
+               show_progress="hidden", queue=False, api_visibility="private")
+
+
+def refresh(service: Any) -> tuple[Any, ...]:
+    """One tick: sample memory once, then redraw every panel from the metrics."""
+    metrics: Metrics = service.metrics
+    backend = getattr(service, "backend", None)
+    snap = metrics.memory_snapshot(backend)
+    history = metrics.memory_history(WINDOW)
+    recent = metrics.recent(N_REQUESTS)
+    now = time.time()
+    mem_df, load_df = memory_frames(history, now)
+    mem_title = f"GPU {snap['device']['name']} memory (MiB)" if snap["gpu"] else f"RAM (MiB) · {NO_GPU_NOTE}"
+    return (
+        headline_text(service, snap),
+        gr.LinePlot(value=mem_df, title=mem_title),
+        gr.LinePlot(value=load_df, title="CPU (% of one core) and vLLM KV-cache usage (%)"),
+        gr.BarPlot(value=stage_frame(recent), title="Seconds per stage (stacked) of the recent requests"),
+        gr.ScatterPlot(value=latency_frame(recent), title="TTFA (s), RTF and queue wait (s) per request"),
+        table_frame(recent),
+        facts_text(service, snap),
+    )
+
+
+def memory_frames(history: list[dict[str, Any]], now: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Long-form frames (seconds, MiB|percent, series) of the memory and load series."""
+    mem_rows, load_rows = [], []
+    for s in history:
+        x = s["t"] - now  # <= 0: seconds ago
+        by_role: dict[str, dict[str, float]] = {}
+        for p in s["processes"]:
+            acc = by_role.setdefault(p["role"], {"gpu": 0.0, "rss": 0.0, "cpu": 0.0})
+            acc["gpu"] += p["gpu_mib"] or 0.0
+            acc["rss"] += p["rss_mib"] or 0.0
+            acc["cpu"] += p["cpu_percent"] or 0.0
+        if s["gpu"]:
+            mem = {"device used": s["device"]["used_mib"], "device total": s["device"]["total_mib"]}
+            mem.update({f"{role} (NVML)": v["gpu"] for role, v in by_role.items() if v["gpu"] > 0})
+            if s["torch"] is not None:
+                mem["app torch reserved"] = s["torch"]["reserved_mib"]
+                mem["app torch allocated"] = s["torch"]["allocated_mib"]
+        else:
+            mem = {f"{role} RSS": v["rss"] for role, v in by_role.items()}
+            mem["all RSS"] = s["cpu"]["rss_mib"]
+        load = {f"{role} CPU": v["cpu"] for role, v in by_role.items() if role != "other" or v["rss"] > 0}
+        if s["kv_cache_usage"] is not None:
+            load["KV cache"] = 100.0 * s["kv_cache_usage"]
+        mem_rows += [(x, v, k) for k, v in mem.items()]
+        load_rows += [(x, v, k) for k, v in load.items()]
+    return (pd.DataFrame(mem_rows, columns=["seconds", "MiB", "series"]),
+            pd.DataFrame(load_rows, columns=["seconds", "percent", "series"]))
+
+
+def stage_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = [(f"{r['seq']:04d}", r[key] or 0.0, name) for r in recent if r["lm_s"] is not None for key, name in STAGES]
+    return pd.DataFrame(rows, columns=["request", "seconds", "stage"])
+
+
+def latency_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for r in recent:
+        if r["ttfa_ms"] is not None:
+            rows += [(f"{r['seq']:04d}", r["ttfa_ms"] / 1000, "TTFA s"),
+                     (f"{r['seq']:04d}", r["queue_wait_s"], "queue wait s")]
+        if r["rtf"] is not None:
+            rows.append((f"{r['seq']:04d}", r["rtf"], "RTF"))
+    return pd.DataFrame(rows, columns=["request", "value", "series"])
+
+
+def table_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
+    def num(x: float | None, digits: int) -> str:
+        return "" if x is None else f"{x:.{digits}f}"
+
+    rows = [(r["seq"], time.strftime("%H:%M:%S", time.localtime(r["t"])), r["outcome"], num(r["ttfa_ms"], 0),
+             num(r["rtf"], 3), num(r["queue_wait_s"], 3), num(r["lm_s"], 3), num(r["flow_s"], 3),
+             num(r["vocoder_s"], 3), num(r["audio_s"], 2), num(r["tokens_per_s"], 1))
+            for r in reversed(recent[-N_TABLE:])]
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+
+
+def headline_text(service: Any, snap: dict[str, Any]) -> str:
+    m: Metrics = service.metrics
+    parts = [f"**{getattr(service, 'status', '?')}**", f"active streams **{m.active_streams}**"]
+    if snap["gpu"]:
+        d = snap["device"]
+        parts.append(f"GPU {d['name']}: **{d['used_mib'] / 1024:.1f} / {d['total_mib'] / 1024:.1f} GiB** used")
+        if snap["torch"] is not None:
+            parts.append(f"app torch {snap['torch']['allocated_mib']:.0f} MiB allocated, "
+                         f"{snap['torch']['reserved_mib']:.0f} MiB reserved")
+    else:
+        c = snap["cpu"]
+        parts.append(f"{NO_GPU_NOTE} · CPU **{c['percent']:.0f} %** of {c['n_cpus']} cores · RSS "
+                     f"**{c['rss_mib'] / 1024:.2f} GiB** (RAM {c['ram_used_mib'] / 1024:.1f} / "
+                     f"{c['ram_total_mib'] / 1024:.1f} GiB used)")
+    if snap["kv_cache_usage"] is not None:
+        parts.append(f"KV cache **{100 * snap['kv_cache_usage']:.1f} %**")
+    ttfa, rtf = m.percentiles("ttfa_ms"), m.percentiles("rtf")
+    if ttfa["p50"] is not None:
+        parts.append(f"TTFA p50 {ttfa['p50']:.0f} ms / p95 {ttfa['p95']:.0f} ms")
+    if rtf["p50"] is not None:
+        parts.append(f"RTF p50 {rtf['p50']:.2f}")
+    return " · ".join(parts)
+
+
+def facts_text(service: Any, snap: dict[str, Any]) -> str:
+    """A two-column Markdown table: service facts, live engine numbers, request counters."""
+    try:
+        facts = dict(service.facts())
+    except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
+        facts = {"facts": f"unavailable ({type(e).__name__}: {e})"}
+    backend = getattr(service, "backend", None)
+    live: dict[str, Any] = {"status": getattr(service, "status", "?"), "active streams": service.metrics.active_streams}
+    n_unfinished = getattr(backend, "n_unfinished", None)
+    if callable(n_unfinished):
+        live["unfinished engine requests"] = n_unfinished()
+    for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):
+        if snap[key] is not None:
+            live[name] = int(snap[key])
+    if snap["kv_cache_tokens"] is not None:
+        live["KV-cache capacity"] = f"{snap['kv_cache_tokens']:,} tokens"
+    counters = service.metrics.counters()
+    live["requests"] = ", ".join(f"{k} {v}" for k, v in counters["outcomes"].items())
+    live["audio produced"] = f"{counters['audio_s_total']:.1f} s"
+    lines = ["| fact | value |", "|---|---|"]
+    for key, value in {**live, **facts}.items():
+        lines.append(f"| {key} | {_cell(value)} |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict):
+        return "<br>".join(f"{k}: {_cell(v)}" for k, v in value.items()) or "–"
+    text = str(value).replace("|", "\\|")  # a bar would end the table cell
+    return f"`{text}`" if isinstance(value, (str, bool, list, tuple)) and text else text

@@ -1,0 +1,343 @@
+"""The studio end to end: `python app.py` in a subprocess (tiny model, real vLLM CPU engine), driven
+through its documented Gradio API with `gradio_client`, plus the saved-voice store on its own.
+
+One server for the module (~40 s to start on 2 cores). Its queue is small on purpose
+(2 running, 1 waiting) so the queue-full test needs only four requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
+from app.engine.voices import VoiceError, VoiceStore, check_name
+from app.model.frontend import VoiceFeatures
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
+EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
+TEXT = "Hello there, how are you today?"
+LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
+START_TIMEOUT_S = 180
+
+
+# --- the saved-voice store (no server) ---------------------------------------------------------------
+
+
+def _voice(text: str = "hello") -> VoiceFeatures:
+    g = torch.Generator().manual_seed(0)
+    return VoiceFeatures(prompt_text=text, prompt_text_ids=torch.arange(5, dtype=torch.int32),
+                         speech_tokens=torch.randint(0, 6561, (1, 50), generator=g, dtype=torch.int32),
+                         speech_mel=torch.randn(1, 100, 80, generator=g), embedding=torch.randn(1, 192, generator=g))
+
+
+def test_voice_store_roundtrip_and_safe_names(tmp_path):
+    store = VoiceStore(tmp_path / "voices", model_fingerprint="abc")
+    v = _voice("你好, world")
+    info = store.save("alice", v)
+    assert info.prompt_seconds == 2.0 and store.names() == ["alice"]
+    got = VoiceStore(tmp_path / "voices", model_fingerprint="abc").load("alice")  # a new store: survives restarts
+    assert got.prompt_text == v.prompt_text
+    for k in ("prompt_text_ids", "speech_tokens", "speech_mel", "embedding"):
+        assert torch.equal(getattr(got, k), getattr(v, k)), k
+    with np.load(tmp_path / "voices" / "alice.npz", allow_pickle=False) as z:  # plain arrays only
+        assert set(z.files) == {"prompt_text_ids", "speech_tokens", "speech_mel", "embedding", "prompt_text_utf8"}
+    with pytest.raises(VoiceError, match="exists already"):
+        store.save("alice", v)
+    store.save("alice", _voice("replaced"), overwrite=True)
+    assert store.load("alice").prompt_text == "replaced"
+    assert check_name("声音_1") == "声音_1"
+    for bad in ("../evil", "a/b", "..", ".hidden", "a b", "", "-x", "x" * 65, "a.npz", "C:\\x"):
+        with pytest.raises(VoiceError, match="invalid voice name"):
+            store.save(bad, v)
+    assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["alice.json", "alice.npz"]
+    assert not list(tmp_path.glob("evil*"))
+    # another model's features are not offered and not loaded
+    other = VoiceStore(tmp_path / "voices", model_fingerprint="zzz")
+    assert other.names() == []
+    with pytest.raises(VoiceError, match="another model"):
+        other.load("alice")
+    store.delete("alice")
+    assert store.names() == [] and not list((tmp_path / "voices").iterdir())
+    with pytest.raises(VoiceError, match="no saved voice"):
+        store.delete("alice")
+
+
+def test_space_front_matter_and_files():
+    import gradio
+    import yaml
+    from huggingface_hub import SpaceHardware
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith("---\n")
+    meta = yaml.safe_load(readme.split("---\n", 2)[1])
+    assert meta["sdk"] == "gradio" and str(meta["sdk_version"]) == gradio.__version__ == "6.31.0"
+    assert (REPO / meta["app_file"]).is_file() and meta["app_file"] == "app.py"
+    assert meta["models"] == ["FunAudioLLM/CosyVoice2-0.5B"] and str(meta["python_version"]).startswith("3.")
+    assert meta["suggested_hardware"] in {h.value for h in SpaceHardware}
+    assert "gradio==6.31.0" in (REPO / "requirements.txt").read_text().splitlines()
+    assert (REPO / "packages.txt").read_text().split() == ["ffmpeg"]
+
+
+def test_config_sections_and_labels():
+    from app.config import ConfigError, load_config
+    from app.ui.i18n import EN, ZH
+
+    cfg = load_config(None, {"server.port": 8000, "server.concurrency_limit": 3})
+    assert (cfg.server.port, cfg.server.concurrency_limit, cfg.ui.panel_refresh_s) == (8000, 3, 1.0)
+    for bad in ({"server.port": 0}, {"server.queue_max_size": 0}, {"server.typo": 1}, {"ui.status_refresh_s": 0}):
+        with pytest.raises(ConfigError):
+            load_config(None, bad)
+    assert EN.keys() == ZH.keys()
+
+
+def test_download_progress_reaches_the_status():
+    from app.engine.service import _progress_class
+
+    seen = []
+    bar_cls = _progress_class(lambda done, total: seen.append((done, total)))
+    bar = bar_cls(name="huggingface_hub.snapshot_download", total=0, unit="B", disable=True)
+    bar.total = 1000  # huggingface_hub grows the total as files are found
+    bar.update(400)
+    bar.update(600)
+    other = bar_cls(name="huggingface_hub.snapshot_download.transfer", total=1000, unit="B", disable=True)
+    other.update(10)  # only the reconstruct (bytes on disk) bar is reported
+    assert seen == [(400, 1000), (1000, 1000)]
+
+
+def test_service_start_failure_is_reported_not_raised(tmp_path):
+    import asyncio
+
+    from app.config import load_config
+    from app.engine.service import NotReadyError, StudioService
+
+    service = StudioService(load_config(None, {"model.dir": str(tmp_path / "missing"),
+                                               "server.voices_dir": str(tmp_path / "v")}))
+    with pytest.raises(NotReadyError, match="still loading"):
+        service.require_ready()
+    asyncio.run(service.start())
+    assert not service.ready and "does not exist" in service.status and service.health()["error"]
+    with pytest.raises(NotReadyError, match="failed to start"):
+        service.require_ready()
+
+
+# --- the server ---------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """`python app.py` on a free port; yields (base_url, voices_dir); stopped with SIGTERM at the end."""
+    tmp = tmp_path_factory.mktemp("studio")
+    port, n_cpu = _free_port(), os.cpu_count() or 1
+    sets = {"vllm.cpu_omp_threads_bind": f'"0-{n_cpu - 1}"', "vllm.cpu_num_reserved_cpus": "0",
+            "vllm.cpu_kvcache_space_gib": "1", "vllm.max_num_seqs": "8", "vllm.dtype": '"float32"',
+            "vllm.export_cache_dir": json.dumps(str(tmp / "export")),
+            "server.voices_dir": json.dumps(str(tmp / "voices")),
+            "server.concurrency_limit": "2", "server.queue_max_size": "1"}
+    cmd = [sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(tiny_model_dir),
+           "--host", "127.0.0.1", "--port", str(port)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+           "GRADIO_TEMP_DIR": str(tmp / "gradio")}
+    log = (tmp / "server.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, f"server exited:\n{(tmp / 'server.log').read_text()[-3000:]}"
+            try:
+                health = httpx.get(f"{base}/health", timeout=2).json()
+                if health["ready"]:
+                    break
+                assert not health["error"], health["error"]
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"not ready in time:\n{(tmp / 'server.log').read_text()[-3000:]}"
+            time.sleep(0.5)
+        yield base, tmp / "voices"
+    finally:
+        proc.terminate()  # uvicorn shuts down: the lifespan closes the service and the vLLM engine
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server[0] + "/", verbose=False)
+
+
+def synth(client, **kw):
+    from gradio_client import handle_file
+
+    args = dict(text=TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT, mode="zero_shot",
+                instruct_text="", voice="", seed=1, speed=1.0, stream=True)
+    args.update(kw)
+    return client.predict(**args, api_name="/synthesize")
+
+
+def check_wav(result, *, speed: float = 1.0) -> dict:
+    """The final WAV is 16-bit mono 24 kHz, non-empty, as long as the server reports (tokens x 960)."""
+    _, wav_path, line, details = result
+    with wave.open(wav_path) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (OUTPUT_SAMPLE_RATE_HZ, 1, 2)
+        n = w.getnframes()
+        pcm = np.frombuffer(w.readframes(n), dtype="<i2")
+    assert n > 0 and np.abs(pcm).max() > 0
+    assert n == details["audio_samples"] and abs(n / OUTPUT_SAMPLE_RATE_HZ - details["audio_s"]) < 1e-3
+    assert n == pytest.approx(details["tokens"] * SAMPLES_PER_TOKEN / speed, rel=0.02)
+    for key in ("TTFA", "RTF", "tokens/s", "audio", "LM", "flow", "vocoder", f"seed {details['seed']}"):
+        assert key in line, (key, line)
+    return details
+
+
+def health(server) -> dict:
+    return httpx.get(server[0] + "/health", timeout=5).json()
+
+
+def test_api_surface(client):
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert [p["parameter_name"] for p in api["/synthesize"]["parameters"]] == [
+        "text", "prompt_audio", "prompt_text", "mode", "instruct_text", "voice", "seed", "speed", "stream"]
+    assert {"/save_voice", "/delete_voice", "/list_voices"} <= set(api)
+
+
+def test_zero_shot_streams_then_final_wav(client):
+    from gradio_client import handle_file
+
+    job = client.submit(text=TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT,
+                        mode="zero_shot", instruct_text="", voice="", seed=1, speed=1.0, stream=True,
+                        api_name="/synthesize")
+    result = job.result(timeout=120)
+    details = check_wav(result)
+    assert details["mode"] == "zero_shot" and details["stream"] and details["chunks"] >= 1
+    live = [o[0] for o in job.outputs()[:-1] if isinstance(o[0], str)]
+    assert live and all(p.endswith(".m3u8") for p in live)  # each chunk went to the streamed player
+    again = check_wav(synth(client))  # same seed, same voice: the same audio length
+    assert again["audio_samples"] == details["audio_samples"]
+
+
+def test_cross_lingual_fallback_and_speed(client):
+    d = check_wav(synth(client, prompt_text="", seed=3))  # no transcript: cross-lingual, and it says so
+    assert d["mode"] == "cross_lingual" and any("cross-lingual" in n for n in d["notes"])
+    d = check_wav(synth(client, mode="cross_lingual", stream=False, speed=1.25, seed=4), speed=1.25)
+    assert d["mode"] == "cross_lingual" and not d["stream"] and d["speed"] == 1.25
+
+
+def test_instruct(client):
+    d = check_wav(synth(client, mode="instruct", instruct_text="Speak slowly and calmly.", seed=-1))
+    assert d["mode"] == "instruct" and 0 <= d["seed"] < 2**31  # -1 picked a random seed and reports it
+
+
+def test_saved_voice_by_name(client, server):
+    from gradio_client.exceptions import AppError
+
+    msg, value = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
+                                api_name="/save_voice")
+    assert "test-voice_1" in msg and value == "test-voice_1"
+    assert {p.name for p in server[1].iterdir()} == {"test-voice_1.npz", "test-voice_1.json"}
+    (listed,) = client.predict(api_name="/list_voices")
+    assert listed["name"] == "test-voice_1" and listed["prompt_text"]
+    d = check_wav(synth(client, prompt_audio=None, prompt_text="", voice="test-voice_1"))
+    assert d["voice"] == "test-voice_1" and d["mode"] == "zero_shot"  # the stored transcript is used
+    with pytest.raises(AppError, match="invalid voice name"):
+        client.predict(name="../evil", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
+    assert not list(server[1].parent.glob("evil*"))
+    msg, value = client.predict(voice="test-voice_1", api_name="/delete_voice")
+    assert "Deleted" in msg and value == "" and not list(server[1].iterdir())
+    with pytest.raises(AppError, match="no saved voice"):
+        synth(client, prompt_audio=None, voice="test-voice_1")
+
+
+def _handle(path):
+    from gradio_client import handle_file
+
+    return handle_file(str(path))
+
+
+def test_bad_inputs_give_clear_errors_then_next_request_works(client, tmp_path):
+    from gradio_client.exceptions import AppError
+
+    not_audio = tmp_path / "notes.wav"
+    not_audio.write_text("this is not audio")
+    cases = [
+        (dict(text="   "), "Type the text"),
+        (dict(text="x" * 5000), "limit is 2000"),
+        (dict(mode="instruct", instruct_text=""), "needs an instruction"),
+        (dict(prompt_audio=None), "Upload or record a reference"),
+        (dict(speed=1.5), "only without streaming"),
+        (dict(prompt_audio=_handle(not_audio)), "not a readable audio file"),
+        (dict(voice="nobody"), "no saved voice"),
+        (dict(text="...", prompt_text=""), "nothing speakable"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(AppError, match=message):
+            synth(client, **kw)
+            pytest.fail(f"no error for {message!r}")
+    with pytest.raises(Exception, match=r"choices|mode"):  # Gradio rejects a value outside the Radio's choices
+        synth(client, mode="sing")
+    check_wav(synth(client, seed=5))
+
+
+def test_stop_aborts_and_full_queue_is_refused(client, server):
+    from gradio_client import handle_file
+    from gradio_client.utils import QueueError
+
+    kw = dict(text=LONG_TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT, mode="zero_shot",
+              instruct_text="", voice="", seed=1, speed=1.0, stream=True, api_name="/synthesize")
+    before = health(server)["requests"]["outcomes"]
+    jobs = [client.submit(**kw) for _ in range(3)]  # 2 run (concurrency_limit), 1 waits (queue_max_size)
+    deadline = time.monotonic() + 60
+    while sum(len(j.outputs()) > 0 for j in jobs) < 2:  # both running ones are streaming
+        assert time.monotonic() < deadline, [j.status().code for j in jobs]
+        time.sleep(0.1)
+    assert health(server)["active_streams"] == 2
+    with pytest.raises(QueueError, match="Queue is full"):
+        client.submit(**kw).result(timeout=30)
+    while (h := health(server))["lm_unfinished"] < 1:  # stop while the engine is generating for them
+        assert time.monotonic() < deadline, h
+        time.sleep(0.02)
+    for j in jobs:
+        j.cancel()  # what the page's Stop does: Gradio cancels the event and closes the generator
+    deadline = time.monotonic() + 15
+    while (h := health(server))["active_streams"] or h["lm_unfinished"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    after = h["requests"]["outcomes"]
+    assert after["cancelled"] - before["cancelled"] >= 2, (before, after)  # 3 if the waiting one had started
+    assert after["ok"] == before["ok"]
+    check_wav(synth(client, seed=6))  # the engine still serves
+
+
+def test_readme_gradio_client_example_runs_as_written(server, monkeypatch):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    code = readme.split("## Gradio API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'Client("http://127.0.0.1:7860/")' in code
+    monkeypatch.chdir(REPO)  # the example's paths are relative to the repository
+    exec(compile(code.replace("http://127.0.0.1:7860/", server[0] + "/"), "README.md", "exec"), {})
+    assert not list(server[1].iterdir())  # the example deleted the voice it saved
