@@ -306,7 +306,7 @@ def test_bad_inputs_give_clear_errors_then_next_request_works(client, tmp_path):
 
 def test_stop_aborts_and_full_queue_is_refused(client, server):
     from gradio_client import handle_file
-    from gradio_client.utils import QueueError
+    from gradio_client.utils import QueueError, Status
 
     kw = dict(text=LONG_TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT, mode="zero_shot",
               instruct_text="", voice="", seed=1, speed=1.0, stream=True, api_name="/synthesize")
@@ -317,6 +317,10 @@ def test_stop_aborts_and_full_queue_is_refused(client, server):
         assert time.monotonic() < deadline, [j.status().code for j in jobs]
         time.sleep(0.1)
     assert health(server)["active_streams"] == 2
+    # the third must hold the only queue slot before a fourth can be refused (submit is asynchronous)
+    while not any(j.status().code == Status.IN_QUEUE for j in jobs):
+        assert time.monotonic() < deadline, [j.status().code for j in jobs]
+        time.sleep(0.05)
     with pytest.raises(QueueError, match="Queue is full"):
         client.submit(**kw).result(timeout=30)
     while (h := health(server))["lm_unfinished"] < 1:  # stop while the engine is generating for them
