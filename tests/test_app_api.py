@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
 EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
 TEXT = "Hello there, how are you today?"
-LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
+# ~1860 chars (under ui.max_text_chars 2000): long enough that the two running requests outlast the
+# queue-full and cancel checks even on an idle machine (12 sentences finished too early on a fresh clone)
+LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
 START_TIMEOUT_S = 180
 
 
