@@ -88,16 +88,11 @@ class Synthesizer:
 
     async def _run_t2w(self, t2w: Token2WavStream, tokens: list[int], plan, tm: _Timings) -> np.ndarray:
         def work() -> np.ndarray:
-            t = time.perf_counter()
-            tok = torch.tensor([tokens], dtype=torch.int64, device=self.model.device)
-            mel = t2w.flow_mel(tok, plan)
-            t1 = time.perf_counter()
-            wave = t2w.vocode(mel, plan)
-            t2w.advance(plan)
-            out = wave.cpu().numpy().astype(np.float32, copy=False)
-            tm.flow_s += t1 - t
-            tm.hift_s += time.perf_counter() - t1
-            return out
+            flow_s, hift_s = t2w.flow_s, t2w.hift_s
+            wave = t2w.run(torch.tensor([tokens], dtype=torch.int64, device=self.model.device), plan)
+            tm.flow_s += t2w.flow_s - flow_s
+            tm.hift_s += t2w.hift_s - hift_s
+            return wave.cpu().numpy().astype(np.float32, copy=False)
 
         return await asyncio.get_running_loop().run_in_executor(self._t2w, work)
 

@@ -15,6 +15,7 @@ request starts with a 4 s first chunk). `crossfade="complementary"` is an option
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,7 @@ class Token2WavStream:
         self.hop = opts.first_hop_tokens
         self.token_offset = 0
         self.done = False
+        self.flow_s = self.hift_s = 0.0  # wall seconds spent in each stage by `run`
         self._mel_cache: Tensor | None = None  # [1, 80, 8]
         self._source_cache: Tensor | None = None  # [1, 1, 3840]
         self._speech_tail: Tensor | None = None  # [1, 3840]
@@ -149,6 +151,11 @@ class Token2WavStream:
 
     def run(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
         """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32."""
-        wave = self.vocode(self.flow_mel(tokens, plan), plan)
+        t0 = time.perf_counter()
+        mel = self.flow_mel(tokens, plan)
+        t1 = time.perf_counter()
+        wave = self.vocode(mel, plan)
+        self.flow_s += t1 - t0
+        self.hift_s += time.perf_counter() - t1
         self.advance(plan)
         return wave
