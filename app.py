@@ -11,8 +11,6 @@ configs/cpu.toml.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import os
 import tomllib
@@ -39,6 +37,8 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             overrides[key.strip()] = raw  # a bare string
+    if api_key := os.environ.get("COSYVOICE_API_KEY"):
+        overrides["server.api_key"] = api_key
     if model_dir := args.model_dir or os.environ.get("COSYVOICE_MODEL_DIR"):
         overrides["model.dir"] = model_dir
     spaces_host = "0.0.0.0" if os.environ.get("SYSTEM") == "spaces" else None
@@ -54,43 +54,10 @@ def config_from(args: argparse.Namespace) -> Config:
     return load_config(path, overrides)
 
 
-def build_server(cfg: Config):
-    """FastAPI app: the service starts in its lifespan (on the serving loop), Gradio mounted at "/"."""
-    import gradio as gr
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
-    from app.engine.service import ASSETS_DIR, StudioService
-    from app.ui.handlers import ArrivalStamp
-    from app.ui.layout import build_demo
-
-    service = StudioService(cfg)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        task = asyncio.create_task(service.start())  # the page is served (with the status) meanwhile
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await service.aclose()
-
-    api = FastAPI(lifespan=lifespan)
-    api.add_middleware(ArrivalStamp)
-
-    @api.get("/health")
-    def health() -> JSONResponse:  # issue 5 extends this (and adds /metrics)
-        body = service.health()
-        return JSONResponse(body, status_code=200 if body["ready"] else 503)
-
-    demo, i18n = build_demo(service)
-    return gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
-                               max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
-                               footer_links=["api", "gradio", "settings"])
-
-
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
+
+    from app.server.main import build_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config_from(parse_args(argv))

@@ -153,6 +153,7 @@ class ServerConfig:
     max_text_chars: int = 2000  # longer texts are refused with a message
     max_upload_mb: int = 20  # reference uploads (30 s of 48 kHz stereo WAV is ~6 MB)
     voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
+    api_key: str = ""  # bearer token the /v1 API requires ("" = open); COSYVOICE_API_KEY overrides it
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

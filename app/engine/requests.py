@@ -31,6 +31,7 @@ class SynthesisRequest:
     seed: int = 0
     speed: float = 1.0  # non-streaming only, as upstream
     stream: bool = True
+    fixed_tokens: int = 0  # benchmarks on random weights: exactly this many speech tokens per segment (0 = off)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -38,6 +39,8 @@ class SynthesisRequest:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode == "instruct" and not self.instruct_text.strip():
             raise ValueError("instruct mode needs an instruction (instruct_text)")
+        if self.fixed_tokens < 0:
+            raise ValueError("fixed_tokens must be >= 0")
         if self.stream and self.speed != 1.0:
             raise ValueError("speed applies only without streaming; set stream=False or speed=1.0")
 

@@ -48,6 +48,10 @@ class NotReadyError(RuntimeError):
     """A request arrived before the model and engine were ready (or after they failed)."""
 
 
+class BusyError(RuntimeError):
+    """Every HTTP slot is running and the waiting line is full: try again later."""
+
+
 def _progress_class(report: Callable[[int, int], None]) -> type:
     """A huggingface_hub tqdm that also reports the snapshot's byte progress to `report(done, total)`."""
     from huggingface_hub.utils import tqdm as hf_tqdm
@@ -130,6 +134,8 @@ class StudioService:
         self.started_at = time.time()
         self.start_s: float | None = None
         self._voice_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
+        self._slots: asyncio.Semaphore | None = None  # HTTP API admission (created on the serving loop)
+        self.http_waiting = 0  # HTTP requests waiting for a slot
 
     # --- start / stop ----------------------------------------------------------------------------
 
@@ -205,11 +211,38 @@ class StudioService:
             raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
         return self.synth
 
-    async def voice_from_audio(self, src: str | Path, prompt_text: str) -> VoiceFeatures:
-        """Features of a reference clip (file path), cached by content and transcript (blocking work in a thread)."""
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[float]:
+        """One of `server.concurrency_limit` HTTP-API slots (the page has Gradio's own queue).
+
+        Waits in line behind the running requests; with `server.queue_max_size` already waiting it
+        raises `BusyError` at once instead. Yields the seconds it waited.
+        """
+        srv = self.cfg.server
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(srv.concurrency_limit)
+        if self._slots.locked() and self.http_waiting >= srv.queue_max_size:
+            raise BusyError(f"the server is busy ({srv.concurrency_limit} requests running, {self.http_waiting} "
+                            "waiting); try again in a few seconds")
+        t0 = time.monotonic()
+        self.http_waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.http_waiting -= 1
+        try:
+            yield time.monotonic() - t0
+        finally:
+            self._slots.release()
+
+    async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
+        """Features of a reference clip (file path or its bytes), cached by content and transcript.
+
+        The blocking work (decode, speech tokenizer, CAM++, prompt mel) runs in a worker thread.
+        """
         if self.model is None:
             raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
-        data = await asyncio.to_thread(Path(src).read_bytes)  # AudioError-free: callers pass existing files
+        data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
         key = hashlib.sha256(data + b"\0" + prompt_text.encode("utf-8")).hexdigest()
         voice = self._voice_cache.get(key)
         if voice is None:  # the path (not the bytes) keeps the file's suffix for format errors

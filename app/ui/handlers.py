@@ -21,15 +21,14 @@ import gradio as gr
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, wav_bytes
+from app.engine import inputs
+from app.engine.inputs import MAX_SEED, InputError
 from app.engine.pipeline import EmptyTextError
-from app.engine.requests import MODES, RequestStats, SynthesisRequest
+from app.engine.requests import RequestStats, SynthesisRequest
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
 from app.model.frontend import PromptAudioError, VoiceFeatures
 
-MAX_SEED = 2**31 - 1
-MAX_INSTRUCT_CHARS = 500
-SPEED_RANGE = (0.5, 2.0)
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
 # segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
@@ -86,22 +85,6 @@ class Handlers:
 
     # --- synthesis -----------------------------------------------------------------------------
 
-    def _check_text(self, text: str | None, instruct_text: str | None, mode: str) -> tuple[str, str]:
-        text = (text or "").strip()
-        if not text:
-            raise gr.Error("Type the text to speak.")
-        limit = self.cfg.server.max_text_chars
-        if len(text) > limit:
-            raise gr.Error(f"The text has {len(text)} characters; the limit is {limit}. Shorten it or split it.")
-        if mode not in MODES:
-            raise gr.Error(f"Unknown mode {mode!r}: use one of {', '.join(MODES)}.")
-        instruct_text = (instruct_text or "").strip()
-        if mode == "instruct" and not instruct_text:
-            raise gr.Error("Instruct mode needs an instruction, e.g. 'Speak slowly and calmly.'")
-        if len(instruct_text) > MAX_INSTRUCT_CHARS:
-            raise gr.Error(f"The instruction is longer than {MAX_INSTRUCT_CHARS} characters.")
-        return text, instruct_text
-
     async def _voice(self, voice: str | None, prompt_audio: str | None, prompt_text: str | None) -> VoiceFeatures:
         if voice:
             try:
@@ -111,7 +94,7 @@ class Handlers:
         if not prompt_audio:
             raise gr.Error("Upload or record a reference clip, or pick a saved voice.")
         try:
-            return await self.service.voice_from_audio(prompt_audio, (prompt_text or "").strip())
+            return await self.service.voice_from_audio(prompt_audio, prompt_text or "")
         except (AudioError, PromptAudioError, OSError) as e:
             raise _error(e, prompt_audio) from e
 
@@ -125,16 +108,16 @@ class Handlers:
             self.service.require_ready()
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready") from e
-        text, instruct_text = self._check_text(text, instruct_text, mode)
         stream = bool(stream)
-        speed = float(speed if speed is not None else 1.0)
-        if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
-            raise gr.Error(f"Speed must be between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}.")
-        if stream and speed != 1.0:
-            raise gr.Error("Speed works only without streaming: turn Stream off or set speed to 1.0.")
-        seed = secrets.randbelow(MAX_SEED + 1) if seed is None or seed < 0 else int(seed)
-        if seed > MAX_SEED:
-            raise gr.Error(f"The seed must be between 0 and {MAX_SEED} (or -1 for a random one).")
+        try:
+            text = inputs.check_text(text, self.cfg.server.max_text_chars, param="text")
+            mode = inputs.check_mode(mode)
+            instruct_text = inputs.check_instruct(instruct_text, mode)
+            prompt_text = inputs.check_transcript(prompt_text)
+            speed = inputs.check_speed(speed, stream)
+            seed = inputs.check_seed(seed)
+        except InputError as e:
+            raise gr.Error(str(e)) from e
         features = await self._voice(voice, prompt_audio, prompt_text)
         frontend_s = time.monotonic() - t_start
         notes = []

@@ -1,0 +1,1 @@
+"""FastAPI: the Gradio studio mounted at "/", /health, /metrics and the OpenAI-style /v1 API."""

@@ -1,0 +1,54 @@
+"""The one server: FastAPI with /health, /metrics and the /v1 API, the Gradio studio mounted at "/".
+
+`build_server(cfg)` creates the process's `StudioService` and starts it in the lifespan (on the
+serving loop, so vLLM's AsyncLLM lives there); the page and /health answer while it loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from app.config import Config
+
+
+def build_server(cfg: Config):
+    """The ASGI app `python app.py` serves."""
+    import gradio as gr
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from app.engine.service import ASSETS_DIR, StudioService
+    from app.server.errors import install_error_handlers
+    from app.server.openai_api import api_router
+    from app.ui.handlers import ArrivalStamp
+    from app.ui.layout import build_demo
+
+    service = StudioService(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        task = asyncio.create_task(service.start())  # the page is served (with the status) meanwhile
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await service.aclose()
+
+    api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
+                  openapi_url="/v1/openapi.json")
+    api.state.service = service
+    api.add_middleware(ArrivalStamp)
+    install_error_handlers(api)
+
+    @api.get("/health", tags=["ops"])
+    def health() -> JSONResponse:
+        """200 when ready to synthesise, else 503; the reason, counters and engine facts either way."""
+        body = service.health()
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    api.include_router(api_router(service))
+    demo, i18n = build_demo(service)
+    return gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
+                               max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
+                               footer_links=["api", "gradio", "settings"])

@@ -1,0 +1,187 @@
+"""The /v1 HTTP API, shaped like OpenAI's audio API so existing clients (the `openai` SDK) work.
+
+    POST   /v1/audio/speech   {"model", "input", "voice", "response_format", "speed", ...} -> audio, streamed
+    POST   /v1/voices         multipart: audio (file), transcript, name (optional) -> the voice's JSON
+    GET    /v1/voices         {"object": "list", "data": [voice, ...]}
+    GET    /v1/voices/{id}    one voice
+    DELETE /v1/voices/{id}    {"id", "object": "voice", "deleted": true}
+    GET    /v1/models         the one model this server speaks with
+
+`voice` is a saved voice's id (its name; the page's saved voices are the same store). Formats:
+`wav` (default) and `pcm` (raw s16le mono 24 kHz). `instructions` (as OpenAI's gpt-4o-mini-tts)
+switches to CosyVoice2's instruct mode. Extensions beyond OpenAI's fields: `seed`, `mode`
+(zero_shot | cross_lingual | instruct), `fixed_tokens` (benchmarks on random weights). Errors are
+OpenAI-shaped (app/server/errors.py); auth is an optional bearer key (app/server/auth.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Response, UploadFile
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.audio import AudioError
+from app.engine import inputs
+from app.engine.inputs import InputError
+from app.engine.requests import SynthesisRequest
+from app.engine.service import NotReadyError, StudioService
+from app.engine.voices import VoiceError, check_name
+from app.model.frontend import PromptAudioError, VoiceFeatures
+from app.server.auth import bearer_auth
+from app.server.errors import ApiError
+from app.server.speech import RETRY_AFTER_S, speech_response
+
+MODEL_ID = "cosyvoice2"
+UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
+
+
+class VoiceRef(BaseModel):
+    id: str = Field(max_length=64)
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(MODEL_ID, max_length=128, description="any name: this server has one model")
+    input: str = Field(max_length=100_000, description="the text to speak (limit: [server] max_text_chars)")
+    voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
+    response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
+        "wav", description="wav (streamed, unknown-length header) or pcm (s16le mono 24 kHz); others refused")
+    speed: float = Field(1.0, description="0.5-2.0; other than 1.0 the audio is made whole, then sent")
+    instructions: str | None = Field(None, max_length=10_000, description="style instruction: instruct mode")
+    stream_format: Literal["audio", "sse"] = Field("audio", description="only 'audio' (a streamed body)")
+    seed: int | None = Field(None, description="sampling seed (0..2^31-1); none or -1 = random")
+    mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
+        None, description="default: instruct when instructions are given, else zero_shot")
+    fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
+
+
+def _input_error(e: InputError) -> ApiError:
+    return ApiError(400, str(e), param=e.param, code="invalid_value")
+
+
+def api_router(service: StudioService) -> APIRouter:
+    """The /v1 routes bound to the process's service (auth from `[server] api_key`)."""
+    cfg = service.cfg
+    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"])
+
+    def require_ready() -> None:
+        try:
+            service.require_ready()
+        except NotReadyError as e:
+            raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+
+    async def load_voice(name: str) -> VoiceFeatures:
+        try:
+            return await asyncio.to_thread(service.voices.load, name)
+        except VoiceError as e:
+            raise ApiError(400, f"{e}; list the saved voices with GET /v1/voices", param="voice",
+                           code="voice_not_found") from e
+
+    @router.post("/audio/speech", response_class=Response,
+                 responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
+    async def create_speech(body: SpeechRequest):
+        """Speak `input` in a saved voice; the body streams as the audio is produced."""
+        require_ready()
+        if body.stream_format != "audio":
+            raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
+                           param="stream_format", code="unsupported_value")
+        if body.response_format not in ("wav", "pcm"):
+            raise ApiError(400, f"response_format {body.response_format!r} is not supported: use 'wav' or 'pcm'",
+                           param="response_format", code="unsupported_value")
+        instructions = (body.instructions or "").strip()
+        mode = body.mode or ("instruct" if instructions else "zero_shot")
+        try:
+            text = inputs.check_text(body.input, cfg.server.max_text_chars, param="input")
+            mode = inputs.check_mode(mode)
+            instruct_text = inputs.check_instruct(instructions, mode)
+            stream = body.speed == 1.0  # speed needs the whole utterance (as upstream)
+            speed = inputs.check_speed(body.speed, stream)
+            seed = inputs.check_seed(body.seed)
+            fixed_tokens = inputs.check_fixed_tokens(body.fixed_tokens)
+        except InputError as e:
+            raise _input_error(e) from e
+        name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
+        voice = await load_voice(name)
+        notes = {}
+        if mode == "zero_shot" and not voice.prompt_text.strip():
+            mode, notes["X-Mode-Note"] = "cross_lingual", "voice has no transcript: cross-lingual mode"
+        req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed,
+                               speed=speed, stream=stream, fixed_tokens=fixed_tokens)
+        return await speech_response(service, req, body.response_format, headers={"X-Mode": mode, **notes})
+
+    @router.post("/voices", status_code=201)
+    async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
+                                                                       "ogg/mp3; 1-30 s of one speaker)")],
+                           transcript: Annotated[str, Form(max_length=10_000)] = "",
+                           name: Annotated[str | None, Form(max_length=200)] = None) -> dict:
+        """Compute and store a voice's features from a reference recording and its transcript."""
+        require_ready()
+        try:
+            name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
+            transcript = inputs.check_transcript(transcript)
+        except VoiceError as e:
+            raise ApiError(400, str(e), param="name", code="invalid_value") from e
+        except InputError as e:
+            raise ApiError(400, str(e), param="transcript", code="invalid_value") from e
+        if name in service.voices.names():
+            raise ApiError(409, f"a voice named {name!r} exists already; delete it first or choose another name",
+                           param="name", code="voice_exists")
+        data = await _read_upload(audio, cfg.server.max_upload_mb)
+        try:
+            features = await service.voice_from_audio(data, transcript)
+            info = await asyncio.to_thread(service.voices.save, name, features)
+        except (AudioError, PromptAudioError) as e:
+            raise ApiError(400, str(e), param="audio", code="invalid_audio") from e
+        except VoiceError as e:
+            raise ApiError(409 if "exists" in str(e) else 400, str(e), param="name", code="invalid_voice") from e
+        return {"id": info.name, "object": "voice", **info.to_dict()}
+
+    @router.get("/voices")
+    async def list_voices() -> dict:
+        """The saved voices of the loaded model, newest first."""
+        voices = await asyncio.to_thread(service.voices.list)
+        return {"object": "list", "data": [{"id": v.name, "object": "voice", **v.to_dict()} for v in voices]}
+
+    @router.get("/voices/{voice_id}")
+    async def get_voice(voice_id: str) -> dict:
+        try:
+            info = await asyncio.to_thread(service.voices.info, voice_id)
+        except VoiceError as e:
+            raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
+        return {"id": info.name, "object": "voice", **info.to_dict()}
+
+    @router.delete("/voices/{voice_id}")
+    async def delete_voice(voice_id: str) -> dict:
+        try:
+            await asyncio.to_thread(service.voices.delete, voice_id)
+        except VoiceError as e:
+            raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
+        return {"id": voice_id, "object": "voice", "deleted": True}
+
+    @router.get("/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(service.started_at),
+                                            "owned_by": "FunAudioLLM", "ready": service.ready}]}
+
+    return router
+
+
+async def _read_upload(upload: UploadFile, max_mb: int) -> bytes:
+    """The upload's bytes; 413 as soon as it passes `max_mb`, 400 when empty."""
+    limit = max_mb * 1024 * 1024
+    parts, size = [], 0
+    while piece := await upload.read(UPLOAD_READ_BYTES):
+        size += len(piece)
+        if size > limit:
+            raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([server] max_upload_mb); send a "
+                           "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
+        parts.append(piece)
+    if not size:
+        raise ApiError(400, "the audio upload is empty", param="audio", code="invalid_audio")
+    return b"".join(parts)
