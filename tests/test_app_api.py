@@ -8,10 +8,6 @@ One server for the module (~40 s to start on 2 cores). Its queue is small on pur
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import wave
 from pathlib import Path
@@ -20,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from studio import run_studio
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
 from app.engine.voices import VoiceError, VoiceStore, check_name
@@ -32,7 +29,6 @@ TEXT = "Hello there, how are you today?"
 # ~1860 chars (under ui.max_text_chars 2000): long enough that the two running requests outlast the
 # queue-full and cancel checks even on an idle machine (12 sentences finished too early on a fresh clone)
 LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
-START_TIMEOUT_S = 180
 
 
 # --- the saved-voice store (no server) ---------------------------------------------------------------
@@ -138,53 +134,12 @@ def test_service_start_failure_is_reported_not_raised(tmp_path):
 # --- the server ---------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    """`python app.py` on a free port; yields (base_url, voices_dir); stopped with SIGTERM at the end."""
+    """`python app.py` on a free port; yields (base_url, voices_dir). Queue: 2 running, 1 waiting."""
     tmp = tmp_path_factory.mktemp("studio")
-    port, n_cpu = _free_port(), os.cpu_count() or 1
-    sets = {"vllm.cpu_omp_threads_bind": f'"0-{n_cpu - 1}"', "vllm.cpu_num_reserved_cpus": "0",
-            "vllm.cpu_kvcache_space_gib": "1", "vllm.max_num_seqs": "8", "vllm.dtype": '"float32"',
-            "vllm.export_cache_dir": json.dumps(str(tmp / "export")),
-            "server.voices_dir": json.dumps(str(tmp / "voices")),
-            "server.concurrency_limit": "2", "server.queue_max_size": "1"}
-    cmd = [sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(tiny_model_dir),
-           "--host", "127.0.0.1", "--port", str(port)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "GRADIO_TEMP_DIR": str(tmp / "gradio")}
-    log = (tmp / "server.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"server exited:\n{(tmp / 'server.log').read_text()[-3000:]}"
-            try:
-                health = httpx.get(f"{base}/health", timeout=2).json()
-                if health["ready"]:
-                    break
-                assert not health["error"], health["error"]
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"not ready in time:\n{(tmp / 'server.log').read_text()[-3000:]}"
-            time.sleep(0.5)
+    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "2", "server.queue_max_size": "1"}) as (base, _):
         yield base, tmp / "voices"
-    finally:
-        proc.terminate()  # uvicorn shuts down: the lifespan closes the service and the vLLM engine
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine import metrics as metrics_mod
-from app.engine.metrics import NO_GPU_NOTE, OUTCOMES, Metrics, vllm_gauges
+from app.engine import resources as metrics_mod
+from app.engine.metrics import OUTCOMES, Metrics
 from app.engine.requests import RequestStats
+from app.engine.resources import NO_GPU_NOTE, vllm_gauges
 
 
 def stats(i: int, **kw) -> RequestStats:

@@ -1,36 +1,32 @@
-"""Live numbers for the panels (and later /metrics): request counters, recent requests, memory samples.
+"""Live numbers for the panels, /health and /metrics: request counters, recent requests, memory samples.
 
-`Metrics` keeps bounded ring buffers of finished requests (TTFA, RTF, queue wait, per-stage
-seconds) and of memory samples. Nothing samples on its own: `memory_snapshot()` samples when a
-panel timer (or one task of the service) calls it, never in a request path; callers within
-`min_sample_interval_s` share one sample. Sources (docs/panels.md has the details): NVML
-(`pynvml` from nvidia-ml-py) for device and per-process GPU memory, vLLM's in-process Prometheus
-gauge `vllm:kv_cache_usage_perc` for KV-cache usage, torch's CUDA allocator for this process,
-and psutil (else /proc) for CPU % and RSS of this process and its children (the vLLM engine).
+`Metrics` keeps cumulative counters (outcomes, audio seconds, LM tokens), bounded ring buffers of
+finished requests (TTFA, RTF, queue wait, per-stage seconds) and of memory samples. Nothing samples
+on its own: `memory_snapshot()` samples (app/engine/resources.py) when a panel timer or a /metrics
+scrape calls it, never in a request path; callers within `min_sample_interval_s` share one sample.
+Listeners (`add_listener`) see every finished request's `RequestRecord`: the Prometheus exporter
+(app/server/prometheus.py) feeds its histograms that way, so this module needs no server packages.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app.engine.requests import RequestStats
+from app.engine.resources import ResourceProbe
 
-MIB = 1024 * 1024
+log = logging.getLogger(__name__)
+
 OUTCOMES = ("ok", "cancelled", "error", "rejected")
 LATENCY_KEYS = ("ttfa_ms", "rtf", "queue_wait_s", "lm_s", "flow_s", "vocoder_s", "wall_s", "tokens_per_s")
-# vLLM's in-process Prometheus gauges; gpu_cache_usage_perc is the name before vLLM 0.10
-KV_USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-RUNNING_GAUGE, WAITING_GAUGE = "vllm:num_requests_running", "vllm:num_requests_waiting"
-NO_GPU_NOTE = "no GPU: showing CPU and RAM"
 
 
 @dataclass(frozen=True)
@@ -69,8 +65,18 @@ class Metrics:
         self.outcomes: Counter[str] = Counter()
         self.audio_s_total = 0.0  # audio produced by requests that finished ok
         self.tokens_total = 0  # speech tokens produced by the LM
+        self._listeners: list[Callable[[RequestRecord], None]] = []
 
     # --- requests ----------------------------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[RequestRecord], None]) -> None:
+        """Call `fn(record)` for every request finished from now on.
+
+        It runs after the counters are updated, outside the lock, on the finishing thread or event
+        loop: keep it quick and non-blocking.
+        """
+        with self._lock:
+            self._listeners.append(fn)
 
     def request_started(self) -> None:
         with self._lock:
@@ -98,6 +104,12 @@ class Metrics:
                 self.tokens_total += stats.n_tokens
                 if outcome == "ok":
                     self.audio_s_total += stats.audio_s
+            listeners = list(self._listeners)
+        for fn in listeners:
+            try:
+                fn(rec)
+            except Exception:  # an exporter's bug must not replace the request's own outcome or exception
+                log.exception("metrics listener %r failed", fn)
 
     @property
     def active_streams(self) -> int:
@@ -147,203 +159,3 @@ class Metrics:
         with self._lock:
             samples = list(self._samples)
         return samples[-n:] if n else samples
-
-
-def vllm_gauges(registry: Any = None) -> dict[str, float]:
-    """vLLM's KV-cache usage (0..1, mean over engines) and running/waiting requests (sums over engines).
-
-    Reads the gauges vLLM's default `PrometheusStatLogger` keeps in this process's
-    prometheus_client registry; {} when vLLM never ran here (prometheus_client not even imported).
-    """
-    if registry is None:
-        prom = sys.modules.get("prometheus_client")  # imported by vLLM; never imported for a torch-only app
-        if prom is None:
-            return {}
-        registry = prom.REGISTRY
-    values: dict[str, list[float]] = {}
-    for metric in registry.restricted_registry([*KV_USAGE_GAUGES, RUNNING_GAUGE, WAITING_GAUGE]).collect():
-        values.setdefault(metric.name, []).extend(s.value for s in metric.samples if s.name == metric.name)
-    out: dict[str, float] = {}
-    for name in KV_USAGE_GAUGES:
-        if values.get(name):
-            out["kv_cache_usage"] = float(np.mean(values[name]))
-            break
-    for key, name in (("engine_running", RUNNING_GAUGE), ("engine_waiting", WAITING_GAUGE)):
-        if values.get(name):
-            out[key] = float(sum(values[name]))
-    return out
-
-
-def kv_cache_tokens(backend: Any) -> int | None:
-    """KV-cache capacity in tokens (blocks x block size) the vLLM engine reported at start."""
-    cache = getattr(getattr(getattr(backend, "engine", None), "vllm_config", None), "cache_config", None)
-    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
-    return int(blocks) * int(size) if blocks and size else None
-
-
-class ResourceProbe:
-    """Takes one memory/CPU sample; keeps NVML's handle and the last CPU times between samples."""
-
-    def __init__(self) -> None:
-        self._nvml: Any = None  # the pynvml module once initialised; False when NVML is unavailable
-        self._cpu_prev: tuple[float, dict[int, float]] | None = None  # (monotonic s, {pid: cpu s})
-        self._n_cpus = os.cpu_count() or 1
-
-    def sample(self, backend: Any = None) -> dict[str, Any]:
-        me = os.getpid()
-        tree = _process_tree(me)  # {pid: (name + cmdline, rss bytes, cpu seconds)}
-        now = time.monotonic()
-        cpu_now = {pid: info[2] for pid, info in tree.items()}
-        prev_t, prev = self._cpu_prev or (now, {})
-        dt = now - prev_t
-        self._cpu_prev = (now, cpu_now)
-        percent = {pid: (100.0 * max(0.0, c - prev[pid]) / dt if dt > 0 and pid in prev else 0.0)
-                   for pid, c in cpu_now.items()}
-        roles = {pid: _role(pid, me, info[0]) for pid, info in tree.items()}
-        device, gpu_mib = self._nvml_sample()
-        torch_mem = _torch_allocator()
-        if device is None and torch_mem is not None:  # CUDA without NVML: device totals from the driver
-            device = torch_mem.pop("device")
-        elif torch_mem is not None:
-            torch_mem.pop("device")
-        pids = sorted(set(tree) | set(gpu_mib), key=lambda p: (p != me, p))
-        processes = [{"pid": pid, "role": roles.get(pid, "other"), "gpu_mib": gpu_mib.get(pid),
-                      "rss_mib": tree[pid][1] / MIB if pid in tree else None,
-                      "cpu_percent": percent.get(pid)} for pid in pids]
-        ram_used, ram_total = _system_ram()
-        gpu = device is not None
-        gauges = vllm_gauges() if getattr(backend, "name", None) == "vllm" else {}
-        return {
-            "t": time.time(), "gpu": gpu, "note": "" if gpu else NO_GPU_NOTE, "device": device,
-            "processes": processes, "torch": torch_mem, "kv_cache_usage": gauges.get("kv_cache_usage"),
-            "engine_running": gauges.get("engine_running"), "engine_waiting": gauges.get("engine_waiting"),
-            "kv_cache_tokens": kv_cache_tokens(backend),
-            "cpu": {"n_cpus": self._n_cpus, "percent": sum(percent.values()),
-                    "rss_mib": sum(info[1] for info in tree.values()) / MIB,
-                    "ram_used_mib": ram_used / MIB, "ram_total_mib": ram_total / MIB},
-        }
-
-    def _nvml_sample(self) -> tuple[dict[str, Any] | None, dict[int, float]]:
-        """(device {index, name, used_mib, total_mib}, {pid: used MiB}) or (None, {}) without NVML."""
-        if self._nvml is None:
-            try:
-                import pynvml  # nvidia-ml-py
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception:  # not installed, no driver (NVMLError_LibraryNotFound), no device
-                self._nvml = False
-        if not self._nvml:
-            return None, {}
-        nv = self._nvml
-        try:
-            index, handle = _nvml_handle(nv)
-            mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            name = nv.nvmlDeviceGetName(handle)
-            per_pid: dict[int, float] = {}
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
-                used = getattr(p, "usedGpuMemory", None)  # None where the driver does not say (e.g. MIG)
-                per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0.0) + (used or 0) / MIB
-        except nv.NVMLError:
-            return None, {}
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        return {"index": index, "name": name, "used_mib": mem.used / MIB, "total_mib": mem.total / MIB}, per_pid
-
-
-def _nvml_handle(nv: Any) -> tuple[int | str, Any]:
-    """The device this process uses: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    if first.isdigit():
-        return int(first), nv.nvmlDeviceGetHandleByIndex(int(first))
-    return first, nv.nvmlDeviceGetHandleByUUID(first)
-
-
-def _torch_allocator() -> dict[str, Any] | None:
-    """This process's caching allocator once CUDA is initialised here (never initialises it)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    dev = torch.cuda.current_device()
-    return {"allocated_mib": torch.cuda.memory_allocated() / MIB, "reserved_mib": torch.cuda.memory_reserved() / MIB,
-            "max_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
-            "device": {"index": dev, "name": torch.cuda.get_device_name(dev), "used_mib": (total - free) / MIB,
-                       "total_mib": total / MIB}}
-
-
-def _role(pid: int, me: int, title: str) -> str:
-    if pid == me:
-        return "app"
-    low = title.lower()  # vLLM names its processes "VLLM::EngineCore", "VLLM::Worker..." (setproctitle)
-    return "vLLM engine" if "vllm" in low or "enginecore" in low else "other"
-
-
-def _process_tree(root: int) -> dict[int, tuple[str, int, float]]:
-    """{pid: (name and command line, RSS bytes, user+system CPU seconds)} of `root` and its descendants."""
-    try:
-        import psutil
-    except ImportError:
-        return _proc_tree(root)
-    try:
-        top = psutil.Process(root)
-        procs = [top, *top.children(recursive=True)]
-    except psutil.Error:
-        return {}
-    out = {}
-    for p in procs:
-        try:
-            with p.oneshot():
-                cpu = p.cpu_times()
-                out[p.pid] = (f"{p.name()} {' '.join(p.cmdline()[:2])}", p.memory_info().rss, cpu.user + cpu.system)
-        except psutil.Error:  # ended between the listing and the read
-            continue
-    return out
-
-
-def _proc_tree(root: int) -> dict[int, tuple[str, int, float]]:
-    """The same from /proc (Linux without psutil); {} where /proc is absent."""
-    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    stats: dict[int, list[str]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            raw = (d / "stat").read_text()
-        except OSError:
-            continue
-        name = raw[raw.index("(") + 1 : raw.rindex(")")]
-        stats[int(d.name)] = [name, *raw[raw.rindex(")") + 2 :].split()]  # fields from 3 (state) on
-    children: dict[int, list[int]] = {}
-    for pid, f in stats.items():
-        children.setdefault(int(f[2]), []).append(pid)  # f[2] is field 4, ppid
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in stats:
-            continue
-        f = stats[pid]
-        try:
-            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            cmd = ""
-        # fields 14/15 utime/stime (ticks) and 24 rss (pages) are f[12], f[13], f[22]
-        out[pid] = (f"{f[0]} {cmd[:200]}", int(f[22]) * page, (int(f[12]) + int(f[13])) / tick)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _system_ram() -> tuple[int, int]:
-    """(used, total) bytes of the machine's RAM; used = total - available."""
-    try:
-        import psutil
-
-        vm = psutil.virtual_memory()
-        return vm.total - vm.available, vm.total
-    except ImportError:
-        pass
-    info = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            info[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return info.get("MemTotal", 0) - info.get("MemAvailable", 0), info.get("MemTotal", 0)

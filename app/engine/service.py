@@ -222,6 +222,7 @@ class StudioService:
         if self._slots is None:
             self._slots = asyncio.Semaphore(srv.concurrency_limit)
         if self._slots.locked() and self.http_waiting >= srv.queue_max_size:
+            self.metrics.request_finished(None, 0.0, "rejected")
             raise BusyError(f"the server is busy ({srv.concurrency_limit} requests running, {self.http_waiting} "
                             "waiting); try again in a few seconds")
         t0 = time.monotonic()
@@ -300,4 +301,5 @@ class StudioService:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""
         return {"ready": self.ready, "status": self.status, "error": self.error or None,
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
+                "http_waiting": self.http_waiting,
                 "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(), "facts": self.facts()}

@@ -21,6 +21,7 @@ def build_server(cfg: Config):
     from app.engine.service import ASSETS_DIR, StudioService
     from app.server.errors import install_error_handlers
     from app.server.openai_api import api_router
+    from app.server.prometheus import add_metrics_route
     from app.ui.handlers import ArrivalStamp
     from app.ui.layout import build_demo
 
@@ -42,10 +43,12 @@ def build_server(cfg: Config):
     install_error_handlers(api)
 
     @api.get("/health", tags=["ops"])
-    def health() -> JSONResponse:
+    def health():
         """200 when ready to synthesise, else 503; the reason, counters and engine facts either way."""
         body = service.health()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    add_metrics_route(api, service)
 
     api.include_router(api_router(service))
     demo, i18n = build_demo(service)

@@ -169,6 +169,11 @@ def api_router(service: StudioService) -> APIRouter:
         return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(service.started_at),
                                             "owned_by": "FunAudioLLM", "ready": service.ready}]}
 
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    async def unknown(path: str) -> None:
+        """Unknown /v1 routes answer in the OpenAI shape (the Gradio app at "/" would catch them otherwise)."""
+        raise ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
+
     return router
 
 

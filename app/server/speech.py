@@ -7,8 +7,8 @@ OpenAI-shaped body. Then the response streams: `pcm` = raw 16-bit little-endian 
 `wav` = a 44-byte header with the "unknown length" sizes (0xFFFFFFFF, as streaming encoders write
 it) followed by the same PCM. Headers carry the server-side timing of this request:
 X-Request-Id, X-Seed, X-Queue-Ms (waiting for a slot) and X-TTFA-Ms (request start -> first audio).
-A client that disconnects cancels the body; its `finally` closes the synthesis (vLLM abort) and
-frees the slot.
+A client that disconnects cancels the body; its `finally` (and the response's, should the body
+never start) closes the synthesis (vLLM abort) and frees the slot.
 """
 
 from __future__ import annotations
@@ -28,6 +28,20 @@ from app.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 RETRY_AFTER_S = 2  # Retry-After for 503 busy / not ready
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close`, also when the body never starts (client gone)."""
+
+    def __init__(self, content, *, on_close, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
 
 
 def wav_stream_header(sample_rate: int = OUTPUT_SAMPLE_RATE_HZ) -> bytes:
@@ -106,4 +120,4 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Queue-Ms": f"{queue_s * 1e3:.1f}",
                    "X-TTFA-Ms": f"{ttfa_ms:.1f}", "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
                    "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store", **(headers or {})}
-    return StreamingResponse(body(), media_type=MEDIA_TYPES[fmt], headers=out_headers)
+    return ClosingStreamingResponse(body(), on_close=stack.aclose, media_type=MEDIA_TYPES[fmt], headers=out_headers)

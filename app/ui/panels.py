@@ -14,7 +14,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.engine.metrics import NO_GPU_NOTE, Metrics
+from app.engine.metrics import Metrics
+from app.engine.resources import NO_GPU_NOTE
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)

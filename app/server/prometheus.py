@@ -1,0 +1,174 @@
+"""GET /metrics: Prometheus text exposition of the studio plus vLLM's own `vllm:*` metrics.
+
+`PrometheusExporter(metrics, service)` owns a private `CollectorRegistry` (several services in one
+process, as in the tests, never share series). Histograms (TTFA, RTF, per-stage seconds) are fed
+once per finished request by a `Metrics` listener; everything else is read when Prometheus scrapes:
+counters from `Metrics`, gauges from the service and one (rate-limited) memory snapshot, so nothing
+is sampled in a request's path. vLLM's stat logger keeps its metrics in prometheus_client's default
+`REGISTRY` of this process (the AsyncLLM client runs here); that registry is appended, without any
+`cosyvoice_*` name, so the families never collide. Only numbers and fixed labels: no text, voice
+name or audio of a request ever becomes a label. docs/metrics.md lists every family with its unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import prometheus_client
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from app.engine.metrics import OUTCOMES, Metrics, RequestRecord
+from app.engine.resources import MIB
+
+if TYPE_CHECKING:
+    from app.engine.service import StudioService
+
+PREFIX = "cosyvoice_"
+# Time to first audio, seconds: 10 ms (GPU, batch 1, warm) to 30 s (a 2-core CPU behind a queue).
+TTFA_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
+                  30.0)
+# Real-time factor = wall seconds / audio seconds: 0.01 (100x faster than real time) to 10; 1.0 is an edge.
+RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
+STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+STAGES = ("lm", "flow", "vocoder", "queue")
+
+
+class PrometheusExporter:
+    """The /metrics text for one `Metrics` (and its `StudioService`, when given); a prometheus_client collector."""
+
+    def __init__(self, metrics: Metrics, service: StudioService | None = None, *,
+                 include_default_registry: bool = True) -> None:
+        self.metrics = metrics
+        self.service = service
+        self.include_default_registry = include_default_registry
+        self.registry = CollectorRegistry()
+        self.ttfa = Histogram("cosyvoice_ttfa_seconds", "Time from a request's start (after its queue wait) to "
+                              "its first audio chunk, seconds.", buckets=TTFA_BUCKETS_S, registry=self.registry)
+        self.rtf = Histogram("cosyvoice_rtf", "Real-time factor of finished requests: wall seconds / audio "
+                             "seconds (below 1 = faster than real time).", buckets=RTF_BUCKETS, registry=self.registry)
+        self.stage = Histogram("cosyvoice_stage_seconds", "Seconds one request spent per stage: lm (waiting on "
+                               "the LM stream), flow, vocoder (HiFT), queue (waiting for a slot).",
+                               labelnames=["stage"], buckets=STAGE_BUCKETS_S, registry=self.registry)
+        for stage in STAGES:  # every stage has a series (count 0) from the first scrape on
+            self.stage.labels(stage=stage)
+        self.registry.register(_LiveCollector(metrics, service))
+        metrics.add_listener(self.observe)
+
+    def observe(self, rec: RequestRecord) -> None:
+        """Feed the histograms with one finished request (a `Metrics` listener)."""
+        if rec.outcome != "rejected":  # a rejected request never waited for a slot
+            self.stage.labels(stage="queue").observe(rec.queue_wait_s)
+        if rec.ttfa_ms is not None:
+            self.ttfa.observe(rec.ttfa_ms / 1e3)
+        if rec.rtf is not None:  # None: no audio (RTF would be infinite)
+            self.rtf.observe(rec.rtf)
+        for stage, seconds in (("lm", rec.lm_s), ("flow", rec.flow_s), ("vocoder", rec.vocoder_s)):
+            if seconds is not None:
+                self.stage.labels(stage=stage).observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        if self.include_default_registry:  # vLLM's vllm:* plus prometheus_client's process_* / python_*
+            for family in prometheus_client.REGISTRY.collect():
+                if not family.name.startswith(PREFIX):
+                    yield family
+
+    def render(self) -> bytes:
+        """The exposition text (prometheus_client.CONTENT_TYPE_LATEST)."""
+        return prometheus_client.generate_latest(self)
+
+
+class _LiveCollector:
+    """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
+
+    def __init__(self, metrics: Metrics, service: StudioService | None) -> None:
+        self.metrics = metrics
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.metrics.counters()
+        requests = CounterMetricFamily("cosyvoice_requests", "Synthesis requests finished, by outcome (rejected = "
+                                       "refused at once because the server was busy).", labels=["outcome"])
+        for outcome in OUTCOMES:
+            requests.add_metric([outcome], c["outcomes"][outcome])
+        yield requests
+        yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
+                                  "finished ok.", value=c["audio_s_total"])
+        yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",
+                                  value=c["tokens_total"])
+        yield GaugeMetricFamily("cosyvoice_active_streams", "Synthesis requests running now.",
+                                value=c["active_streams"])
+        svc = self.service
+        snap = self.metrics.memory_snapshot(svc.backend if svc is not None else None)
+        yield from _snapshot_families(snap, http_waiting=svc.http_waiting if svc is not None else None)
+        if svc is not None:
+            yield from _service_families(svc)
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> Iterator[Metric]:
+    """A gauge family, or nothing when it has no sample (absent beats NaN)."""
+    if samples:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for values, value in samples:
+            family.add_metric(values, value)
+        yield family
+
+
+def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]:
+    """Queue depths, GPU and process memory, KV cache, from one `Metrics.memory_snapshot()`."""
+    queue = [(["http"], http_waiting)] if http_waiting is not None else []
+    if snap.get("engine_waiting") is not None:
+        queue.append((["engine"], snap["engine_waiting"]))
+    yield from _gauge("cosyvoice_queue_depth", "Requests waiting: queue=http for an HTTP-API slot, "
+                      "queue=engine in vLLM's scheduler.", ["queue"], queue)
+    dev = snap.get("device")
+    dev_labels = [str(dev["index"]), str(dev["name"])] if dev else []
+    yield from _gauge("cosyvoice_gpu_memory_used_bytes", "Memory used on the GPU by all processes (NVML), bytes.",
+                      ["device", "name"], [(dev_labels, dev["used_mib"] * MIB)] if dev else [])
+    yield from _gauge("cosyvoice_gpu_memory_total_bytes", "Memory of the GPU, bytes.", ["device", "name"],
+                      [(dev_labels, dev["total_mib"] * MIB)] if dev else [])
+    per_role: dict[tuple[str, str], float] = {}
+    for p in snap.get("processes", []):
+        role = p["role"].lower().replace(" ", "_")  # app | vllm_engine | other
+        for kind, mib in (("rss", p["rss_mib"]), ("gpu", p["gpu_mib"])):
+            if mib is not None:
+                per_role[role, kind] = per_role.get((role, kind), 0.0) + mib * MIB
+    yield from _gauge("cosyvoice_process_memory_bytes", "Memory of this process (role=app) and its children "
+                      "(vllm_engine, other): kind=rss (resident RAM) or gpu (NVML), bytes.", ["role", "kind"],
+                      [([role, kind], v) for (role, kind), v in sorted(per_role.items())])
+    kv, kv_tokens = snap.get("kv_cache_usage"), snap.get("kv_cache_tokens")
+    yield from _gauge("cosyvoice_kv_cache_usage_ratio", "Share of vLLM's KV cache in use, 0..1.", [],
+                      [([], kv)] if kv is not None else [])
+    yield from _gauge("cosyvoice_kv_cache_capacity_tokens", "Tokens vLLM's KV cache holds (blocks x block size).",
+                      [], [([], kv_tokens)] if kv_tokens is not None else [])
+
+
+def _service_families(svc: StudioService) -> Iterator[Metric]:
+    """Readiness, engine requests and what runs (an info gauge = 1)."""
+    yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
+                            value=1 if svc.ready else 0)
+    unfinished = svc.lm_unfinished()
+    yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
+                      [([], unfinished)] if unfinished is not None else [])
+    facts = svc.facts()
+    info = GaugeMetricFamily("cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, quantization.",
+                             labels=["backend", "device", "dtype", "quantization"])
+    backend = svc.backend.name if svc.backend is not None else "none"
+    info.add_metric([backend, str(facts["device"]), str(facts.get("dtype", svc.cfg.model.llm_dtype)),
+                     str(facts.get("quantization", "none"))], 1)
+    yield info
+
+
+def add_metrics_route(app: FastAPI, service: StudioService) -> None:
+    """Add `GET /metrics` (Prometheus text) for `service` to `app`."""
+    exporter = PrometheusExporter(service.metrics, service)
+
+    @app.get("/metrics", tags=["ops"], response_class=Response)
+    def metrics() -> Response:  # a worker thread: the memory snapshot may block briefly (NVML, /proc)
+        """Prometheus text exposition: requests, latency histograms, memory, KV cache, vLLM's vllm:* metrics."""
+        return Response(exporter.render(), media_type=prometheus_client.CONTENT_TYPE_LATEST)

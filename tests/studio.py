@@ -1,0 +1,81 @@
+"""Starting `python app.py` for end-to-end tests: a tiny model, the real vLLM CPU engine, a free port.
+
+    with run_studio(model_dir, tmp, {"server.concurrency_limit": "2"}) as (base_url, tmp):
+        ...
+
+Each value of `sets` is TOML (strings quoted). The server runs in its own process group and is
+stopped with SIGTERM (uvicorn's lifespan closes the service and the engine), then killed if needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def studio_command(model_dir: Path, tmp: Path, port: int, sets: dict[str, str] | None = None) -> list[str]:
+    n_cpu = os.cpu_count() or 1
+    base = {"vllm.cpu_omp_threads_bind": f'"0-{n_cpu - 1}"', "vllm.cpu_num_reserved_cpus": "0",
+            "vllm.cpu_kvcache_space_gib": "1", "vllm.max_num_seqs": "8", "vllm.dtype": '"float32"',
+            "vllm.export_cache_dir": json.dumps(str(tmp / "export")),
+            "server.voices_dir": json.dumps(str(tmp / "voices"))}
+    cmd = [sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port)]
+    for k, v in {**base, **(sets or {})}.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+@contextlib.contextmanager
+def run_studio(model_dir: Path, tmp: Path, sets: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+    """Yields (base_url, tmp) once /health says ready; the log is tmp/server.log."""
+    port = free_port()
+    full_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+                "GRADIO_TEMP_DIR": str(tmp / "gradio"), **(env or {})}
+    log_path = tmp / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(studio_command(model_dir, tmp, port, sets), cwd=REPO, env=full_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                assert proc.poll() is None, f"server exited:\n{log_path.read_text()[-3000:]}"
+                try:
+                    health = httpx.get(f"{base}/health", timeout=2).json()
+                    if health["ready"]:
+                        break
+                    assert not health["error"], health["error"]
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, f"not ready in time:\n{log_path.read_text()[-3000:]}"
+                time.sleep(0.5)
+            yield base, tmp
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
+                proc.wait()

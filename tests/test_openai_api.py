@@ -1,0 +1,229 @@
+"""The /v1 HTTP API end to end: `python app.py` (tiny model, real vLLM CPU engine) driven by the official
+`openai` SDK and httpx; plus the error shapes and auth in-process (FastAPI TestClient, no engine).
+
+The server's HTTP slots are few on purpose (2 running, 1 waiting) so the busy test needs four requests.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from studio import run_studio
+
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
+EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
+TEXT = "Hello there, how are you today? The weather is lovely."
+
+
+def error_of(r: httpx.Response) -> dict:
+    """The OpenAI error object of a response (asserting the shape)."""
+    body = r.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+# --- in-process: shapes and auth without an engine ---------------------------------------------------
+
+
+@pytest.fixture()
+def app_not_ready(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.api_key": "s3cret", "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "missing")})
+    app = build_server(cfg)  # the lifespan is not run: the service stays "waiting to start"
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_auth_and_error_shapes_without_engine(app_not_ready):
+    c = app_not_ready
+    body = {"model": "cosyvoice2", "input": "hi", "voice": "x"}
+    r = c.post("/v1/audio/speech", json=body)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert error_of(r)["type"] == "authentication_error"
+    assert c.post("/v1/audio/speech", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    auth = {"Authorization": "Bearer s3cret"}
+    r = c.post("/v1/audio/speech", json=body, headers=auth)
+    assert r.status_code == 503 and r.headers["retry-after"] and error_of(r)["code"] == "not_ready"
+    r = c.post("/v1/audio/speech", json={"model": "m", "voice": "x"}, headers=auth)  # no input
+    assert r.status_code == 400 and error_of(r)["param"] == "input"
+    r = c.post("/v1/audio/speech", content=b"{not json", headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in error_of(r)["message"]
+    r = c.post("/v1/audio/speech", json={**body, "volume": 3}, headers=auth)  # unknown field
+    assert r.status_code == 400 and error_of(r)["param"] == "volume"
+    r = c.get("/v1/nothing-here", headers=auth)
+    assert r.status_code == 404 and error_of(r)["type"] == "not_found_error"
+    assert c.get("/health").status_code == 503  # probes need no key
+    assert c.get("/v1/openapi.json").json()["paths"]["/v1/audio/speech"]
+
+
+# --- the real server ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai")
+    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "2", "server.queue_max_size": "1",
+                                          "server.max_upload_mb": "2"}) as (base, _):
+        yield base, tmp / "voices"
+
+
+@pytest.fixture(scope="module")
+def voice(server):
+    """A voice saved through POST /v1/voices (multipart)."""
+    with EN_WAV.open("rb") as f:
+        r = httpx.post(server[0] + "/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
+                       data={"transcript": EN_TRANSCRIPT, "name": "api-voice"}, timeout=60)
+    assert r.status_code == 201, r.text
+    v = r.json()
+    assert (v["id"], v["object"], v["prompt_text"]) == ("api-voice", "voice", EN_TRANSCRIPT)
+    assert 1.0 < v["prompt_seconds"] < 30
+    return v["id"]
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def pcm_samples(data: bytes) -> np.ndarray:
+    assert len(data) % 2 == 0
+    return np.frombuffer(data, dtype="<i2")
+
+
+def test_voices_crud_and_shared_store(server, voice):
+    base, voices_dir = server
+    listed = httpx.get(base + "/v1/voices").json()
+    assert listed["object"] == "list" and voice in [v["id"] for v in listed["data"]]
+    assert httpx.get(f"{base}/v1/voices/{voice}").json()["id"] == voice
+    assert (voices_dir / f"{voice}.npz").is_file()  # the page's store: same folder, npz without pickle
+    with EN_WAV.open("rb") as f:  # no name: one is made up; a taken name: 409
+        r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", f)}, data={"transcript": ""}, timeout=60)
+    made = r.json()["id"]
+    assert r.status_code == 201 and made.startswith("voice-")
+    with EN_WAV.open("rb") as f:
+        r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", f)}, data={"name": made}, timeout=60)
+    assert r.status_code == 409 and error_of(r)["code"] == "voice_exists"
+    r = httpx.delete(f"{base}/v1/voices/{made}")
+    assert r.json() == {"id": made, "object": "voice", "deleted": True}
+    assert httpx.delete(f"{base}/v1/voices/{made}").status_code == 404
+    assert httpx.get(f"{base}/v1/voices/..%2F..%2Fetc").status_code in (400, 404)
+
+
+def test_openai_sdk_streams_pcm_with_a_saved_voice(server, oai, voice):
+    t0 = time.perf_counter()
+    pieces, first_at = [], None
+    with oai.audio.speech.with_streaming_response.create(model="cosyvoice2", voice=voice, input=TEXT,
+                                                         response_format="pcm", extra_body={"seed": 7}) as r:
+        assert r.headers["content-type"] == "audio/pcm" and r.headers["x-seed"] == "7"
+        server_ttfa_ms = float(r.headers["x-ttfa-ms"])
+        for piece in r.iter_bytes():
+            first_at = first_at or time.perf_counter()
+            pieces.append(piece)
+    done = time.perf_counter()
+    pcm = pcm_samples(b"".join(pieces))
+    assert pcm.size > SAMPLES_PER_TOKEN and np.abs(pcm).max() > 0
+    assert pcm.size % SAMPLES_PER_TOKEN == 0  # whole tokens of 24 kHz audio
+    client_ttfa_ms = (first_at - t0) * 1e3
+    assert 0 < server_ttfa_ms <= client_ttfa_ms  # the client sees the first audio after the server made it
+    assert first_at < done  # audio arrived before the stream ended (streamed, not buffered)
+    health = httpx.get(server[0] + "/health").json()
+    assert health["active_streams"] == 0 and health["lm_unfinished"] == 0
+
+
+def test_openai_sdk_wav_non_streamed_and_speed(oai, voice):
+    wav = oai.audio.speech.create(model="tts-1", voice=voice, input=TEXT, response_format="wav",
+                                  extra_body={"seed": 3}).content
+    assert wav[:4] == b"RIFF" and wav[8:16] == b"WAVEfmt "
+    channels, rate, bits = struct.unpack("<H", wav[22:24])[0], struct.unpack("<I", wav[24:28])[0], wav[34]
+    assert (channels, rate, bits) == (1, OUTPUT_SAMPLE_RATE_HZ, 16) and wav[36:40] == b"data"
+    normal = pcm_samples(wav[44:])
+    slow = oai.audio.speech.create(model="tts-1", voice={"id": voice}, input=TEXT, response_format="pcm",
+                                   speed=0.5, extra_body={"seed": 3}).content
+    assert pcm_samples(slow).size > normal.size * 1.5  # speed 0.5 is ~twice as long (same seed and tokens)
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, oai, voice):
+    import openai
+
+    base = server[0]
+    cases = [
+        (dict(voice="nobody"), 400, "voice", "no saved voice"),
+        (dict(input="   "), 400, "input", "empty"),
+        (dict(input="x" * 5000), 400, "input", "limit is 2000"),
+        (dict(response_format="mp3"), 400, "response_format", "not supported"),
+        (dict(speed=3.0), 400, "speed", "between"),
+        (dict(extra_body={"seed": -5}), 400, "seed", "between"),
+        (dict(extra_body={"fixed_tokens": 10**6}), 400, "fixed_tokens", "fixed_tokens"),
+        (dict(extra_body={"mode": "instruct"}), 400, "instruct_text", "needs an instruction"),
+        (dict(input="..."), 400, "input", "nothing speakable"),
+    ]
+    for kw, status, param, message in cases:
+        args = dict(model="cosyvoice2", voice=voice, input=TEXT, response_format="pcm") | kw
+        with pytest.raises(openai.APIStatusError) as e:
+            oai.audio.speech.create(**args)
+        err = e.value.response.json()["error"]
+        assert e.value.status_code == status, (kw, err)
+        assert err["param"] == param and message in err["message"], (kw, err)
+    # uploads: not audio, too large, empty
+    r = httpx.post(base + "/v1/voices", files={"audio": ("x.wav", b"this is not audio")}, timeout=30)
+    assert r.status_code == 400 and error_of(r)["param"] == "audio"
+    r = httpx.post(base + "/v1/voices", files={"audio": ("big.wav", b"\0" * (3 << 20))}, timeout=30)
+    assert r.status_code == 413 and "max_upload_mb" in error_of(r)["message"]
+    r = httpx.post(base + "/v1/voices", files={"audio": ("e.wav", b"")}, timeout=30)
+    assert r.status_code == 400 and "empty" in error_of(r)["message"]
+    r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", EN_WAV.read_bytes())}, data={"name": "../evil"})
+    assert r.status_code == 400 and error_of(r)["param"] == "name"
+    # special tokens typed into the text are removed, not obeyed
+    ok = oai.audio.speech.create(model="cosyvoice2", voice=voice, input="<|endofprompt|>Hello.", response_format="pcm")
+    assert pcm_samples(ok.content).size > 0
+
+
+def test_busy_server_says_so_at_once(server, voice):
+    base = server[0]
+    long = {"model": "cosyvoice2", "voice": voice, "input": "Keep talking for a while.", "response_format": "pcm",
+            "fixed_tokens": 1500}
+    results: list[int] = []
+    release = threading.Event()
+
+    def hold() -> None:
+        with httpx.stream("POST", base + "/v1/audio/speech", json=long, timeout=300) as r:
+            results.append(r.status_code)
+            pieces = r.iter_bytes()  # one iterator, kept: a discarded one closes the response
+            next(pieces)  # the first audio arrived; hold the slot until released, then drop the stream
+            release.wait(120)
+
+    threads = [threading.Thread(target=hold) for _ in range(3)]  # 2 run, 1 waits for a slot
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while httpx.get(base + "/health").json()["http_waiting"] < 1:
+        assert time.monotonic() < deadline, "the third request never waited for a slot"
+        time.sleep(0.05)
+    r = httpx.post(base + "/v1/audio/speech", json=long, timeout=30)
+    assert r.status_code == 503 and error_of(r)["code"] == "server_busy" and r.headers["retry-after"]
+    release.set()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == [200, 200, 200]
+    deadline = time.monotonic() + 30  # dropped streams abort their LM requests
+    while (h := httpx.get(base + "/health").json())["lm_unfinished"] or h["active_streams"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    assert h["requests"]["outcomes"]["cancelled"] >= 3

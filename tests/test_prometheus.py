@@ -1,0 +1,234 @@
+"""GET /metrics: the exporter over synthetic requests (parsed with prometheus_client's own parser),
+then end to end: `python app.py` (tiny model, real vLLM CPU engine), one synthesis through the /v1
+API, and the scrape before and after it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from studio import run_studio
+
+from app.engine.metrics import Metrics
+from app.engine.requests import RequestStats
+from app.server.prometheus import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, PrometheusExporter
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
+EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
+TEXT = "Hello there."
+GIB = 1024**3
+
+
+def stats(ttfa_ms: float, **kw) -> RequestStats:
+    base = dict(ttfa_ms=ttfa_ms, wall_s=2.0, audio_s=4.0, n_tokens=100, n_segments=1, n_chunks=3, lm_s=1.0,
+                flow_s=0.5, hift_s=0.25)
+    return RequestStats(**{**base, **kw})
+
+
+def parse(text: str) -> tuple[dict[str, str], dict[tuple[str, frozenset], float]]:
+    """({family: type}, {(sample name, labels): value}); fails on a family seen twice."""
+    types, samples = {}, {}
+    for family in text_string_to_metric_families(text):
+        assert family.name not in types, f"family {family.name} twice"
+        types[family.name] = family.type
+        for s in family.samples:
+            samples[s.name, frozenset(s.labels.items())] = s.value
+    return types, samples
+
+
+def value(samples: dict, name: str, /, **labels: str) -> float:
+    return samples[name, frozenset(labels.items())]
+
+
+def buckets(samples: dict, name: str, /, **labels: str) -> dict[float, float]:
+    """{upper bound: cumulative count} of one histogram series."""
+    out = {}
+    for (sample, labs), v in samples.items():
+        d = dict(labs)
+        if sample == f"{name}_bucket" and all(d.get(k) == x for k, x in labels.items()):
+            out[float(d["le"])] = v
+    return out
+
+
+# --- the exporter on its own -------------------------------------------------------------------------
+
+
+def test_exporter_counts_and_buckets_from_synthetic_requests():
+    m = Metrics(min_sample_interval_s=0.0)
+    exporter = PrometheusExporter(m, include_default_registry=False)
+    _, empty = parse(exporter.render().decode())
+    assert value(empty, "cosyvoice_ttfa_seconds_count") == 0 and value(empty, "cosyvoice_requests_total",
+                                                                         outcome="rejected") == 0
+    assert value(empty, "cosyvoice_stage_seconds_count", stage="vocoder") == 0  # every stage from the start
+    # ttfa 5 ms, 120 ms, 40 s (past the last bucket); the last has no audio, so no RTF
+    for ttfa_ms, kw in ((5.0, {}), (120.0, {"wall_s": 8.0}), (40_000.0, {"audio_s": 0.0})):
+        m.request_started()
+        m.request_finished(stats(ttfa_ms, **kw), queue_wait_s=0.3)
+    m.request_started()
+    m.request_finished(None, 0.02, "cancelled")  # before its first chunk: queue wait only
+    m.request_finished(None, 0.0, "rejected")  # never ran: no queue sample
+    m.request_started()  # still running
+    types, s = parse(exporter.render().decode())
+
+    assert types["cosyvoice_requests"] == "counter" and types["cosyvoice_ttfa_seconds"] == "histogram"
+    assert types["cosyvoice_active_streams"] == "gauge" and types["cosyvoice_stage_seconds"] == "histogram"
+    assert {o: value(s, "cosyvoice_requests_total", outcome=o) for o in ("ok", "cancelled", "error", "rejected")} \
+        == {"ok": 3, "cancelled": 1, "error": 0, "rejected": 1}
+    assert value(s, "cosyvoice_active_streams") == 1
+    assert value(s, "cosyvoice_audio_seconds_total") == 8.0  # the ok requests' audio
+    assert value(s, "cosyvoice_lm_tokens_total") == 300
+    ttfa = buckets(s, "cosyvoice_ttfa_seconds")
+    assert sorted(ttfa) == [*TTFA_BUCKETS_S, math.inf]
+    assert (ttfa[0.01], ttfa[0.1], ttfa[0.15], ttfa[30.0], ttfa[math.inf]) == (1, 1, 2, 2, 3)
+    assert value(s, "cosyvoice_ttfa_seconds_count") == 3
+    assert value(s, "cosyvoice_ttfa_seconds_sum") == pytest.approx(40.125)
+    rtf = buckets(s, "cosyvoice_rtf")  # 0.5 and 2.0
+    assert sorted(rtf) == [*RTF_BUCKETS, math.inf] and (rtf[0.3], rtf[0.5], rtf[1.5], rtf[2.0]) == (0, 1, 1, 2)
+    assert value(s, "cosyvoice_rtf_count") == 2
+    queue = buckets(s, "cosyvoice_stage_seconds", stage="queue")  # 0.3 x3, 0.02
+    assert sorted(queue) == [*STAGE_BUCKETS_S, math.inf] and (queue[0.025], queue[0.5]) == (1, 4)
+    for stage, seconds in (("lm", 3.0), ("flow", 1.5), ("vocoder", 0.75)):
+        assert value(s, "cosyvoice_stage_seconds_count", stage=stage) == 3
+        assert value(s, "cosyvoice_stage_seconds_sum", stage=stage) == pytest.approx(seconds)
+    # no service: no service gauges; memory of this process from the snapshot; nothing NaN
+    assert "cosyvoice_ready" not in types and "cosyvoice_info" not in types
+    assert "cosyvoice_kv_cache_usage_ratio" not in types  # no vLLM backend
+    assert value(s, "cosyvoice_process_memory_bytes", role="app", kind="rss") > 10 * 1024**2
+    assert not any(math.isnan(v) for v in s.values())
+    if not m.memory_snapshot()["gpu"]:
+        assert "cosyvoice_gpu_memory_used_bytes" not in types  # omitted, not NaN
+
+
+def test_listener_failure_does_not_break_counting():
+    m = Metrics()
+    seen = []
+    m.add_listener(lambda rec: 1 / 0)
+    m.add_listener(seen.append)
+    m.request_started()
+    m.request_finished(stats(10.0), 0.0)
+    assert m.counters()["outcomes"]["ok"] == 1 and [r.outcome for r in seen] == ["ok"]
+
+
+def test_default_registry_appended_without_collisions():
+    """vLLM's metrics live in prometheus_client's default REGISTRY; ours never clash with it."""
+    import prometheus_client as prom
+
+    clash = prom.Gauge("cosyvoice_active_streams", "someone else's", registry=prom.REGISTRY)
+    vllm_like = prom.Gauge("vllm:test_kv_cache_usage_perc", "KV", labelnames=["model_name", "engine"],
+                           registry=prom.REGISTRY)
+    try:
+        clash.set(42)
+        vllm_like.labels(model_name="m", engine="0").set(0.25)
+        types, s = parse(PrometheusExporter(Metrics()).render().decode())
+    finally:
+        prom.REGISTRY.unregister(clash)
+        prom.REGISTRY.unregister(vllm_like)
+    assert value(s, "cosyvoice_active_streams") == 0  # ours, not the default registry's
+    assert value(s, "vllm:test_kv_cache_usage_perc", model_name="m", engine="0") == 0.25
+    assert "process_resident_memory_bytes" in types or sys.platform != "linux"
+
+
+def test_gpu_and_service_gauges(monkeypatch, tmp_path):
+    """GPU gauges from a fake NVML (in bytes, by device); the service's readiness and info before start."""
+    from app.config import load_config
+    from app.engine.service import StudioService
+
+    child = subprocess.Popen(["VLLM::EngineCore", "-c", "import time; time.sleep(30)"], executable=sys.executable)
+    try:
+        time.sleep(0.2)
+        procs = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=GIB),
+                 SimpleNamespace(pid=child.pid, usedGpuMemory=10 * GIB)]
+        fake = SimpleNamespace(
+            NVMLError=RuntimeError, nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+            nvmlDeviceGetHandleByUUID=lambda u: u, nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+            nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=20 * GIB, total=140 * GIB),
+            nvmlDeviceGetComputeRunningProcesses=lambda h: procs)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+        service = StudioService(load_config(None, {"server.voices_dir": str(tmp_path / "v"),
+                                                   "model.dir": str(tmp_path / "missing")}))
+        types, s = parse(PrometheusExporter(service.metrics, service, include_default_registry=False)
+                         .render().decode())
+    finally:
+        child.kill()
+        child.wait()
+    dev = {"device": "1", "name": "NVIDIA H200"}
+    assert value(s, "cosyvoice_gpu_memory_used_bytes", **dev) == 20 * GIB
+    assert value(s, "cosyvoice_gpu_memory_total_bytes", **dev) == 140 * GIB
+    assert value(s, "cosyvoice_process_memory_bytes", role="app", kind="gpu") == GIB
+    assert value(s, "cosyvoice_process_memory_bytes", role="vllm_engine", kind="gpu") == 10 * GIB
+    assert value(s, "cosyvoice_process_memory_bytes", role="vllm_engine", kind="rss") > 0
+    assert value(s, "cosyvoice_ready") == 0 and value(s, "cosyvoice_queue_depth", queue="http") == 0
+    assert "cosyvoice_engine_unfinished_requests" not in types  # no backend yet
+    info = [dict(labs) for (name, labs) in s if name == "cosyvoice_info"]
+    assert info == [{"backend": "none", "device": service.cfg.model.device, "dtype": service.cfg.model.llm_dtype,
+                     "quantization": "none"}]
+
+
+# --- the real server ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prometheus")
+    with run_studio(tiny_model_dir, tmp) as (base, _):
+        yield base
+
+
+def scrape(base: str) -> tuple[str, dict[str, str], dict]:
+    r = httpx.get(f"{base}/metrics", timeout=30, follow_redirects=False)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.headers
+    types, samples = parse(r.text)
+    return r.text, types, samples
+
+
+def test_metrics_move_after_one_synthesis(server):
+    _, types0, before = scrape(server)
+    with EN_WAV.open("rb") as f:
+        r = httpx.post(f"{server}/v1/voices", files={"audio": ("prompt_en.wav", f, "audio/wav")},
+                       data={"transcript": EN_TRANSCRIPT}, timeout=120)
+    assert r.status_code in (200, 201), r.text  # 201 Created
+    voice_id = r.json()["id"]
+    r = httpx.post(f"{server}/v1/audio/speech", json={"model": "cosyvoice2", "input": TEXT, "voice": voice_id,
+                                                      "response_format": "pcm"}, timeout=300)
+    assert r.status_code == 200 and len(r.content) > 0, r.text
+    text, types, after = scrape(server)
+
+    def delta(name: str, /, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("cosyvoice_requests_total", outcome="ok") == 1
+    assert delta("cosyvoice_ttfa_seconds_count") == 1 and delta("cosyvoice_rtf_count") == 1
+    assert delta("cosyvoice_stage_seconds_count", stage="lm") == 1
+    assert delta("cosyvoice_stage_seconds_count", stage="queue") == 1
+    assert delta("cosyvoice_audio_seconds_total") == pytest.approx(len(r.content) / 2 / 24_000, rel=1e-3)
+    assert delta("cosyvoice_lm_tokens_total") > 0
+    assert value(after, "cosyvoice_active_streams") == 0
+    assert value(after, "cosyvoice_ready") == 1
+    assert value(after, "cosyvoice_engine_unfinished_requests") == 0
+    assert value(after, "cosyvoice_queue_depth", queue="http") == 0
+    assert value(after, "cosyvoice_queue_depth", queue="engine") == 0
+    assert 0 <= value(after, "cosyvoice_kv_cache_usage_ratio") <= 1
+    assert value(after, "cosyvoice_kv_cache_capacity_tokens") > 0
+    assert value(after, "cosyvoice_process_memory_bytes", role="vllm_engine", kind="rss") > 0
+    info = [dict(labs) for (name, labs) in after if name == "cosyvoice_info"]
+    assert len(info) == 1 and info[0]["backend"] == "vllm" and info[0]["dtype"] == "float32", info
+    vllm_families = {n for n in types if n.startswith("vllm:")}
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"} <= vllm_families, sorted(vllm_families)
+    assert "vllm:kv_cache_usage_perc" in types0  # vLLM's metrics are there from the start
+    # numbers and fixed labels only: neither the text, the transcript nor the voice's name leak
+    for secret in (TEXT, "Hello there", EN_TRANSCRIPT, "quick brown fox", voice_id):
+        assert secret not in text, secret
+    print("\n" + "\n".join(line for line in text.splitlines() if line.startswith("cosyvoice_") and "_bucket" not in
+                           line and "_created" not in line))
