@@ -93,12 +93,13 @@ _QUANTIZATIONS = ("", "awq", "compressed-tensors")
 class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
+    token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.max_concurrency < 1:
-            raise ConfigError("engine.max_concurrency must be >= 1")
+        if self.max_concurrency < 1 or self.token2wav_workers < 1:
+            raise ConfigError("engine.max_concurrency and engine.token2wav_workers must be >= 1")
 
 
 @dataclass(frozen=True)

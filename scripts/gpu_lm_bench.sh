@@ -3,16 +3,8 @@
 # benchmark the vLLM speech LM (bf16) at 1/16/64 streams. Writes JSON reports to $OUT.
 #   run(carry=[".carry1"], command="bash scripts/gpu_lm_bench.sh")
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 [ -f /tmp/vllm_env.sh ] || bash .carry1/install_vllm.sh || exit 3
-. /tmp/vllm_env.sh
-# our vllm.general_plugins entry point, without pip: a dist-info beside the carried site-packages
-d=/tmp/site/cosyvoice2_studio-0.1.0.dist-info
-mkdir -p "$d"
-printf 'Metadata-Version: 2.1\nName: cosyvoice2-studio\nVersion: 0.1.0\n' > "$d/METADATA"
-printf '[vllm.general_plugins]\ncosyvoice2 = app.engine.vllm_plugin:register\n' > "$d/entry_points.txt"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-OUT=${OUT:-out}; mkdir -p "$OUT"
+. scripts/gpu_env.sh || exit 3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 [ -f /tmp/full/llm.pt ] || python3 -m app.tools.make_model /tmp/full --size full --force | tee "$OUT/make_full.json"
 [ "${SKIP_BF16:-0}" = 1 ] || python3 -m app.tools.bench_lm --model-dir /tmp/full --device cuda --conc ${CONC:-1,16,64} --tokens 300 \

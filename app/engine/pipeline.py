@@ -2,16 +2,15 @@
 
 One `Synthesizer` per process is shared by every request. Per-request state (token list,
 `Token2WavStream`, generators, timings) lives in locals of `stream()` and dies with it.
-Flow/HiFT work runs on one dedicated worker thread (the single owner of that compute), so the
-event loop stays free and several requests interleave chunk by chunk.
+Flow/HiFT work runs as jobs of the `Token2WavScheduler` (the single owner of that compute: worker
+threads, earliest deadline first), so the event loop stays free and requests interleave chunk by chunk.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +20,7 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.config import Config
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
+from app.engine.t2w_scheduler import Token2WavScheduler
 from app.model.frontend import VoiceFeatures
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import StreamOptions, Token2WavStream
@@ -55,7 +55,8 @@ class Synthesizer:
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
             crossfade=s.crossfade)
-        self._t2w = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token2wav")
+        self._t2w = Token2WavScheduler(cfg.engine.token2wav_workers, model.device)
+        self._keys = itertools.count()  # spreads requests over the token2wav workers
 
     # --- voices ------------------------------------------------------------------------------
 
@@ -89,7 +90,11 @@ class Synthesizer:
 
     # --- streaming ---------------------------------------------------------------------------
 
-    async def _run_t2w(self, t2w: Token2WavStream, tokens: list[int], plan, tm: _Timings) -> np.ndarray:
+    async def _run_t2w(self, t2w: Token2WavStream, tokens: list[int], plan, tm: _Timings, key: int) -> np.ndarray:
+        # deadline: a first chunk's listener waits since the request began; a later chunk's audio is
+        # needed when what was already sent has played out
+        deadline = tm.t0 if tm.first_audio is None else tm.first_audio + tm.n_samples / OUTPUT_SAMPLE_RATE_HZ
+
         def work() -> np.ndarray:
             flow_s, hift_s = t2w.flow_s, t2w.hift_s
             wave = t2w.run(torch.tensor([tokens], dtype=torch.int64, device=self.model.device), plan)
@@ -97,11 +102,12 @@ class Synthesizer:
             tm.hift_s += t2w.hift_s - hift_s
             return wave.cpu().numpy().astype(np.float32, copy=False)
 
-        return await asyncio.get_running_loop().run_in_executor(self._t2w, work)
+        return await self._t2w.run(work, deadline=deadline, key=key)
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""
         tm = _Timings()
+        key = next(self._keys)
         segments = self.model.frontend.split_text(req.text)
         if not segments:
             raise EmptyTextError("the text has nothing speakable after normalisation; type some words")
@@ -134,7 +140,7 @@ class Synthesizer:
                         t2w.done = True
                         samples = np.zeros(0, dtype=np.float32)
                     else:
-                        samples = await self._run_t2w(t2w, tokens, plan, tm)
+                        samples = await self._run_t2w(t2w, tokens, plan, tm, key)
                     is_final = last_segment and plan.finalize
                     tm.n_samples += samples.shape[0]
                     tm.n_chunks += 1
@@ -165,4 +171,4 @@ class Synthesizer:
 
     async def aclose(self) -> None:
         await self.lm.aclose()
-        self._t2w.shutdown(wait=True)
+        self._t2w.shutdown()

@@ -1,0 +1,59 @@
+"""The token->wave scheduler: earliest deadline first, request affinity, errors and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.engine.t2w_scheduler import Token2WavScheduler
+
+
+def test_earliest_deadline_first_and_results():
+    async def main() -> list[str]:
+        s = Token2WavScheduler(1)
+        gate, order = threading.Event(), []
+        first = asyncio.ensure_future(s.run(gate.wait, deadline=0.0))  # holds the only worker
+        while s.queued():  # the worker has taken it
+            await asyncio.sleep(0.01)
+        jobs = [asyncio.ensure_future(s.run(lambda n=n: order.append(n) or n, deadline=d))
+                for n, d in (("later chunk", 5.0), ("first chunk", 1.0), ("middle", 3.0))]
+        await asyncio.sleep(0.05)
+        assert s.queued() == 3
+        gate.set()
+        got = await asyncio.gather(first, *jobs)
+        s.shutdown()
+        assert got[1:] == ["later chunk", "first chunk", "middle"]  # each caller gets its own result
+        return order
+
+    assert asyncio.run(main()) == ["first chunk", "middle", "later chunk"]
+
+
+def test_affinity_errors_and_cancelled_jobs_are_skipped():
+    async def main() -> None:
+        s = Token2WavScheduler(2)
+        names = await asyncio.gather(*(s.run(lambda: threading.current_thread().name, deadline=0, key=k)
+                                       for k in (0, 1, 2, 3)))
+        assert names == ["token2wav-0", "token2wav-1", "token2wav-0", "token2wav-1"]
+
+        def boom() -> None:
+            raise RuntimeError("out of memory")
+
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await s.run(boom, deadline=0)
+        gate, ran = threading.Event(), []
+        blocker = asyncio.ensure_future(s.run(gate.wait, deadline=0, key=0))
+        await asyncio.sleep(0.05)
+        cancelled = asyncio.ensure_future(s.run(lambda: ran.append(1), deadline=1, key=0))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        gate.set()
+        await blocker
+        assert await s.run(lambda: "next", deadline=2, key=0) == "next"
+        assert ran == []  # the cancelled job never ran
+        s.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            await s.run(lambda: None, deadline=0)
+
+    asyncio.run(main())
