@@ -1,0 +1,167 @@
+"""The serving benchmark `python -m app.tools.bench` on CPU (tiny model, real vLLM CPU engine): the
+in-process sweep, the same sweep over HTTP against `python app.py`, and the memory experiment.
+
+Each benchmark runs as its own process (as users run it) in its own process group, killed in
+`finally`; one vLLM engine at a time. ~3.5 min on 2 cores, almost all of it engine starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from studio import run_studio
+
+from app.audio import TOKEN_RATE_HZ
+from app.tools.bench_report import LEVEL_FIELDS, late_pieces
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIXED_TOKENS = 30
+RUN_TIMEOUT_S = 300
+
+
+def cpu_sets(tmp: Path) -> list[str]:
+    n_cpu = os.cpu_count() or 1
+    sets = {"vllm.cpu_omp_threads_bind": f'"0-{n_cpu - 1}"', "vllm.cpu_num_reserved_cpus": "0",
+            "vllm.max_num_seqs": "8", "vllm.export_cache_dir": json.dumps(str(tmp / "export"))}
+    return [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+
+
+def run_bench(args: list[str], tmp: Path) -> str:
+    """`python -m app.tools.bench ARGS` in its own process group; its output (asserting exit 0)."""
+    log = tmp / "bench.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.tools.bench", *args], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        try:
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the engine processes too, whatever happened
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    return text
+
+
+def check_sweep(report: dict, voices: list[str], conc: list[int], n: int) -> None:
+    for key in ("machine", "date", "commit", "command", "facts", "model_dir", "settings"):
+        assert key in report, key
+    assert report["machine"]["cpu"] and report["command"].startswith("python -m app.tools.bench sweep")
+    assert [(lv["voice"], lv["concurrency"]) for lv in report["levels"]] == [(v, c) for v in voices for c in conc]
+    expected_audio_s = FIXED_TOKENS / TOKEN_RATE_HZ  # one segment per text
+    for lv in report["levels"]:
+        assert set(LEVEL_FIELDS) <= set(lv), set(LEVEL_FIELDS) - set(lv)
+        assert lv["n"] == n == len(lv["requests"]) and lv["errors"] == 0, lv["error_examples"]
+        assert 0 < lv["ttfa_p50_ms"] <= lv["ttfa_p95_ms"] <= lv["ttfa_max_ms"]
+        assert 0 < lv["rtf_p50"] <= lv["rtf_p95"]
+        assert lv["audio_s_per_s"] > 0 and lv["tokens_per_s"] > 0 and lv["stalls"] >= 0 and lv["max_late_ms"] >= 0
+        assert lv["gpu_mem_gb"] is None and lv["rss_gb"] > 0.1  # CPU: no device; app + engine RSS
+        for r in lv["requests"]:
+            assert abs(r["audio_s"] - expected_audio_s) <= 1 / TOKEN_RATE_HZ, r  # within one token
+            assert r["n_tokens"] == FIXED_TOKENS and r["wall_s"] * 1e3 >= r["ttfa_ms"] > 0
+            assert (r["frontend_s"] is not None) == (lv["voice"] == "new")
+        # warm-up requests come first and are not counted: every level's indices follow the last level's
+    indices = [r["index"] for lv in report["levels"] for r in lv["requests"]]
+    assert len(set(indices)) == len(indices)
+
+
+def test_late_pieces_definition():
+    # playback starts with the first piece at 0.1 s; 1 s pieces
+    assert late_pieces([]) == (0, 0.0)
+    on_time = [(0.1, 24_000), (1.05, 24_000), (2.1, 24_000)]  # the third arrives exactly as the second ends
+    assert late_pieces(on_time) == (0, 0.0)
+    stalls, worst_ms = late_pieces([(0.1, 24_000), (1.3, 12_000), (1.5, 24_000), (2.4, 2_400)])
+    assert stalls == 1 and worst_ms == pytest.approx(200.0)  # piece 2 is due at 1.1 s; the rest are in time
+
+
+def test_module_imports_stay_light():
+    """The H200 has torch, numpy and vLLM's deps only: importing the tool pulls none of these in."""
+    code = ("import sys, app.tools.bench, app.tools.bench_targets, app.tools.bench_memory; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'gradio', 'httpx', 'matplotlib', 'soundfile', 'onnxruntime', 'wetext', 'vllm'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_sweep_in_process(tiny_model_dir, tmp_path):
+    from app.engine.voices import VoiceStore
+    from app.model.frontend import VoiceFeatures
+
+    g = torch.Generator().manual_seed(0)  # a saved voice made earlier (a VoiceStore pair), as on the H200
+    VoiceStore(tmp_path / "voices").save("bench", VoiceFeatures(
+        prompt_text="hello there", prompt_text_ids=torch.arange(5, dtype=torch.int32),
+        speech_tokens=torch.randint(0, 6561, (1, 50), generator=g, dtype=torch.int32),
+        speech_mel=torch.randn(1, 100, 80, generator=g), embedding=torch.randn(1, 192, generator=g)))
+    out, png = tmp_path / "report.json", tmp_path / "report.png"
+    run_bench(["sweep", "--model-dir", str(tiny_model_dir), *cpu_sets(tmp_path), "--set", "model.text_frontend=false",
+               "--conc", "1,2", "--requests", "2", "--fixed-tokens", str(FIXED_TOKENS), "--warmup", "1",
+               "--voice", "saved,new", "--voice-npz", str(tmp_path / "voices" / "bench.json"),
+               "--out", str(out), "--png", str(png)], tmp_path)
+    report = json.loads(out.read_text())
+    assert report["mode"] == "in-process" and report["facts"]["backend"] == "vllm"
+    check_sweep(report, ["saved", "new"], [1, 2], 2)
+    for lv in report["levels"]:
+        assert lv["lm_p50_s"] > 0 and lv["flow_p50_s"] > 0 and lv["hift_p50_s"] > 0  # RequestStats stages
+        for r in lv["requests"]:
+            assert r["ttfa_ms"] >= r["server_ttfa_ms"] > 0  # the service's clock starts after the frontend
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    from app.tools.bench import main
+
+    assert main(["plot", str(out), "--png", str(tmp_path / "again.png")]) == 0  # re-plot from the JSON
+    assert (tmp_path / "again.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _server_pid(port: int) -> int | None:
+    import psutil
+
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "app.py" in cmd and str(port) in cmd:
+            return p.pid
+    return None
+
+
+@pytest.mark.slow
+def test_sweep_over_http(tiny_model_dir, tmp_path):
+    sets = {"server.concurrency_limit": "2", "server.queue_max_size": "4"}
+    with run_studio(tiny_model_dir, tmp_path, sets) as (base, _):
+        out, png = tmp_path / "report.json", tmp_path / "report.png"
+        pid = _server_pid(int(base.rsplit(":", 1)[1]))
+        run_bench(["sweep", "--url", base, "--conc", "1,2", "--requests", "2", "--fixed-tokens", str(FIXED_TOKENS),
+                   "--warmup", "1", "--voice", "saved,new", "--server-pid", str(pid), "--out", str(out),
+                   "--png", str(png)], tmp_path)
+        assert httpx.get(base + "/v1/voices", timeout=10).json()["data"] == []  # its voices are deleted
+    report = json.loads(out.read_text())
+    assert report["mode"] == "url" and report["url"] == base
+    check_sweep(report, ["saved", "new"], [1, 2], 2)
+    for lv in report["levels"]:
+        for r in lv["requests"]:
+            assert r["ttfa_ms"] >= r["server_ttfa_ms"] > 0 and r["queue_ms"] >= 0  # X-TTFA-Ms, X-Queue-Ms
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+def test_memory_experiment_on_cpu(tiny_model_dir, tmp_path):
+    out, png = tmp_path / "mem.json", tmp_path / "mem.png"
+    text = run_bench(["memory", "--model-dir", str(tiny_model_dir), *cpu_sets(tmp_path), "--max-model-len", "1024",
+                      "--cpu-kv-gib", "1,2", "--out", str(out), "--png", str(png)], tmp_path)
+    report = json.loads(out.read_text())
+    assert report["knob"] == "vllm.cpu_kvcache_space_gib" and not report["gpu"] and "max_full_len_requests" in text
+    small, big = report["rows"]
+    assert (small["knob_value"], big["knob_value"]) == (1, 2) and not small.get("error") and not big.get("error")
+    assert 0 < small["kv_cache_tokens"] < big["kv_cache_tokens"]  # capacity grows with the KV space
+    for row in (small, big):
+        assert row["max_full_len_requests"] == row["kv_cache_tokens"] // 1024
+        assert row["rss_gb"] > 0 and row["engine_start_s"] > 0 and row["device_used_gb"] is None
+    assert png.read_bytes()[:8] == PNG_MAGIC
