@@ -94,12 +94,13 @@ class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
+    flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.max_concurrency < 1 or self.token2wav_workers < 1:
-            raise ConfigError("engine.max_concurrency and engine.token2wav_workers must be >= 1")
+        if min(self.max_concurrency, self.token2wav_workers, self.flow_batch) < 1:
+            raise ConfigError("engine.max_concurrency, token2wav_workers and flow_batch must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from app.model.loader import load_model
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 
 
-def make_synth(model_dir, *, nsf_noise: bool = True, **streaming) -> Synthesizer:
-    overrides = {"model.device": "cpu", "streaming.nsf_noise": nsf_noise}
+def make_synth(model_dir, *, nsf_noise: bool = True, flow_batch: int = 16, **streaming) -> Synthesizer:
+    overrides = {"model.device": "cpu", "streaming.nsf_noise": nsf_noise, "engine.flow_batch": flow_batch}
     overrides.update({f"streaming.{k}": v for k, v in streaming.items()})
     cfg = load_config(overrides=overrides)
     model = load_model(model_dir, device="cpu", nsf_noise=nsf_noise)
@@ -63,9 +63,13 @@ def test_all_modes_and_multi_segment(tiny):
         assert sum(c.is_final for c in chunks) == 1
 
 
-def test_same_seed_same_audio_and_interleaving(tiny):
-    """Two concurrent requests give exactly what each gives alone (NSF noise on, seeded)."""
+@pytest.mark.parametrize("flow_batch", [1, 16])
+def test_same_seed_same_audio_and_interleaving(tiny, tiny_model_dir, flow_batch):
+    """Two concurrent requests give what each gives alone (NSF noise on, seeded): exactly with one flow
+    call per chunk; within float rounding when their flow calls share a batch."""
     synth, voice = tiny
+    if flow_batch == 1:
+        synth = make_synth(tiny_model_dir, flow_batch=1)
     a = SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=11, stream=True)
     b = SynthesisRequest(text="A second request running at the same time.", voice=voice, mode="cross_lingual",
                          seed=12, stream=True)
@@ -74,10 +78,20 @@ def test_same_seed_same_audio_and_interleaving(tiny):
         return await asyncio.gather(collect(synth, a), collect(synth, b))
 
     solo_a, solo_b = asyncio.run(collect(synth, a)), asyncio.run(collect(synth, b))
+    batched_before = sum(n for size, n in synth._t2w.batch_sizes.items() if size > 1)
     conc_a, conc_b = asyncio.run(both())
     cat = lambda cs: np.concatenate([c.samples for c in cs])
-    assert np.array_equal(cat(conc_a), cat(solo_a))
-    assert np.array_equal(cat(conc_b), cat(solo_b))
+    if flow_batch == 1:
+        assert np.array_equal(cat(conc_a), cat(solo_a))
+        assert np.array_equal(cat(conc_b), cat(solo_b))
+        assert set(synth._t2w.batch_sizes) == {1}
+    else:
+        assert sum(n for size, n in synth._t2w.batch_sizes.items() if size > 1) > batched_before  # shared calls
+        for conc, solo in ((conc_a, solo_a), (conc_b, solo_b)):
+            assert [c.samples.shape for c in conc] == [c.samples.shape for c in solo]
+            err = cat(conc) - cat(solo)  # float rounding of the padded batch (measured: max 2.3e-4, on a scale of 1),
+            # below the 6.7e-4 this pipeline's e2e audio differs from the official one (docs/parity.md)
+            assert np.abs(err).max() < 1e-3 and np.sqrt(np.mean(err**2)) < 5e-5
     assert not np.array_equal(cat(solo_a)[:1000], cat(asyncio.run(collect(synth, SynthesisRequest(
         text=a.text, voice=voice, seed=99))))[:1000])
 

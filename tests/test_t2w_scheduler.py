@@ -57,3 +57,44 @@ def test_affinity_errors_and_cancelled_jobs_are_skipped():
             await s.run(lambda: None, deadline=0)
 
     asyncio.run(main())
+
+
+class _Item:
+    def __init__(self, name: str, key: str) -> None:
+        self.name, self.batch_key = name, key
+
+
+def test_flow_jobs_waiting_together_share_one_call_most_urgent_first():
+    calls: list[list[str]] = []
+
+    def flow_fn(items: list[_Item]) -> list[str]:
+        calls.append([it.name for it in items])
+        return [f"mel:{it.name}" for it in items]
+
+    async def main() -> list:
+        s = Token2WavScheduler(1, flow_fn=flow_fn, max_batch=3)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(s.run(gate.wait, deadline=0))
+        while s.queued():
+            await asyncio.sleep(0.01)
+        finished: list[str] = []
+
+        def finish(out: str, flow_s: float) -> str:
+            assert flow_s >= 0
+            finished.append(out)
+            return out.upper()
+
+        jobs = [asyncio.ensure_future(s.run_flow(_Item(n, k), finish, deadline=d))
+                for n, k, d in (("a", "stream", 4.0), ("b", "final", 1.0), ("c", "stream", 2.0),
+                                ("d", "stream", 3.0), ("e", "stream", 0.5))]
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = await asyncio.gather(blocker, *jobs)
+        s.shutdown()
+        assert finished == ["mel:e", "mel:c", "mel:d", "mel:b", "mel:a"]  # HiFT in deadline order
+        assert s.batch_sizes == {3: 1, 1: 2}
+        return results[1:]
+
+    assert asyncio.run(main()) == ["MEL:A", "MEL:B", "MEL:C", "MEL:D", "MEL:E"]
+    # e (0.5) takes the two most urgent jobs of its key (c, d); then b (1.0) alone; then a
+    assert calls == [["e", "c", "d"], ["b"], ["a"]]

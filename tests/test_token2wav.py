@@ -153,3 +153,23 @@ def test_complementary_crossfade_option(modules, prompt, golden):
     assert [c.shape for c in chunks] == [c.shape for c in official]
     assert torch.equal(chunks[0][:30000], official[0][:30000])  # before the first join: identical
     assert not torch.equal(torch.cat(chunks), torch.cat(official))
+
+
+@pytest.mark.parametrize("streaming,finalize", [(True, False), (False, True)])
+def test_batched_flow_equals_each_row_alone(modules, prompt, golden, streaming, finalize):
+    """Rows of different prompt and token lengths in one flow call == each call alone (padding is masked)."""
+    from app.model.token2wav import FlowItem, flow_batch
+
+    flow, _ = modules
+    tokens = torch.from_numpy(golden("stream")["tokens"]).long()
+    short = FlowPrompt(tokens=prompt.tokens[:, :20], mel=prompt.mel[:, :40], embedding=prompt.embedding.flip(1))
+    items = [FlowItem(tokens[:, :31], prompt, streaming, finalize, token_offset=0),
+             FlowItem(tokens[:, :56], short, streaming, finalize, token_offset=25),
+             FlowItem(tokens[:, :13], short, streaming, finalize, token_offset=5)]
+    batched = flow_batch(flow, items)
+    for i, it in enumerate(items):
+        alone = flow_batch(flow, [it])[0]
+        assert batched[i].shape == alone.shape, (i, batched[i].shape, alone.shape)
+        assert (batched[i] - alone).abs().max().item() < 1e-4, i
+    with pytest.raises(ValueError, match="same"):
+        flow_batch(flow, [items[0], FlowItem(tokens[:, :31], prompt, not streaming, finalize, 0)])

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.t2w_scheduler import Token2WavScheduler
 from app.model.frontend import VoiceFeatures
 from app.model.loader import CosyVoice2Model
-from app.model.token2wav import StreamOptions, Token2WavStream
+from app.model.token2wav import StreamOptions, Token2WavStream, flow_batch
 
 ENDOFPROMPT = "<|endofprompt|>"
 
@@ -55,7 +56,8 @@ class Synthesizer:
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
             crossfade=s.crossfade)
-        self._t2w = Token2WavScheduler(cfg.engine.token2wav_workers, model.device)
+        self._t2w = Token2WavScheduler(cfg.engine.token2wav_workers, model.device, max_batch=cfg.engine.flow_batch,
+                                       flow_fn=partial(flow_batch, model.flow))
         self._keys = itertools.count()  # spreads requests over the token2wav workers
 
     # --- voices ------------------------------------------------------------------------------
@@ -95,14 +97,17 @@ class Synthesizer:
         # needed when what was already sent has played out
         deadline = tm.t0 if tm.first_audio is None else tm.first_audio + tm.n_samples / OUTPUT_SAMPLE_RATE_HZ
 
-        def work() -> np.ndarray:
-            flow_s, hift_s = t2w.flow_s, t2w.hift_s
-            wave = t2w.run(torch.tensor([tokens], dtype=torch.int64, device=self.model.device), plan)
-            tm.flow_s += t2w.flow_s - flow_s
+        def finish(mel: torch.Tensor, flow_s: float) -> np.ndarray:  # on the worker, after the flow call
+            hift_s = t2w.hift_s
+            wave = t2w.finish(mel, plan)
+            t2w.flow_s += flow_s
+            tm.flow_s += flow_s  # the whole (maybe shared) flow call: the time this request waited on it
             tm.hift_s += t2w.hift_s - hift_s
             return wave.cpu().numpy().astype(np.float32, copy=False)
 
-        return await self._t2w.run(work, deadline=deadline, key=key)
+        # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
+        item = t2w.flow_item(torch.tensor([tokens], dtype=torch.int64), plan)
+        return await self._t2w.run_flow(item, finish, deadline=deadline, key=key)
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""

@@ -7,6 +7,12 @@ request's first chunk goes before chunks that still have audio in the listener's
 stream is starved (earliest-deadline-first). With several workers, a request always goes to the same
 worker (`key`): its per-request tensors (flow/HiFT caches) then live on one CUDA stream, so no
 cross-stream synchronisation is needed. Threads start on the first job; `shutdown()` joins them.
+
+Batching (`run_flow`, `max_batch` > 1): when a worker takes a flow job it also takes up to
+`max_batch - 1` other queued flow jobs that can share its call (same `batch_key`), most urgent
+first, runs one batched flow call (`flow_fn`) for all of them (one launch sequence for B streams
+instead of B), then each job's own `finish` (HiFT, per-request caches) in deadline order, handing
+each result back as soon as it is ready.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import contextlib
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -33,20 +41,33 @@ def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> N
         fut.set_result(result)
 
 
-class Token2WavScheduler:
-    """`await run(fn, deadline=..., key=...)` runs `fn()` on a worker thread, earliest deadline first."""
+@dataclass(order=True)
+class _Job:
+    deadline: float
+    seq: int
+    fn: Callable[[], Any] | None = field(compare=False)  # a plain job
+    item: Any = field(compare=False)  # a flow job's input (has .batch_key), for flow_fn
+    finish: Callable[[Any, float], Any] | None = field(compare=False)  # (flow output, flow wall s) -> result
+    fut: asyncio.Future = field(compare=False)
+    loop: asyncio.AbstractEventLoop = field(compare=False)
 
-    def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu") -> None:
-        if n_workers < 1:
-            raise ValueError("n_workers must be >= 1")
-        self.n_workers = n_workers
+
+class Token2WavScheduler:
+    """`await run(fn, ...)` / `await run_flow(item, finish, ...)` on worker threads, earliest deadline first."""
+
+    def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu", *,
+                 flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1) -> None:
+        if n_workers < 1 or max_batch < 1:
+            raise ValueError("n_workers and max_batch must be >= 1")
+        self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
         self.device = torch.device(device)
-        self._heaps: list[list[tuple]] = [[] for _ in range(n_workers)]
+        self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._cv = threading.Condition()
         self._seq = itertools.count()  # FIFO among equal deadlines
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.n_done = 0
+        self.batch_sizes: dict[int, int] = {}  # flow calls by batch size (facts for the panels/bench)
 
     def _start(self) -> None:
         for w in range(self.n_workers):
@@ -54,8 +75,7 @@ class Token2WavScheduler:
             t.start()
             self._threads.append(t)
 
-    async def run(self, fn: Callable[[], T], *, deadline: float, key: int = 0) -> T:
-        """`fn()` on worker `key % n_workers`; `deadline` in time.perf_counter() seconds (smaller = sooner)."""
+    async def _submit(self, key: int, deadline: float, fn=None, item=None, finish=None) -> Any:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         with self._cv:
@@ -63,13 +83,38 @@ class Token2WavScheduler:
                 raise RuntimeError("the token2wav scheduler is shut down")
             if not self._threads:
                 self._start()
-            heapq.heappush(self._heaps[key % self.n_workers], (deadline, next(self._seq), fn, fut, loop))
+            heapq.heappush(self._heaps[key % self.n_workers],
+                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop))
             self._cv.notify_all()
         return await fut
+
+    async def run(self, fn: Callable[[], T], *, deadline: float, key: int = 0) -> T:
+        """`fn()` on worker `key % n_workers`; `deadline` in time.perf_counter() seconds (smaller = sooner)."""
+        return await self._submit(key, deadline, fn=fn)
+
+    async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int = 0) -> T:
+        """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs."""
+        if self.flow_fn is None:
+            raise RuntimeError("this scheduler has no flow_fn")
+        return await self._submit(key, deadline, item=item, finish=finish)
 
     def queued(self) -> int:
         with self._cv:
             return sum(len(h) for h in self._heaps)
+
+    def _take(self, w: int) -> list[_Job]:
+        """The most urgent job of worker `w`, plus the flow jobs that can share its call (lock held)."""
+        heap = self._heaps[w]
+        job = heapq.heappop(heap)
+        if job.item is None or self.max_batch == 1:
+            return [job]
+        mates = sorted(j for j in heap if j.item is not None and j.item.batch_key == job.item.batch_key
+                       and not j.fut.done())[: self.max_batch - 1]
+        if mates:
+            taken = {id(j) for j in mates}
+            heap[:] = [j for j in heap if id(j) not in taken]
+            heapq.heapify(heap)
+        return [job, *mates]
 
     def _work(self, w: int) -> None:
         use_cuda = self.device.type == "cuda"
@@ -83,17 +128,37 @@ class Token2WavScheduler:
                         self._cv.wait()
                     if not self._heaps[w]:
                         return  # closed and drained
-                    _, _, fn, fut, loop = heapq.heappop(self._heaps[w])
-                if fut.done():  # cancelled while queued: skip the work
+                    jobs = self._take(w)
+                jobs = [j for j in jobs if not j.fut.done()]  # cancelled while queued: skip the work
+                if not jobs:
                     continue
-                result, error = None, None
+                if jobs[0].item is None:
+                    self._call(jobs[0], jobs[0].fn)
+                    continue
+                t0 = time.perf_counter()
                 try:
-                    result = fn()
-                except BaseException as e:  # handed to the awaiting request
-                    error = e
-                self.n_done += 1
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_resolve, fut, result, error)
+                    outs = self.flow_fn([j.item for j in jobs])
+                except BaseException as e:  # every job of the call gets the error
+                    for j in jobs:
+                        self._hand_back(j, None, e)
+                    continue
+                flow_s = time.perf_counter() - t0
+                self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
+                for j, out in zip(jobs, outs, strict=True):
+                    self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
+
+    def _call(self, job: _Job, fn: Callable[[], Any]) -> None:
+        result, error = None, None
+        try:
+            result = fn()
+        except BaseException as e:  # handed to the awaiting request
+            error = e
+        self._hand_back(job, result, error)
+
+    def _hand_back(self, job: _Job, result: Any, error: BaseException | None) -> None:
+        self.n_done += 1
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            job.loop.call_soon_threadsafe(_resolve, job.fut, result, error)
 
     def shutdown(self) -> None:
         """Finish queued jobs, then stop the threads."""

@@ -70,6 +70,60 @@ def _crossfade_windows(kind: str, n: int, device: torch.device) -> tuple[Tensor,
     raise ValueError(f"unknown crossfade {kind!r}")
 
 
+@dataclass(frozen=True)
+class FlowItem:
+    """One request's flow call: what `flow_batch` needs (and the plan's cut)."""
+
+    tokens: Tensor  # [1, n] generated tokens of the chunk's prefix (any device: moved to the flow's)
+    prompt: FlowPrompt
+    streaming: bool
+    finalize: bool
+    token_offset: int  # mel is kept from this token on
+
+    @property
+    def batch_key(self) -> tuple[bool, bool]:
+        """Calls can share a batch only with the same attention masks and look-ahead rule."""
+        return self.streaming, self.finalize
+
+
+@torch.inference_mode()
+def flow_batch(flow, items: list[FlowItem]) -> list[Tensor]:
+    """New mel frames [1, 80, T_i] (float32) for each item, computed in one batched flow call.
+
+    Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
+    estimator marks the padding, so a row's frames equal its batch-1 result up to float rounding
+    (tests/test_token2wav.py). One item runs the batch-1 path (`flow.inference`) unchanged.
+    """
+    device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
+    if len(items) == 1:
+        it = items[0]
+        mel = flow.inference(it.tokens.to(device), it.prompt.tokens, it.prompt.mel, it.prompt.embedding,
+                             streaming=it.streaming, finalize=it.finalize)
+        return [mel[:, :, it.token_offset * MEL_FRAMES_PER_TOKEN:].float()]
+    if len({it.batch_key for it in items}) != 1:
+        raise ValueError("flow_batch needs items with the same (streaming, finalize)")
+    streaming, finalize = items[0].batch_key
+    rows = [torch.cat([it.prompt.tokens.to(device), it.tokens.to(device)], dim=1)[0].long() for it in items]
+    lengths = torch.tensor([r.shape[0] for r in rows], device=device)
+    tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [B, L_max], 0-padded
+    spks = flow.speaker_embedding(torch.cat([it.prompt.embedding.to(device) for it in items]))  # [B, 80]
+    h, frames = flow.encode(tokens, lengths, streaming=streaming, finalize=finalize)
+    mu = flow.encoder_proj(h).transpose(1, 2)  # [B, 80, T_max]
+    T = mu.shape[2]
+    cond = torch.zeros_like(mu)
+    n_prompt = []
+    for i, it in enumerate(items):
+        n = it.prompt.mel.shape[1]
+        if n > int(frames[i]):
+            raise ValueError(f"prompt mel has {n} frames but the tokens give only {int(frames[i])}")
+        cond[i, :, :n] = it.prompt.mel[0].to(device=device, dtype=mu.dtype).T
+        n_prompt.append(n)
+    mask = (torch.arange(T, device=device)[None] < frames[:, None]).to(mu.dtype)[:, None]  # [B, 1, T]
+    x = flow.solve(mu, mask, spks, cond, streaming)
+    return [x[i:i + 1, :, n_prompt[i] + it.token_offset * MEL_FRAMES_PER_TOKEN:int(frames[i])].float()
+            for i, it in enumerate(items)]
+
+
 class Token2WavStream:
     """Per-request token->wave state: hop schedule, token offset, HiFT mel/source/speech caches.
 
@@ -112,14 +166,13 @@ class Token2WavStream:
             return ChunkPlan(n_available, self.token_offset, streaming=False, finalize=True)
         return None
 
-    @torch.inference_mode()
+    def flow_item(self, tokens: Tensor, plan: ChunkPlan) -> FlowItem:
+        """The flow call of `plan` on `tokens` [1, N >= plan.n_tokens], for `flow_batch`."""
+        return FlowItem(tokens[:, : plan.n_tokens], self.prompt, plan.streaming, plan.finalize, plan.token_offset)
+
     def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
-        """Flow stage of `plan`: new mel frames [1, 80, T] (float32), prefix before offset cut."""
-        p = self.prompt
-        tok = tokens[:, : plan.n_tokens]
-        mel = self.flow.inference(tok, p.tokens, p.mel, p.embedding,
-                                  streaming=plan.streaming, finalize=plan.finalize)
-        return mel[:, :, plan.token_offset * MEL_FRAMES_PER_TOKEN:].float()
+        """Flow stage of `plan` alone: new mel frames [1, 80, T] (float32), prefix before offset cut."""
+        return flow_batch(self.flow, [self.flow_item(tokens, plan)])[0]
 
     @torch.inference_mode()
     def vocode(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
@@ -149,13 +202,17 @@ class Token2WavStream:
         self.token_offset += self._this_hop()
         self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)
 
+    def finish(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
+        """HiFT for `plan` on its flow output `mel` [1, 80, T], then advance; returns [samples] float32."""
+        t0 = time.perf_counter()
+        wave = self.vocode(mel, plan)
+        self.hift_s += time.perf_counter() - t0
+        self.advance(plan)
+        return wave
+
     def run(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
         """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32."""
         t0 = time.perf_counter()
         mel = self.flow_mel(tokens, plan)
-        t1 = time.perf_counter()
-        wave = self.vocode(mel, plan)
-        self.flow_s += t1 - t0
-        self.hift_s += time.perf_counter() - t1
-        self.advance(plan)
-        return wave
+        self.flow_s += time.perf_counter() - t0
+        return self.finish(mel, plan)

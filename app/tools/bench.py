@@ -89,6 +89,8 @@ async def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 row = rep.summarize_level(voice, c, results, wall_s, dict(watch.peaks))
                 report["levels"].append(row)
                 print("BENCH", json.dumps({k: row[k] for k in rep.LEVEL_FIELDS}), flush=True)
+                if args.out:  # after every level: a run cut short by a time limit still leaves its levels
+                    write_outputs({**report, "partial": True}, args.out, None, rep.plot_sweep)
     finally:
         await target.aclose()
     return report
