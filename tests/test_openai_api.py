@@ -227,3 +227,14 @@ def test_busy_server_says_so_at_once(server, voice):
         assert time.monotonic() < deadline, h
         time.sleep(0.1)
     assert h["requests"]["outcomes"]["cancelled"] >= 3
+
+
+def test_readme_example_runs(server):
+    """The README's /v1 example, as written, against the live server."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## HTTP API (OpenAI-style)", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code.replace("http://127.0.0.1:7860", server[0]), "README.md", "exec"), scope)
+    assert len(scope["pcm"]) > 0 and len(scope["pcm"]) % 2 == 0 and scope["wav"][:4] == b"RIFF"
+    assert not (server[1] / "fox.npz").exists()  # the example deleted the voice it saved
