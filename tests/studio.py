@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 180
+START_TIMEOUT_S = 400  # several servers starting at once on 2 cores took 125-250 s
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ The page turns it into a `gr.Error`, the HTTP API into an OpenAI-shaped 400 nami
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import unicodedata
@@ -19,9 +20,16 @@ MAX_TRANSCRIPT_CHARS = 1000  # a 30 s reference has ~150 words; more is not its 
 SPEED_RANGE = (0.5, 2.0)
 MAX_FIXED_TOKENS = 1500  # benchmark mode: 60 s of speech at 25 tokens/s (prompt + this must fit max_model_len)
 ENDOFPROMPT = "<|endofprompt|>"
-# the tokenizer's special tokens (<|endofprompt|>, <|im_start|>, ...): typed into the text or the
-# transcript they would steer the LM (end the prompt early, fake an instruction), so they are removed
+# the tokenizer's special tokens (<|endofprompt|>, <|im_start|>, ...): typed into the text, the
+# transcript or the instruction they would steer the LM (end the prompt early, fake an instruction),
+# so they are removed; the pipeline appends the one <|endofprompt|> an instruction needs itself.
+# CosyVoice2's bracket tags ([breath], [laughter], <strong>...</strong>) are meant for users and stay.
 SPECIAL_TOKEN_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>")
+# a "<|" or "|>" left over (e.g. "<|a b|>") would still switch the text normaliser off (app/model/text.py)
+SPECIAL_MARK_RE = re.compile(r"(?<=<)\||\|(?=>)")
+# dropped: control (Cc), format (Cf: zero-width marks, bidi overrides) and lone surrogates (Cs: the
+# tokenizer cannot encode them)
+_DROPPED_CATEGORIES = ("Cc", "Cf", "Cs")
 
 
 class InputError(ValueError):
@@ -32,21 +40,42 @@ class InputError(ValueError):
         self.param = param
 
 
+def _shown(value: object) -> str:
+    """`repr(value)` cut to 40 characters (an int of over 4300 digits cannot even be printed)."""
+    try:
+        return repr(value)[:40]
+    except ValueError:
+        return f"a {type(value).__name__} too long to show"
+
+
 def _strip_controls(s: str) -> str:
-    """`s` without control characters (Cc/Cf: NUL, escapes, zero-width marks); newlines/tabs become spaces."""
+    """`s` without control/format characters and lone surrogates; tabs become spaces, CRLF becomes LF."""
     s = s.replace("\r\n", "\n").replace("\t", " ")
-    return "".join(ch for ch in s if ch == "\n" or unicodedata.category(ch) not in ("Cc", "Cf"))
+    return "".join(ch for ch in s if ch == "\n" or unicodedata.category(ch) not in _DROPPED_CATEGORIES)
+
+
+def clean_text(s: str) -> str:
+    """User text as the model may see it: controls stripped, special tokens and their marks removed, trimmed."""
+    return SPECIAL_MARK_RE.sub(" ", SPECIAL_TOKEN_RE.sub(" ", _strip_controls(s))).strip()
+
+
+def speakable(s: str) -> bool:
+    """True when `s` has a letter or a digit (any script); punctuation, symbols and emoji alone are not read."""
+    return any(unicodedata.category(ch)[0] in "LN" for ch in s)
 
 
 def check_text(text: object, limit: int, *, param: str = "input") -> str:
-    """The text to speak: non-empty after stripping controls, at most `limit` characters."""
+    """The text to speak: controls and special tokens removed, something speakable, at most `limit` characters."""
     if not isinstance(text, str):
         raise InputError(f"'{param}' must be a string", param)
-    text = SPECIAL_TOKEN_RE.sub(" ", _strip_controls(text)).strip()
+    text = clean_text(text)
     if not text:
         raise InputError("Type the text to speak (it is empty or only control characters / special tokens).", param)
     if len(text) > limit:
         raise InputError(f"The text has {len(text)} characters; the limit is {limit}. Shorten it or split it.", param)
+    if not speakable(text):
+        raise InputError("The text has nothing speakable (only punctuation, symbols or emoji): type some words.",
+                         param)
     return text
 
 
@@ -57,48 +86,56 @@ def check_mode(mode: object) -> str:
 
 
 def check_instruct(instruct_text: object, mode: str) -> str:
-    instruct_text = _strip_controls(str(instruct_text or "")).strip()
-    if mode == "instruct" and not instruct_text.replace(ENDOFPROMPT, "").strip():
+    """The instruction without special tokens (the pipeline appends <|endofprompt|>); needed in instruct mode."""
+    instruct_text = clean_text(str(instruct_text or ""))
+    if mode == "instruct" and not speakable(instruct_text):
         raise InputError("Instruct mode needs an instruction, e.g. 'Speak slowly and calmly.'", "instruct_text")
     if len(instruct_text) > MAX_INSTRUCT_CHARS:
-        raise InputError(f"The instruction is longer than {MAX_INSTRUCT_CHARS} characters.", "instruct_text")
+        raise InputError(f"The instruction has {len(instruct_text)} characters; the limit is {MAX_INSTRUCT_CHARS}.",
+                         "instruct_text")
     return instruct_text
 
 
 def check_transcript(prompt_text: object) -> str:
-    prompt_text = SPECIAL_TOKEN_RE.sub(" ", _strip_controls(str(prompt_text or ""))).strip()
+    """The reference's transcript; "" (cross-lingual fallback) when it has nothing speakable."""
+    prompt_text = clean_text(str(prompt_text or ""))
     if len(prompt_text) > MAX_TRANSCRIPT_CHARS:
         raise InputError(f"The transcript has {len(prompt_text)} characters; a reference clip's transcript has at "
                          f"most {MAX_TRANSCRIPT_CHARS}. Give the words spoken in the clip.", "prompt_text")
-    return prompt_text
+    return prompt_text if speakable(prompt_text) else ""
 
 
 def check_seed(seed: object) -> int:
     """None or -1: a random seed; else an integer in 0..MAX_SEED."""
     if seed is None:
         return secrets.randbelow(MAX_SEED + 1)
-    try:
-        value = float(seed)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"The seed must be an integer, got {seed!r}.", "seed") from e
-    if value != value or value in (float("inf"), float("-inf")) or value != int(value):
-        raise InputError(f"The seed must be an integer, got {seed!r}.", "seed")
-    if value < 0:
-        if value == -1:
-            return secrets.randbelow(MAX_SEED + 1)
-        raise InputError(f"The seed must be between 0 and {MAX_SEED} (or -1 for a random one).", "seed")
-    if value > MAX_SEED:
-        raise InputError(f"The seed must be between 0 and {MAX_SEED} (or -1 for a random one).", "seed")
-    return int(value)
+    bad = InputError(f"The seed must be an integer between 0 and {MAX_SEED} (or -1 for a random one), got "
+                     f"{_shown(seed)}.", "seed")
+    if isinstance(seed, bool):
+        raise bad
+    try:  # ints stay exact (a float of 10**400 overflows); 3.0 and "3" are fine, 3.5 and "x" are not
+        value = seed if isinstance(seed, int) else float(seed)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise bad from e
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise bad
+        value = int(value)
+    if value == -1:
+        return secrets.randbelow(MAX_SEED + 1)
+    if not 0 <= value <= MAX_SEED:
+        raise bad
+    return value
 
 
 def check_speed(speed: object, stream: bool) -> float:
     try:
         value = float(1.0 if speed is None else speed)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise InputError(f"Speed must be a number between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}.", "speed") from e
     if not SPEED_RANGE[0] <= value <= SPEED_RANGE[1]:  # also refuses NaN
-        raise InputError(f"Speed must be between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}, got {speed}.", "speed")
+        raise InputError(f"Speed must be between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}, got {_shown(speed)}.",
+                         "speed")
     if stream and value != 1.0:
         raise InputError("Speed works only without streaming: turn streaming off or set speed to 1.0.", "speed")
     return value

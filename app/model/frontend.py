@@ -19,11 +19,19 @@ import torch
 from torch import Tensor
 
 from app.audio import (
+    CLIP_WARN_FRACTION,
+    LEVEL_FRAME_SECONDS,
     MAX_PROMPT_SECONDS,
     MIN_PROMPT_SECONDS,
+    MIN_SOUND_SECONDS,
     OUTPUT_SAMPLE_RATE_HZ,
     PROMPT_SAMPLE_RATE_HZ,
-    load_audio_rates,
+    SILENCE_DBFS,
+    busiest_window,
+    clipped_fraction,
+    decode_audio,
+    frame_levels_dbfs,
+    resample_rates,
 )
 from app.model.features import cmn, kaldi_fbank, prompt_mel, whisper_log_mel
 from app.model.hparams import FeatDims
@@ -48,6 +56,7 @@ class VoiceFeatures:
     speech_tokens: Tensor  # [1, P] int32 speech tokens (25 Hz)
     speech_mel: Tensor  # [1, 2P, 80] float32 log-mel at 24 kHz (50 Hz)
     embedding: Tensor  # [1, 192] float32 CAM++ x-vector (only the flow uses it)
+    notes: tuple[str, ...] = ()  # what the reference checks changed or warn about (trimmed, clipped); not saved
 
     def __post_init__(self) -> None:
         p = self.speech_tokens.shape[1]
@@ -74,6 +83,54 @@ class VoiceFeatures:
         return cls(prompt_text=text, prompt_text_ids=t["prompt_text_ids"].to(torch.int32),
                    speech_tokens=t["speech_tokens"].to(torch.int32),
                    speech_mel=t["speech_mel"].float(), embedding=t["embedding"].float())
+
+
+def _too_short(seconds: float) -> PromptAudioError:
+    return PromptAudioError(f"the reference clip is {seconds:.2f} s long; it must be at least "
+                            f"{MIN_PROMPT_SECONDS:.0f} s (3-10 s of clear speech work best)")
+
+
+def check_reference(wave: Tensor, sample_rate: int, prompt_text: str) -> tuple[Tensor, tuple[str, ...]]:
+    """The usable part of a reference clip `[1, N]` (mono, at its own `sample_rate`) and notes for the user.
+
+    Refused (`PromptAudioError`): shorter than MIN_PROMPT_SECONDS; silent or almost silent (less than
+    MIN_SOUND_SECONDS above SILENCE_DBFS); longer than MAX_PROMPT_SECONDS *with* a transcript (the
+    words must match the audio the LM sees). Without a transcript a long clip is cut to its busiest
+    MAX_PROMPT_SECONDS window. Heavily clipped clips are kept with a note (CLIP_WARN_FRACTION).
+    """
+    x = wave[0].float().numpy()  # [N]
+    seconds = x.shape[0] / sample_rate
+    if seconds < MIN_PROMPT_SECONDS:
+        raise _too_short(seconds)
+    levels = frame_levels_dbfs(x, sample_rate)  # [F] dBFS per 20 ms
+    frame_len = max(1, round(sample_rate * LEVEL_FRAME_SECONDS))  # samples per level frame
+    frame_s = frame_len / sample_rate
+    loudest = float(levels.max())
+    if loudest < SILENCE_DBFS:
+        level = "all samples are zero" if loudest <= -199 else f"its loudest part is at {loudest:.0f} dBFS"
+        raise PromptAudioError(f"the reference clip is silent ({level}; speech needs at least {SILENCE_DBFS:.0f} "
+                               "dBFS): check the microphone and record again")
+    sound_s = float((levels >= SILENCE_DBFS).sum()) * frame_s
+    if sound_s < MIN_SOUND_SECONDS:
+        raise PromptAudioError(f"the reference clip is almost silent: only {sound_s:.2f} s is louder than "
+                               f"{SILENCE_DBFS:.0f} dBFS; record at least {MIN_SOUND_SECONDS} s of speech")
+    notes = []
+    if seconds > MAX_PROMPT_SECONDS:
+        if prompt_text.strip():
+            raise PromptAudioError(
+                f"the reference clip is {seconds:.1f} s; the limit is {MAX_PROMPT_SECONDS:.0f} s. Trim it to the part "
+                f"whose words you typed, or clear the transcript to use its best {MAX_PROMPT_SECONDS:.0f} s "
+                "(cross-lingual mode)")
+        n_frames = int(MAX_PROMPT_SECONDS * sample_rate) // frame_len  # the window, <= MAX_PROMPT_SECONDS
+        start = busiest_window(levels, n_frames)
+        x = x[start * frame_len: (start + n_frames) * frame_len]
+        notes.append(f"the reference clip is {seconds:.1f} s, over the {MAX_PROMPT_SECONDS:.0f} s limit: its "
+                     f"{start * frame_s:.1f}-{(start + n_frames) * frame_s:.1f} s part (the most speech) was used")
+    clipped = clipped_fraction(x)
+    if clipped >= CLIP_WARN_FRACTION:
+        notes.append(f"the reference clip is heavily clipped ({clipped:.1%} of samples at the peak): the voice may "
+                     "sound distorted; record at a lower input level")
+    return torch.from_numpy(np.ascontiguousarray(x))[None], tuple(notes)
 
 
 class Frontend:
@@ -119,11 +176,11 @@ class Frontend:
         return prompt_mel(wave_24k, self.feat)
 
     def voice_from_waves(self, wave_16k: Tensor, wave_24k: Tensor, prompt_text: str, *,
-                         normalize: bool = True) -> VoiceFeatures:
+                         normalize: bool = True, notes: tuple[str, ...] = ()) -> VoiceFeatures:
         """Features of a reference recording given at both rates ([1, N] float32 each)."""
         seconds = wave_16k.shape[1] / PROMPT_SAMPLE_RATE_HZ
         if seconds < MIN_PROMPT_SECONDS:
-            raise PromptAudioError(f"reference audio is {seconds:.2f} s long; record at least a few seconds")
+            raise _too_short(seconds)
         text = self.normalize_prompt_text(prompt_text) if normalize else prompt_text
         mel = self.prompt_mel(wave_24k)
         tokens = self.speech_tokens(wave_16k)
@@ -133,9 +190,15 @@ class Frontend:
         return VoiceFeatures(prompt_text=text, prompt_text_ids=self.text_ids(text),
                              speech_tokens=tokens[:, :n].to(torch.int32).cpu(),
                              speech_mel=mel[:, : 2 * n].float().cpu(),
-                             embedding=self.speaker_embedding(wave_16k).float().cpu())
+                             embedding=self.speaker_embedding(wave_16k).float().cpu(), notes=notes)
 
     def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
-        """Features of a reference recording in any readable format, rate and channel count."""
-        wave_16k, wave_24k = load_audio_rates(src, (PROMPT_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATE_HZ))
-        return self.voice_from_waves(wave_16k, wave_24k, prompt_text)
+        """Features of a reference recording in any readable format, rate and channel count.
+
+        Raises `AudioError` (cannot decode) or `PromptAudioError` (unusable: see `check_reference`);
+        the returned features' `notes` say what was trimmed or looks wrong.
+        """
+        chans, sr = decode_audio(src)  # [C, N] at the file's rate
+        mono, notes = check_reference(chans.mean(dim=0, keepdim=True), sr, prompt_text)  # [1, N']
+        wave_16k, wave_24k = resample_rates(mono, sr, (PROMPT_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATE_HZ))
+        return self.voice_from_waves(wave_16k, wave_24k, prompt_text, notes=notes)

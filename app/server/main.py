@@ -52,6 +52,10 @@ def build_server(cfg: Config):
 
     api.include_router(api_router(service))
     demo, i18n = build_demo(service)
-    return gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
-                               max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
-                               footer_links=["api", "gradio", "settings"])
+    app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
+                              max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
+                              footer_links=["api", "gradio", "settings"])
+    # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
+    # path) only once `has_launched` is set, which `launch()` does and mounting never does
+    demo.has_launched = True
+    return app

@@ -20,7 +20,8 @@ import asyncio
 import secrets
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Response, UploadFile
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.audio import AudioError
@@ -31,11 +32,12 @@ from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError, check_name
 from app.model.frontend import PromptAudioError, VoiceFeatures
 from app.server.auth import bearer_auth
-from app.server.errors import ApiError
+from app.server.errors import ApiError, error_response
 from app.server.speech import RETRY_AFTER_S, speech_response
 
 MODEL_ID = "cosyvoice2"
 UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
+BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [server] max_upload_mb by this (form fields, boundaries)
 
 
 class VoiceRef(BaseModel):
@@ -65,10 +67,47 @@ def _input_error(e: InputError) -> ApiError:
     return ApiError(400, str(e), param=e.param, code="invalid_value")
 
 
+def capped_route(max_mb: int) -> type[APIRoute]:
+    """An APIRoute class that answers 413 to a body over `max_mb` MiB (+ slack) before it is parsed.
+
+    FastAPI reads (and spools) a whole multipart body before the endpoint or any dependency runs, so
+    the cap sits in front of that: a declared Content-Length over the limit is refused unread, and a
+    body without one (chunked) is cut off as soon as it passes the limit.
+    """
+    limit = max_mb * 1024 * 1024 + BODY_SLACK_BYTES
+    message = (f"the request body is larger than {max_mb} MB ([server] max_upload_mb); send a shorter clip "
+               "(1-30 s is enough)")
+
+    class CappedRoute(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def capped(request: Request) -> Response:
+                declared = request.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    return error_response(ApiError(413, message, code="file_too_large"))
+                seen = 0
+
+                async def receive() -> dict:
+                    nonlocal seen
+                    msg = await request.receive()
+                    seen += len(msg.get("body", b""))
+                    if seen > limit:  # FastAPI re-raises HTTPException from body parsing (not a 400)
+                        raise HTTPException(413, message)
+                    return msg
+
+                return await handler(Request(request.scope, receive))
+
+            return capped
+
+    return CappedRoute
+
+
 def api_router(service: StudioService) -> APIRouter:
     """The /v1 routes bound to the process's service (auth from `[server] api_key`)."""
     cfg = service.cfg
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"])
+    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"],
+                       route_class=capped_route(cfg.server.max_upload_mb))
 
     def require_ready() -> None:
         try:
@@ -117,7 +156,8 @@ def api_router(service: StudioService) -> APIRouter:
 
     @router.post("/voices", status_code=201)
     async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
-                                                                       "ogg/mp3; 1-30 s of one speaker)")],
+                                                                       "ogg/mp3, webm/m4a with ffmpeg; 1-30 s "
+                                                                       "of one speaker)")],
                            transcript: Annotated[str, Form(max_length=10_000)] = "",
                            name: Annotated[str | None, Form(max_length=200)] = None) -> dict:
         """Compute and store a voice's features from a reference recording and its transcript."""
@@ -140,7 +180,8 @@ def api_router(service: StudioService) -> APIRouter:
             raise ApiError(400, str(e), param="audio", code="invalid_audio") from e
         except VoiceError as e:
             raise ApiError(409 if "exists" in str(e) else 400, str(e), param="name", code="invalid_voice") from e
-        return {"id": info.name, "object": "voice", **info.to_dict()}
+        # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well
+        return {"id": info.name, "object": "voice", **info.to_dict(), "warnings": list(features.notes)}
 
     @router.get("/voices")
     async def list_voices() -> dict:

@@ -90,7 +90,7 @@ class Handlers:
             try:
                 return self.service.voices.load(voice)
             except VoiceError as e:
-                raise gr.Error(str(e)) from e
+                raise gr.Error(f"{e}; pick one of the saved voices or upload a reference clip") from e
         if not prompt_audio:
             raise gr.Error("Upload or record a reference clip, or pick a saved voice.")
         try:
@@ -120,7 +120,9 @@ class Handlers:
             raise gr.Error(str(e)) from e
         features = await self._voice(voice, prompt_audio, prompt_text)
         frontend_s = time.monotonic() - t_start
-        notes = []
+        notes = list(features.notes)  # the reference checks' notes: trimmed, clipped
+        for note in features.notes:
+            gr.Warning(note[0].upper() + note[1:])
         if mode == "zero_shot" and not features.prompt_text.strip():
             mode = "cross_lingual"
             notes.append("no transcript: used cross-lingual mode (the voice without its words)")
@@ -187,12 +189,17 @@ class Handlers:
         if not prompt_audio:
             raise gr.Error("Upload or record the reference clip to save first.")
         try:
-            features = await self.service.voice_from_audio(prompt_audio, (prompt_text or "").strip())
+            prompt_text = inputs.check_transcript(prompt_text)
+        except InputError as e:
+            raise gr.Error(str(e)) from e
+        try:
+            features = await self.service.voice_from_audio(prompt_audio, prompt_text)
             info = self.service.voices.save(name or "", features, overwrite=True)
         except (AudioError, PromptAudioError, VoiceError, OSError) as e:
             raise _error(e, prompt_audio) from e
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
-        return f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", info.name
+        notes = "".join(f"\n\n- {n}" for n in features.notes)
+        return f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.{notes}", info.name
 
     def delete_voice(self, voice: str | None) -> tuple[str, str]:
         """Delete the saved voice `voice`. Returns (message, "")."""
