@@ -22,6 +22,7 @@ def build_server(cfg: Config):
     from app.server.errors import install_error_handlers
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
+    from app.server.studio_stream import add_studio_routes
     from app.ui.handlers import ArrivalStamp
     from app.ui.layout import build_demo
 
@@ -51,6 +52,7 @@ def build_server(cfg: Config):
     add_metrics_route(api, service)
 
     api.include_router(api_router(service))
+    add_studio_routes(api, service)
     demo, i18n = build_demo(service)
     app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
                               max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,

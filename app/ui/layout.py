@@ -2,6 +2,12 @@
 
 `build_demo(service)` declares the `gr.Blocks` and its events; `app.py` mounts it on FastAPI.
 Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`.
+
+Generate first runs a browser-only gate (player.GATE_JS): with the low-latency player (default) the
+request is played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the
+standard player (or streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio. After a
+low-latency stream the player clicks the hidden `player_done` button, whose event fills the final WAV,
+stats line and details from what the server kept for that request id.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from app.engine.service import ASSETS_DIR, StudioService
 from app.ui.handlers import Handlers
 from app.ui.i18n import make_i18n
 from app.ui.panels import PANEL_TRANSLATIONS, build_panels
+from app.ui.player import GATE_JS, PLAYER_HTML, RESULT_JS, STOP_JS, player_js, player_store, result_outputs
 
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
 
@@ -42,6 +49,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     cfg = service.cfg
     i18n = make_i18n(PANEL_TRANSLATIONS)
     h = Handlers(service)
+    store = player_store(service)
     with gr.Blocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP) as demo:
         gr.Markdown(f"# {cfg.ui.title}")
         gr.Markdown(i18n("intro"))
@@ -77,11 +85,16 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                     stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
                     speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
                                       elem_id="speed")
+                player = gr.Radio([(i18n("player_webaudio"), "webaudio"), (i18n("player_gradio"), "gradio")],
+                                  value="webaudio", label=i18n("player"), info=i18n("player_info"), elem_id="player")
                 with gr.Row():
                     go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
                     stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
             with gr.Column():
                 stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
+                gr.HTML(PLAYER_HTML, elem_id="player_box")
+                player_rid = gr.Textbox(visible=False)  # the request id comes from the player (RESULT_JS)
+                player_done = gr.Button(visible="hidden", elem_id="player_done")
                 final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                      buttons=["download"], elem_id="final_out")
                 stats = gr.Markdown(elem_id="stats")
@@ -94,9 +107,15 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
             build_panels(service, i18n)
 
         inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream]
-        synth = go.click(h.synthesize, inputs, [stream_out, final_out, stats, details], api_name="synthesize",
-                         concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
+        outputs = [stream_out, final_out, stats, details]
+        gate = go.click(None, [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player],
+                        None, js=GATE_JS, queue=False, api_visibility="private")
+        synth = gate.success(h.synthesize, inputs, outputs, api_name="synthesize",
+                             concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
         stop.click(None, None, None, cancels=[synth], api_visibility="private")
+        stop.click(None, None, None, js=STOP_JS, queue=False, api_visibility="private")
+        player_done.click(lambda rid: result_outputs(store, rid), player_rid, outputs[1:], js=RESULT_JS,
+                          queue=False, api_visibility="private")
         dice.click(h.random_seed, None, seed, queue=False, api_visibility="private")
         stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, queue=False,
                       api_visibility="private")
@@ -111,6 +130,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         timer.tick(h.status, None, [status, banner, timer], queue=False, show_progress="hidden",
                    api_visibility="private")
         demo.load(h.status, None, [status, banner, timer], queue=False, api_visibility="private")
+        demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
         demo.load(h.voice_choices, voice, voice, queue=False, api_visibility="private")
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n

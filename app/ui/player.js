@@ -1,0 +1,288 @@
+() => {
+  /* CosyVoice2 Studio low-latency player: defines window.studioPlayer (run once on page load; wired by
+     app/ui/player.py). POST studio/speech (relative to the page: works behind the Spaces proxy and a root
+     path) answers raw PCM s16le mono 24 kHz as the server produces it. Nothing on the way to the
+     speakers waits for this page's main thread, which Gradio keeps busy (panels redrawn every second;
+     measured on a loaded 2-core box: the fetch promise resolved 0.2-0.5 s after the response arrived):
+     a Worker (player_worker.js) fetches, reads and converts, and posts the samples straight to an
+     AudioWorklet (player_worklet.js) on one AudioContext({sampleRate: 24000}) that plays them back to
+     back behind a PREBUFFER_S jitter buffer. Where AudioWorklet is missing (it needs a secure context:
+     https or localhost; plain http on a LAN address lacks it) the Worker posts the samples here and
+     schedule() plays one AudioBufferSourceNode per read at whole-frame times (a late read re-anchored
+     PREBUFFER_S ahead). Stop: the Worker aborts the fetch (the server sees the disconnect and aborts the
+     vLLM request), the worklet drops its queue (or the nodes are stopped).
+
+     Timings (this page's performance.now(), ms; the Worker's converted through timeOrigin): click (the
+     Generate click event's timeStamp), request, headers, firstByte, firstSound, end. firstSound is when
+     the first sample reaches the output device: its context time (the worklet's currentFrame when it
+     starts, or the first node's start time) mapped by ctx.getOutputTimestamp() ({contextTime,
+     performanceTime} of the frame being output now), so the output latency is counted; before the first
+     render quantum (performanceTime 0) currentTime + outputLatency instead.
+     PREBUFFER_S is 20 ms, below the 40-80 ms one might expect: on loopback the rest of a chunk follows its
+     first read within milliseconds; gaps between chunks depend on the server's speed (chunk k+1 must be
+     ready before chunk k has played), which a longer start delay does not fix. */
+  if (window.studioPlayer) return;
+  const RATE_HZ = 24000;
+  const PREBUFFER_S = 0.02;
+  const PREBUFFER_FRAMES = Math.round(PREBUFFER_S * RATE_HZ);
+  const MAX_DEBUG_SAMPLES = RATE_HZ * 30;  // debug copies (scheduled samples, body bytes): the first 30 s
+  const CLICK_MAX_AGE_MS = 2000;  // a click older than this is not the one that started the request
+
+  // the Worker and the AudioWorklet (player_worker.js, player_worklet.js; inlined by app/ui/player.py)
+  // run from same-origin blob: URLs
+  const WORKER_SRC = __WORKER_SRC__;
+  const WORKLET_SRC = __WORKLET_SRC__;
+  const blobUrl = (src) => URL.createObjectURL(new Blob([src], {type: 'text/javascript'}));
+  const setLine = (text) => {
+    const el = document.getElementById('studio_player_line');
+    if (el) el.textContent = text;
+  };
+  const ms = (x) => (x === null || x === undefined || !isFinite(x)) ? '–' : `${Math.round(x)} ms`;
+
+  class StudioPlayer {
+    constructor() {
+      this.run = null;       // the request playing now
+      this.last = null;      // the latest request (stays after it ends; tests read it)
+      this.clickAt = null;   // timeStamp of the latest Generate click
+      this.nRuns = 0;
+      this.scheduled = [];   // debug copies of the latest request (capped): Float32Array per read as handed
+      this.scheduledSamples = 0;  // to the audio side, and the body's bytes as received (Uint8Array per read)
+      this.received = [];
+      this.mode = null;      // 'worklet' | 'buffers' once ready
+      this.ctx = new AudioContext({sampleRate: RATE_HZ, latencyHint: 'interactive'});
+      this.ready = this.init();
+    }
+
+    async init() {
+      this.worker = new Worker(blobUrl(WORKER_SRC));
+      this.worker.onmessage = (e) => this.onWorker(e.data);
+      this.mode = 'buffers';
+      if (!this.ctx.audioWorklet) return;
+      try {
+        await this.ctx.audioWorklet.addModule(blobUrl(WORKLET_SRC));
+        this.node = new AudioWorkletNode(this.ctx, 'studio-pcm', {
+          numberOfInputs: 0, numberOfOutputs: 1, outputChannelCount: [1],
+          processorOptions: {prebufferFrames: PREBUFFER_FRAMES}});
+        this.node.connect(this.ctx.destination);
+        this.node.port.onmessage = (e) => this.onWorklet(e.data);
+        const channel = new MessageChannel();  // worker -> worklet, past this thread
+        this.node.port.postMessage({type: 'source', port: channel.port1}, [channel.port1]);
+        this.worker.postMessage({type: 'sink', port: channel.port2}, [channel.port2]);
+        this.mode = 'worklet';
+      } catch (e) {
+        console.warn('studio player: AudioWorklet unavailable, scheduling buffers on the page', e);
+      }
+    }
+
+    resume() {
+      if (this.ctx.state === 'suspended') this.ctx.resume().catch(() => {});
+    }
+
+    // performance.now() time at which context time `t` (s) reaches the output device
+    perfTime(t) {
+      const ctx = this.ctx;
+      const ts = ctx.getOutputTimestamp ? ctx.getOutputTimestamp() : null;
+      if (ts && ts.performanceTime > 0) return ts.performanceTime + (t - ts.contextTime) * 1000;
+      const latency = ctx.outputLatency || ctx.baseLatency || 0;
+      return performance.now() + (t - ctx.currentTime + latency) * 1000;
+    }
+
+    // all scheduled samples of the latest request as one plain array (for tests)
+    scheduledArray() {
+      const out = new Array(this.scheduledSamples);
+      let i = 0;
+      for (const f of this.scheduled) for (let k = 0; k < f.length; k++) out[i++] = f[k];
+      return out;
+    }
+
+    // the body's bytes as received, base64 (for tests)
+    receivedBase64() {
+      let s = '';
+      for (const b of this.received) for (let i = 0; i < b.length; i += 0x8000)
+        s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
+      return btoa(s);
+    }
+
+    summary(run) {
+      const since = (x) => (x === null ? null : x - run.t.click);
+      return `click → first byte ${ms(since(run.t.firstByte))} → first sound ${ms(since(run.t.firstSound))} ` +
+             `(server TTFA ${ms(run.serverTtfaMs)})`;
+    }
+
+    stop() {
+      const run = this.run;
+      if (!run) return;
+      this.run = null;
+      this.worker.postMessage({type: 'abort', id: run.id});
+      if (this.mode === 'worklet') this.node.port.postMessage({type: 'flush', id: run.id});
+      for (const src of run.sources) {
+        try { src.stop(); } catch (e) { /* not started yet */ }
+        src.disconnect();
+      }
+      run.sources.clear();
+      run.soundResolve();
+      if (run.state === 'connecting' || run.state === 'playing') {
+        run.state = 'stopped';
+        setLine(`Stopped · ${this.summary(run)}`);
+      }
+    }
+
+    async play(params) {
+      this.stop();
+      const now = performance.now();
+      const click = (this.clickAt !== null && now - this.clickAt < CLICK_MAX_AGE_MS) ? this.clickAt : now;
+      this.clickAt = null;
+      const id = ++this.nRuns;
+      const run = {
+        id, seq: id, state: 'connecting', requestId: null, serverTtfaMs: null, server: null, seed: null,
+        underruns: 0, samples: 0, buffers: 0, bytes: 0, playedFrames: null, firstStartS: null,
+        contextState: null, error: null, aborted: false, flushed: false, sources: new Set(), nextFrame: null,
+        t: {click, request: now, headers: null, firstByte: null, firstSound: null, end: null},
+      };
+      run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
+      this.run = this.last = run;
+      this.scheduled = [];
+      this.scheduledSamples = 0;
+      this.received = [];
+      setLine('Low-latency player: connecting…');
+      this.resume();
+      try {
+        await this.ready;
+      } catch (e) {
+        Object.assign(run, {state: 'error', error: `the player cannot start: ${e}`});
+        setLine(`⚠️ ${run.error}`);
+        return;
+      }
+      run.mode = this.mode;
+      this.worker.postMessage({type: 'start', id, url: new URL('studio/speech', document.baseURI).href,
+                               body: JSON.stringify(params), debugSamples: MAX_DEBUG_SAMPLES});
+    }
+
+    fromWorker(epochMs) {
+      return epochMs - performance.timeOrigin;
+    }
+
+    onWorker(m) {
+      const run = this.last && this.last.id === m.id ? this.last : null;
+      if (!run) return;
+      if (m.type === 'headers') {
+        run.t.headers = this.fromWorker(m.at);
+        const h = m.headers;
+        run.requestId = h['x-request-id'];
+        run.serverTtfaMs = parseFloat(h['x-ttfa-ms']);
+        run.seed = h['x-seed'];
+        run.server = {queueMs: parseFloat(h['x-queue-ms']), referenceMs: parseFloat(h['x-reference-ms']),
+                      serverMs: parseFloat(h['x-server-ms']), handlerMs: parseFloat(h['x-handler-ms'])};
+        if (m.status === 200 && run.state === 'connecting') run.state = 'playing';
+      } else if (m.type === 'firstByte') {
+        run.t.firstByte = this.fromWorker(m.at);
+      } else if (m.type === 'pcm') {
+        if (run.state === 'playing') this.schedule(run, m.samples);
+      } else if (m.type === 'copy') {
+        this.received.push(m.raw);
+        this.scheduled.push(m.samples);
+        this.scheduledSamples += m.samples.length;
+      } else if (m.type === 'end') {
+        run.t.end = this.fromWorker(m.at);
+        Object.assign(run, {bytes: m.bytes, samples: m.samples, buffers: m.reads});
+        if (m.oddByte) run.error = 'the stream ended inside a sample (odd byte count)';
+        this.finish(run);
+      } else if (m.type === 'aborted') {
+        run.aborted = true;
+      } else if (m.type === 'error') {
+        run.state = 'error';
+        run.error = m.message;
+        run.soundResolve();
+        setLine(`⚠️ ${m.message}`);
+        if (this.run === run) this.run = null;
+      }
+    }
+
+    onWorklet(m) {
+      const run = this.last && this.last.id === m.id ? this.last : null;
+      if (!run) return;
+      if (m.type === 'started') {
+        run.firstStartS = m.frame / RATE_HZ;
+        run.t.firstSound = this.perfTime(run.firstStartS);
+        run.contextState = this.ctx.state;
+        run.soundResolve();
+        setLine(`▶ ${this.summary(run)}`);
+      } else if (m.type === 'underrun') {
+        run.underruns += 1;
+      } else if (m.type === 'drained') {
+        run.playedFrames = m.frames;
+        this.done(run);
+      } else if (m.type === 'flushed') {
+        run.flushed = true;
+      }
+    }
+
+    // fallback without AudioWorklet: one AudioBufferSourceNode per read, at whole-frame times
+    schedule(run, samples) {
+      const ctx = this.ctx;
+      const now = ctx.currentTime;
+      if (run.nextFrame === null || run.nextFrame / RATE_HZ < now + 0.005) {  // first, or late: re-anchor
+        if (run.nextFrame !== null) run.underruns += 1;
+        run.nextFrame = Math.ceil((now + PREBUFFER_S) * RATE_HZ);
+      }
+      const buffer = ctx.createBuffer(1, samples.length, RATE_HZ);
+      buffer.copyToChannel(samples, 0);
+      const src = ctx.createBufferSource();
+      src.buffer = buffer;
+      src.connect(ctx.destination);
+      const at = run.nextFrame / RATE_HZ;
+      src.onended = () => run.sources.delete(src);
+      src.start(at);
+      run.sources.add(src);
+      if (run.t.firstSound === null) {
+        run.firstStartS = at;
+        run.t.firstSound = this.perfTime(at);
+        run.contextState = ctx.state;
+        run.soundResolve();
+        setLine(`▶ ${this.summary(run)}`);
+      }
+      run.nextFrame += samples.length;
+    }
+
+    // the body is complete: report the timing, let Gradio show the final WAV and stats
+    async finish(run) {
+      if (run.state !== 'playing' && run.state !== 'done') return;  // stopped or failed; 'done' may come first
+      await run.soundKnown;  // the worklet reports its start after the body may have ended
+      if (run.requestId && run.t.firstSound !== null) {
+        try {
+          await fetch('studio/timing', {
+            method: 'POST', headers: {'Content-Type': 'application/json'}, keepalive: true,
+            body: JSON.stringify({request_id: run.requestId, first_byte_ms: run.t.firstByte - run.t.click,
+                                  first_sound_ms: run.t.firstSound - run.t.click})});
+        } catch (e) { /* the panel misses one row; playback is unaffected */ }
+      }
+      const button = document.getElementById('player_done');  // Gradio event: final WAV + stats line
+      if (button && this.last === run) button.click();
+      if (this.mode === 'buffers') {
+        const leftMs = (run.nextFrame / RATE_HZ - this.ctx.currentTime) * 1000;
+        setTimeout(() => this.done(run), Math.max(0, leftMs));
+      }
+    }
+
+    // the last sample has been played
+    done(run) {
+      if (run.state !== 'playing') return;
+      run.state = 'done';
+      run.soundResolve();
+      setLine(`✔ ${this.summary(run)} · ${(run.samples / RATE_HZ).toFixed(2)} s of audio, ` +
+              `${run.underruns} underruns`);
+      if (this.run === run) this.run = null;
+    }
+  }
+
+  const player = new StudioPlayer();
+  window.studioPlayer = player;
+  // the click itself (not the Gradio event, which runs a little later): its time, and the AudioContext
+  // resumed inside the user gesture (browsers' autoplay policy keeps it suspended until one)
+  document.addEventListener('click', (e) => {
+    if (e.target && e.target.closest && e.target.closest('#go')) {
+      player.clickAt = e.timeStamp;
+      player.resume();
+    }
+  }, true);
+}
