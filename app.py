@@ -39,6 +39,8 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides[key.strip()] = raw  # a bare string
     if api_key := os.environ.get("COSYVOICE_API_KEY"):
         overrides["server.api_key"] = api_key
+    if auth := os.environ.get("COSYVOICE_AUTH"):  # "user:password[,user2:password2]" for the page and /studio
+        overrides["server.auth"] = auth
     if model_dir := args.model_dir or os.environ.get("COSYVOICE_MODEL_DIR"):
         overrides["model.dir"] = model_dir
     spaces_host = "0.0.0.0" if os.environ.get("SYSTEM") == "spaces" else None

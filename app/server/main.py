@@ -2,6 +2,8 @@
 
 `build_server(cfg)` creates the process's `StudioService` and starts it in the lifespan (on the
 serving loop, so vLLM's AsyncLLM lives there); the page and /health answer while it loads.
+Optional login (`[server] auth`, Gradio's own form for the page) and per-client rate limit
+(`[server] rate_limit_per_minute`) are applied by `AccessLimits` (app/server/limits.py).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ def build_server(cfg: Config):
     import gradio as gr
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
+    from starlette.routing import Mount
 
     from app.engine.service import ASSETS_DIR, StudioService
     from app.server.errors import install_error_handlers
+    from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
     from app.server.studio_stream import add_studio_routes
@@ -41,6 +45,10 @@ def build_server(cfg: Config):
                   openapi_url="/v1/openapi.json")
     api.state.service = service
     api.add_middleware(ArrivalStamp)
+    srv = cfg.server
+    gate = Gate(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
+                trust_proxy=srv.trust_proxy)
+    api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 
     @api.get("/health", tags=["ops"])
@@ -56,7 +64,10 @@ def build_server(cfg: Config):
     demo, i18n = build_demo(service)
     app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
                               max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
-                              footer_links=["api", "gradio", "settings"])
+                              footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
+                              auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
+    gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")
+    gate.limited_fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in LIMITED_EVENTS)
     # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
     # path) only once `has_launched` is set, which `launch()` does and mounting never does
     demo.has_launched = True

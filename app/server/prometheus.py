@@ -150,8 +150,16 @@ def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]
 
 def _service_families(svc: StudioService) -> Iterator[Metric]:
     """Readiness, engine requests and what runs (an info gauge = 1)."""
+    ready = svc.ready and svc.engine_fault() is None  # a dead (restarting) engine is not ready
     yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
-                            value=1 if svc.ready else 0)
+                            value=1 if ready else 0)
+    b = svc.backend
+    faults = CounterMetricFamily("cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
+                                 "vLLM engine deaths and restarts.", labels=["kind"])
+    for kind, n in (("out_of_memory", svc.n_out_of_memory), ("engine_death", getattr(b, "n_deaths", 0)),
+                    ("engine_restart", getattr(b, "n_restarts", 0))):
+        faults.add_metric([kind], n)
+    yield faults
     unfinished = svc.lm_unfinished()
     yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
                       [([], unfinished)] if unfinished is not None else [])

@@ -8,7 +8,9 @@ OpenAI-shaped body. Then the response streams: `pcm` = raw 16-bit little-endian 
 it) followed by the same PCM. Headers carry the server-side timing of this request:
 X-Request-Id, X-Seed, X-Queue-Ms (waiting for a slot) and X-TTFA-Ms (request start -> first audio).
 A client that disconnects cancels the body; its `finally` (and the response's, should the body
-never start) closes the synthesis (vLLM abort) and frees the slot.
+never start) closes the synthesis (vLLM abort) and frees the slot. Faults before the first chunk are
+503s with Retry-After: `engine_dead` (the engine restarts), `gpu_out_of_memory` (with advice); after
+it, the body stops without its last chunk, so the client sees a broken stream, not a short success.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from fastapi.responses import StreamingResponse
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.pipeline import EmptyTextError
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import BusyError, NotReadyError, StudioService
+from app.engine.service import BusyError, EngineDeadError, GpuOutOfMemoryError, NotReadyError, StudioService
 from app.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
-RETRY_AFTER_S = 2  # Retry-After for 503 busy / not ready
+RETRY_AFTER_S = 2  # Retry-After for 503 busy / not ready / out of memory
+ENGINE_RETRY_AFTER_S = 30  # Retry-After while a dead engine restarts (15-60 s)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -62,6 +65,10 @@ def map_error(e: BaseException) -> ApiError:
         return e
     if isinstance(e, BusyError):
         return ApiError(503, str(e), code="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, EngineDeadError):
+        return ApiError(503, str(e), code="engine_dead", headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)})
+    if isinstance(e, GpuOutOfMemoryError):
+        return ApiError(503, str(e), code="gpu_out_of_memory", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(e, NotReadyError):
         return ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(e, EmptyTextError):

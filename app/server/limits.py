@@ -1,0 +1,212 @@
+"""Who may call what, and how often: the login guard of /studio and /v1, and the per-client rate limit.
+
+`AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). For each HTTP request:
+
+1. Rate limit (`[server] rate_limit_per_minute` > 0): synthesis requests -- POST /v1/audio/speech,
+   /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` events (POST
+   /gradio_api/queue/join, told apart by the body's `fn_index`) -- take a token from their client's
+   bucket (`RateLimiter`); without one the answer is 429 with Retry-After. The client is the
+   connection's IP, or with `[server] trust_proxy` the last X-Forwarded-For entry (the one the
+   proxy in front wrote; earlier entries come from the client and could be anything).
+2. Login (`[server] auth` set): Gradio guards its own routes (the page's login form); /studio/*
+   needs the page's login cookie or HTTP Basic with the same credentials, and so does /v1/* when no
+   `[server] api_key` is set (with a key, app/server/auth.py checks the bearer token instead).
+   /health, /metrics and the API schema (/v1/docs, /v1/openapi.json) stay open.
+
+Refusals are OpenAI-shaped JSON (app/server/errors.py). Nothing of the request is logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from app.server.errors import error_body
+
+SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
+QUEUE_JOIN_PATH = "/gradio_api/queue/join"
+LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
+OPEN_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
+MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
+MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
+
+
+class RateLimiter:
+    """A token bucket per client key: bursts of up to `per_minute`, refilled at per_minute / 60 per second.
+
+    Event-loop only (no locking). `acquire(key)` takes a token and returns 0.0, or returns the
+    seconds until one is available and takes nothing.
+    """
+
+    def __init__(self, per_minute: int, *, max_clients: int = MAX_CLIENTS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if per_minute < 1:
+            raise ValueError("per_minute must be >= 1")
+        self.capacity, self.rate_per_s = float(per_minute), per_minute / 60.0
+        self.max_clients, self.clock = max_clients, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, monotonic s)
+
+    def acquire(self, key: str) -> float:
+        now = self.clock()
+        tokens, then = self._buckets.pop(key, (self.capacity, now))
+        tokens = min(self.capacity, tokens + (now - then) * self.rate_per_s)
+        wait_s = 0.0
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait_s = (1.0 - tokens) / self.rate_per_s
+        self._buckets[key] = (tokens, now)  # most recently seen last
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return wait_s
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+def client_ip(scope: dict, trust_proxy: bool) -> str:
+    """The client's IP: the connection's, or behind a trusted proxy the last X-Forwarded-For entry."""
+    if trust_proxy:
+        forwarded = [v for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
+        if forwarded:
+            last = forwarded[-1].decode("latin-1").split(",")[-1].strip()
+            if last:
+                return last
+    client = scope.get("client")
+    return client[0] if client else "unknown"
+
+
+def basic_credentials(scope: dict) -> tuple[str, str] | None:
+    """(user, password) from an `Authorization: Basic` header, else None."""
+    for k, v in scope.get("headers", ()):
+        if k == b"authorization":
+            scheme, _, token = v.decode("latin-1").partition(" ")
+            if scheme.lower() != "basic":
+                return None
+            try:
+                user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            return (user, password) if sep else None
+    return None
+
+
+def _cookie(scope: dict, name: str) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == b"cookie":
+            for part in v.decode("latin-1").split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == name:
+                    return value
+    return None
+
+
+class Gate:
+    """The settings `AccessLimits` applies; `gradio_app` and `limited_fns` are filled in once Gradio is mounted."""
+
+    def __init__(self, *, users: list[tuple[str, str]], api_key: str, rate_limit_per_minute: int,
+                 trust_proxy: bool) -> None:
+        self.users, self.api_key, self.trust_proxy = users, api_key, trust_proxy
+        self.limiter = RateLimiter(rate_limit_per_minute) if rate_limit_per_minute > 0 else None
+        self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
+        self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
+
+    def logged_in(self, scope: dict) -> bool:
+        """A valid login cookie of the Gradio page, or HTTP Basic credentials of a configured user."""
+        creds = basic_credentials(scope)
+        if creds is not None:
+            ok = False
+            for user, password in self.users:  # every pair is compared: no timing hint of which user exists
+                ok |= secrets.compare_digest(creds[0].encode(), user.encode()) & secrets.compare_digest(
+                    creds[1].encode(), password.encode())
+            return ok
+        app = self.gradio_app
+        if app is None:
+            return False
+        for name in (f"access-token-{app.cookie_id}", f"access-token-unsecure-{app.cookie_id}"):
+            token = _cookie(scope, name)
+            if token and app.tokens.get(token) is not None:
+                return True
+        return False
+
+    def needs_login(self, path: str) -> bool:
+        if not self.users or path in OPEN_PATHS:
+            return False
+        return path.startswith("/studio/") or (path.startswith("/v1/") and not self.api_key)
+
+
+class AccessLimits:
+    """ASGI middleware applying a `Gate` (rate limit first, then the login guard)."""
+
+    def __init__(self, app: Any, gate: Gate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        gate, path = self.gate, scope.get("path", "")
+        if gate.limiter is not None and scope.get("method") == "POST":
+            limited = path in SYNTH_PATHS
+            if path == QUEUE_JOIN_PATH and gate.limited_fns:
+                messages, body = await _read_body(receive, MAX_JOIN_BODY)
+                receive = _replay(messages, receive)
+                limited = _fn_index(body) in gate.limited_fns
+            if limited and (wait_s := gate.limiter.acquire(client_ip(scope, gate.trust_proxy))) > 0:
+                retry_s = max(1, math.ceil(wait_s))
+                per_min = int(gate.limiter.capacity)
+                return await _json(send, 429, error_body(
+                    429, f"rate limit: at most {per_min} synthesis requests per minute per client; try again in "
+                    f"{retry_s} s", code="rate_limit_exceeded"), {"retry-after": str(retry_s)})
+        if gate.needs_login(path) and not gate.logged_in(scope):
+            return await _json(send, 401, error_body(
+                401, "log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
+                "[server] auth / COSYVOICE_AUTH)", code="login_required"),
+                {"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
+        return await self.app(scope, receive, send)
+
+
+async def _read_body(receive: Any, limit: int) -> tuple[list[dict], bytes]:
+    """The request's first messages (up to `limit` body bytes or the end) and their body bytes."""
+    messages, body = [], bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False) or len(body) > limit:
+            break
+    return messages, bytes(body)
+
+
+def _replay(messages: list[dict], receive: Any):
+    """A `receive` that returns `messages` first, then reads on."""
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+def _fn_index(body: bytes) -> int | None:
+    try:
+        value = json.loads(body).get("fn_index")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return None
+    return value if isinstance(value, int) else None
+
+
+async def _json(send: Any, status: int, body: dict, headers: dict[str, str]) -> None:
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                            *((k.encode(), v.encode()) for k, v in headers.items())]})
+    await send({"type": "http.response.body", "body": raw})

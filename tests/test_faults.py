@@ -1,0 +1,452 @@
+"""Faults never lose the service: disconnects leave nothing behind, an out-of-memory request is refused
+with advice, a killed engine is reported and restarted; plus the login and rate-limit options.
+
+Three tiers: pure units and in-process FastAPI (no engine); an in-process `StudioService` on the
+torch LM backend (out-of-memory injected into the real token2wav worker and LM stream); and `python app.py`
+with the real vLLM CPU engine (100 disconnects, then kill -9 of its EngineCore). One server for the
+module (~30 s to start on 2 cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from studio import run_studio
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
+EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
+MARKER = "Zanzibar quokka marmalade"  # must never appear in a log
+# long enough (many segments) that no request ends by itself before its client leaves
+LONG_TEXT = MARKER + ". " + " ".join(["This long sentence keeps the model talking for quite a while."] * 25)
+N_DISCONNECTS = 100  # 30 /v1 streams, 30 /studio streams, 20 Stops, 20 closed tabs
+# RSS of the app + engine processes (~3.4 GiB). Measured on 2 cores: the first ~40 Gradio streams of
+# a process grow the app by ~150 MiB (ffmpeg/HLS, allocator arenas), then growth flattens to 0-16 MiB
+# per 20 requests; the vLLM CPU worker adds a few MiB (oneDNN's shape-keyed primitive cache, bounded).
+# Measured after the 16 warm-up requests: +110 MiB after 100, the last 50 adding +26 (docs/reliability.md
+# has more runs). A per-request leak grows linearly: the second-half bound is the sharper check.
+RSS_TOLERANCE_MIB = 256  # after the 100, vs. the baseline after the warm-up (7.5 %)
+RSS_SECOND_HALF_MIB = 96  # what the last 50 may add
+
+
+def error_of(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    return body["error"]
+
+
+# --- units: rate limiter, client IP, auth parsing, OOM classification, weights_only ----------------------
+
+
+def test_rate_limiter_token_bucket():
+    from app.server.limits import RateLimiter
+
+    now = [0.0]
+    rl = RateLimiter(6, max_clients=2, clock=lambda: now[0])  # 6 per minute = one token every 10 s
+    assert [rl.acquire("a") for _ in range(6)] == [0.0] * 6  # a burst up to the limit
+    assert rl.acquire("a") == pytest.approx(10.0)  # then one per 10 s
+    now[0] = 5.0
+    assert rl.acquire("a") == pytest.approx(5.0) and rl.acquire("b") == 0.0  # refused takes nothing; b is separate
+    now[0] = 10.0
+    assert rl.acquire("a") == 0.0 and rl.acquire("a") > 0
+    rl.acquire("c")
+    assert len(rl) == 2  # the longest idle client is forgotten
+
+
+def test_client_ip_trusts_forwarded_for_only_behind_a_proxy():
+    from app.server.limits import client_ip
+
+    scope = {"client": ("10.0.0.9", 5000), "headers": [(b"x-forwarded-for", b"1.2.3.4, 203.0.113.7")]}
+    assert client_ip(scope, trust_proxy=False) == "10.0.0.9"
+    assert client_ip(scope, trust_proxy=True) == "203.0.113.7"  # the entry the proxy wrote, not the client's
+    assert client_ip({"client": ("10.0.0.9", 1), "headers": []}, trust_proxy=True) == "10.0.0.9"
+
+
+def test_auth_setting_is_checked():
+    from app.config import ConfigError, load_config
+
+    assert load_config(None, {"server.auth": "a:b:c, bob:x"}).server.auth_users == [("a", "b:c"), ("bob", "x")]
+    for bad in ("alice", ":pw", "alice:", "a:b,c"):
+        with pytest.raises(ConfigError, match=r"server\.auth") as e:
+            load_config(None, {"server.auth": bad})
+        assert bad not in str(e.value)  # a password never lands in a message or a log
+    with pytest.raises(ConfigError):
+        load_config(None, {"server.rate_limit_per_minute": -1})
+
+
+def test_out_of_memory_is_recognised():
+    import torch
+
+    from app.engine.service import is_out_of_memory
+
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    try:
+        try:
+            raise RuntimeError("CUDA error: out of memory")
+        except RuntimeError as inner:
+            raise RuntimeError("EngineGenerateError") from inner  # vLLM wraps the cause
+    except RuntimeError as outer:
+        assert is_out_of_memory(outer)
+    assert not is_out_of_memory(ValueError("the text is empty"))
+
+
+def test_checkpoints_load_with_weights_only():
+    calls = []
+    for path in (REPO / "app").rglob("*.py"):
+        for m in re.finditer(r"torch\.load\(([^)]*)\)", path.read_text(encoding="utf-8")):
+            calls.append((path.name, m.group(1)))
+    assert calls and all("weights_only=True" in args for _, args in calls), calls
+    voices = (REPO / "app" / "engine" / "voices.py").read_text(encoding="utf-8")
+    assert "allow_pickle=False" in voices and "allow_pickle=True" not in voices
+
+
+# --- in-process server without an engine: login and rate limit ---------------------------------------
+
+
+@pytest.fixture()
+def locked_app(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.auth": "alice:s3cret:pw", "server.rate_limit_per_minute": 4,
+                             "server.trust_proxy": True, "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "missing")})
+    return TestClient(build_server(cfg), raise_server_exceptions=False)  # lifespan not run: never ready
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_login_guards_page_studio_and_api(locked_app):
+    c = locked_app
+    speech = {"model": "m", "input": "hi", "voice": "x"}
+    for path, body in (("/studio/speech", {"text": "hi"}), ("/v1/audio/speech", speech)):
+        r = c.post(path, json=body, headers={"X-Forwarded-For": f"10.1.0.{len(path)}"})
+        assert r.status_code == 401 and error_of(r)["code"] == "login_required", path
+        assert r.headers["www-authenticate"].startswith("Basic")
+    assert c.get("/gradio_api/info").status_code == 401 and c.get("/config").status_code == 401  # Gradio's own
+    assert c.get("/v1/models", headers=_basic("alice", "wrong")).status_code == 401
+    assert c.get("/v1/models", headers=_basic("alice", "s3cret:pw")).status_code == 200  # Basic on /v1 (no api_key)
+    assert c.get("/health").status_code == 503 and c.get("/v1/openapi.json").status_code == 200  # probes, schema
+    r = c.post("/login", data={"username": "alice", "password": "s3cret:pw"})  # the page's login form
+    assert r.status_code == 200
+    assert c.get("/gradio_api/info").status_code == 200
+    r = c.post("/studio/speech", json={"text": "hi"})  # the page's cookie opens /studio
+    assert r.status_code == 503 and error_of(r)["code"] == "not_ready"
+
+
+def test_rate_limit_per_client(locked_app):
+    c = locked_app
+    auth = _basic("alice", "s3cret:pw")
+    body = {"model": "m", "input": "hi", "voice": "x"}
+    me = {**auth, "X-Forwarded-For": "spoofed, 198.51.100.1"}
+    codes = [c.post("/v1/audio/speech", json=body, headers=me).status_code for _ in range(5)]
+    assert codes == [503] * 4 + [429]  # 4 per minute pass (to "not ready"), the 5th is refused
+    r = c.post("/v1/audio/speech", json=body, headers=me)
+    err = error_of(r)
+    assert r.status_code == 429 and err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 15
+    other = {**auth, "X-Forwarded-For": "spoofed, 198.51.100.2"}  # another client has its own bucket
+    assert c.post("/v1/audio/speech", json=body, headers=other).status_code == 503
+    assert c.get("/v1/models", headers=me).status_code == 200  # only synthesis requests count
+    assert c.get("/health", headers=me).status_code == 503
+
+
+# --- in-process service (torch LM backend): out of memory is refused, then the next request works ------
+
+
+def test_out_of_memory_is_refused_with_advice_and_next_request_works(tiny_model_dir, tmp_path, monkeypatch):
+    import gradio as gr
+    import torch
+
+    from app.config import CONFIG_DIR, load_config
+    from app.engine.requests import SynthesisRequest
+    from app.engine.service import OOM_ADVICE, GpuOutOfMemoryError, StudioService
+    from app.model.token2wav import Token2WavStream
+    from app.server.errors import ApiError
+    from app.server.speech import speech_response
+    from app.ui.handlers import Handlers
+
+    cfg = load_config(CONFIG_DIR / "cpu.toml", {"model.dir": str(tiny_model_dir), "engine.backend": "torch",
+                                               "server.voices_dir": str(tmp_path / "v")})
+    service = StudioService(cfg)
+    real_finish = Token2WavStream.finish  # mel -> wave of one chunk, on the token2wav scheduler's worker
+    fail = {"t2w": 0}
+
+    def finish_or_oom(self, *args, **kwargs):  # the next `fail["t2w"]` chunks run out of memory
+        if fail["t2w"] > 0:
+            fail["t2w"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+        return real_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(Token2WavStream, "finish", finish_or_oom)
+
+    async def collect(req):
+        n = 0
+        async for chunk in service.stream(req):
+            n += chunk.samples.size
+        return n
+
+    async def scenario():
+        await service.start()
+        assert service.ready, service.status
+        voice = await service.voice_from_audio(EN_WAV, EN_TRANSCRIPT)
+        req = SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=1)
+        fail["t2w"] = 1  # token2wav runs out of memory
+        with pytest.raises(GpuOutOfMemoryError, match=re.escape(OOM_ADVICE)):
+            await collect(req)
+        assert service.n_out_of_memory == 1 and service.metrics.active_streams == 0
+        assert await collect(req) > 0  # the very next request works
+
+        real_lm = service.backend.stream  # the LM (vLLM wraps the CUDA error in its own)
+
+        async def lm_oom(lm_req):
+            try:
+                raise RuntimeError("CUDA error: out of memory")
+            except RuntimeError as e:
+                raise RuntimeError("EngineGenerateError") from e
+            yield []  # an async generator, like the real one
+
+        service.backend.stream = lm_oom
+        with pytest.raises(GpuOutOfMemoryError):
+            await collect(req)
+        service.backend.stream = real_lm
+        fail["t2w"] = 1  # over HTTP: a 503 with advice before any audio
+        with pytest.raises(ApiError) as e:
+            await speech_response(service, req, "pcm")
+        assert (e.value.status, e.value.code) == (503, "gpu_out_of_memory") and e.value.headers["Retry-After"]
+        fail["t2w"] = 1  # on the page: a gr.Error with the advice
+        handlers = Handlers(service)
+        with pytest.raises(gr.Error, match="out of memory: try a shorter text"):
+            async for _ in handlers.synthesize(req.text, str(EN_WAV), EN_TRANSCRIPT, "zero_shot", "", "", 1, 1.0,
+                                               True):
+                pass
+        assert service.n_out_of_memory == 4 and service.health()["faults"]["out_of_memory"] == 4
+        assert service.health()["ready"] and await collect(req) > 0
+        assert service.metrics.active_streams == 0 and service.lm_unfinished() == 0
+        await service.aclose()
+
+    asyncio.run(scenario())
+
+
+# --- the real server: 100 disconnects, no user text in the log, engine kill -> restart ------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "4"}) as (base, _):
+        yield base, tmp
+
+
+@pytest.fixture(scope="module")
+def voice(server):
+    with EN_WAV.open("rb") as f:
+        r = httpx.post(server[0] + "/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
+                       data={"transcript": EN_TRANSCRIPT, "name": "faults"}, timeout=60)
+    assert r.status_code == 201, r.text
+    return "faults"
+
+
+def health(server) -> dict:
+    return httpx.get(server[0] + "/health", timeout=10).json()
+
+
+def wait_idle(server, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (h := health(server))["lm_unfinished"] or h["active_streams"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    return h
+
+
+def server_rss_mib(base: str) -> dict[str, float]:
+    from app.tools.soak import rss_mib, server_process
+
+    return rss_mib(server_process(base))
+
+
+class Disconnector:
+    """The four ways a listener leaves early, each after the first audio reached it."""
+
+    def __init__(self, base: str, voice: str) -> None:
+        self.base, self.voice = base, voice
+        self.local = threading.local()  # a gradio_client per thread: one Client's concurrent jobs can hang
+        config = httpx.get(base + "/config", timeout=30).json()
+        self.fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "synthesize")
+        with EN_WAV.open("rb") as f:  # API file inputs must be uploads (server paths are refused)
+            r = httpx.post(base + "/gradio_api/upload", files={"files": (EN_WAV.name, f, "audio/wav")}, timeout=30)
+        self.uploaded = r.json()[0]
+        self.seed = 0
+        self.lock = threading.Lock()
+
+    def next_seed(self) -> int:
+        with self.lock:
+            self.seed += 1
+            return self.seed
+
+    def http(self, path: str, body: dict) -> None:
+        """A dropped HTTP stream: read the first bytes, then close the connection."""
+        with httpx.stream("POST", self.base + path, json=body, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            assert next(r.iter_raw())
+
+    def v1(self) -> None:
+        self.http("/v1/audio/speech", {"input": LONG_TEXT, "voice": self.voice, "response_format": "pcm",
+                                       "seed": self.next_seed()})
+
+    def studio(self) -> None:  # the page's low-latency player (its Stop aborts this fetch)
+        self.http("/studio/speech", {"text": LONG_TEXT, "prompt_audio": str(EN_WAV), "prompt_text": EN_TRANSCRIPT,
+                                     "mode": "zero_shot", "seed": self.next_seed()})
+
+    def stop(self) -> None:
+        """The page's Stop (and gradio_client's cancel): Gradio cancels the running event."""
+        from gradio_client import Client, handle_file
+
+        if not hasattr(self.local, "client"):
+            self.local.client = Client(self.base + "/", verbose=False)
+        job = self.local.client.submit(text=LONG_TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT,
+                                 mode="zero_shot", instruct_text="", voice="", seed=self.next_seed(), speed=1.0,
+                                 stream=True, api_name="/synthesize")
+        deadline = time.monotonic() + 120
+        while not job.outputs():  # the first chunk reached the client
+            assert time.monotonic() < deadline and not job.done(), job.status()
+            time.sleep(0.05)
+        job.cancel()
+
+    def closed_tab(self) -> None:
+        """A closed tab: the page's event stream (SSE) and its heartbeat connection go away mid-generation."""
+        session = secrets.token_hex(8)
+        data = [LONG_TEXT, {"path": self.uploaded, "meta": {"_type": "gradio.FileData"}}, EN_TRANSCRIPT, "zero_shot",
+                "", "", self.next_seed(), 1.0, True]
+        with httpx.Client(base_url=self.base, timeout=120) as http, \
+                http.stream("GET", f"/gradio_api/heartbeat/{session}"):  # what an open page holds
+            r = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": self.fn_index,
+                                                          "session_hash": session, "trigger_id": None,
+                                                          "event_data": None})
+            assert r.status_code == 200, r.text
+            with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as sse:
+                for line in sse.iter_lines():
+                    if '"process_generating"' in line or '"process_streaming"' in line:
+                        return  # the first chunk arrived: close the tab (both connections)
+                    assert '"process_completed"' not in line, line
+        raise AssertionError("the event stream ended before any audio")
+
+
+def test_disconnects_free_everything(server, voice):
+    d = Disconnector(server[0], voice)
+    kinds = [d.v1, d.studio, d.stop, d.closed_tab]
+    mix = [d.v1, d.studio, d.v1, d.studio, d.stop, d.closed_tab, d.v1, d.studio, d.stop, d.closed_tab]  # 3:3:2:2
+    with ThreadPoolExecutor(4) as pool:  # warm-up: first-use allocations are not a leak
+        list(pool.map(lambda i: kinds[i % 4](), range(16)))
+
+    def settled() -> tuple[dict, float]:
+        h = wait_idle(server)
+        time.sleep(1)
+        rss = server_rss_mib(server[0])
+        by_process.append({k: round(v) for k, v in rss.items() if k != "total"})  # "pid name": MiB
+        return h, rss["total"]
+
+    by_process: list[dict[str, int]] = []
+
+    h0, rss0 = settled()
+    t0 = time.monotonic()
+    rss = []
+    for _ in range(2):
+        with ThreadPoolExecutor(4) as pool:  # 4 at a time: the HTTP slots and the page's concurrency_limit
+            list(pool.map(lambda i: mix[i % len(mix)](), range(N_DISCONNECTS // 2)))
+        h, total = settled()
+        rss.append(total)
+        assert h["lm_unfinished"] == 0 and h["active_streams"] == 0 and h["http_waiting"] == 0
+    took_s = time.monotonic() - t0
+    before, after = h0["requests"]["outcomes"], h["requests"]["outcomes"]
+    cancelled = after["cancelled"] - before["cancelled"]
+    print(f"\n{N_DISCONNECTS} disconnects in {took_s:.1f} s: cancelled {cancelled}, lm_unfinished "
+          f"{h['lm_unfinished']}, active_streams {h['active_streams']}; RSS (app + engine) MiB: baseline "
+          f"{rss0:.0f}, after 50 {rss[0]:.0f}, after 100 {rss[1]:.0f}; by process {by_process}")
+    assert cancelled == N_DISCONNECTS and after["ok"] == before["ok"] and after["error"] == before["error"]
+    assert rss[1] - rss0 < RSS_TOLERANCE_MIB and rss[1] - rss[0] < RSS_SECOND_HALF_MIB, (rss0, rss)
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"input": "Hello there.", "voice": voice,
+                                                         "response_format": "pcm", "seed": 1}, timeout=120)
+    assert r.status_code == 200 and len(r.content) > 0  # still serving
+
+
+def test_no_user_text_in_the_log(server):
+    log = (server[1] / "server.log").read_text(encoding="utf-8", errors="replace")
+    assert "Application startup complete" in log or "ready in" in log
+    assert MARKER not in log and "keeps the model talking" not in log
+
+
+def test_engine_death_is_reported_then_the_engine_restarts(server, voice):
+    import psutil
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    from app.tools.soak import server_process
+
+    root = server_process(server[0])
+    engine = [p for p in root.children(recursive=True) if "EngineCore" in p.name()]
+    assert len(engine) == 1, [p.name() for p in root.children(recursive=True)]
+    old_engine = {p.pid for p in root.children(recursive=True) if p.name().startswith("VLLM")}  # core + worker
+    speech = {"input": "Hello there, how are you?", "voice": voice, "response_format": "pcm", "seed": 1}
+
+    t_kill = time.monotonic()
+    os.kill(engine[0].pid, signal.SIGKILL)
+    while (r := httpx.get(server[0] + "/health", timeout=10)).json()["ready"]:
+        assert time.monotonic() - t_kill < 10, "the death was not noticed"
+        time.sleep(0.05)
+    detect_s = time.monotonic() - t_kill
+    h = r.json()
+    assert r.status_code == 503 and h["status"].startswith("engine died: EngineCore") and "SIGKILL" in h["status"]
+    assert h["faults"]["engine_deaths"] == 1
+
+    t = time.monotonic()
+    r = httpx.post(server[0] + "/v1/audio/speech", json=speech, timeout=30)  # fails fast, and says why
+    err = error_of(r)
+    assert r.status_code == 503 and err["code"] == "engine_dead" and "engine died" in err["message"]
+    assert int(r.headers["retry-after"]) > 0 and time.monotonic() - t < 5
+    client = Client(server[0] + "/", verbose=False)
+    with pytest.raises(AppError, match="engine died"):
+        client.predict(text="Hello.", prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT,
+                       mode="zero_shot", instruct_text="", voice="", seed=1, speed=1.0, stream=True,
+                       api_name="/synthesize")
+
+    while not (h := health(server))["ready"]:
+        assert time.monotonic() - t_kill < 180, h
+        time.sleep(0.2)
+    ready_s = time.monotonic() - t_kill
+    r = httpx.post(server[0] + "/v1/audio/speech", json=speech, timeout=120)
+    assert r.status_code == 200 and len(r.content) > 0
+    recover_s = time.monotonic() - t_kill
+    *_, details = client.predict(text="Hello.", prompt_audio=handle_file(str(EN_WAV)),
+                                        prompt_text=EN_TRANSCRIPT, mode="zero_shot", instruct_text="", voice="",
+                                        seed=1, speed=1.0, stream=False, api_name="/synthesize")
+    assert details["audio_samples"] > 0
+    assert h["faults"] == {"out_of_memory": 0, "engine_deaths": 1, "engine_restarts": 1}
+    assert h["status"] == "ready" and h["facts"]["running"]
+    assert sum("EngineCore" in p.name() for p in root.children(recursive=True)) == 1  # the new one
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert not [pid for pid in old_engine if alive(pid)]  # the dead engine's worker did not outlive it
+    print(f"\nengine kill: detected in {detect_s:.2f} s, ready again {ready_s:.1f} s, "
+          f"first request served {recover_s:.1f} s after the kill")
