@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Sourced on the lent H200 (no network): the carried vLLM 0.26.0 (+ onnxruntime, wetext, soundfile,
-# nvidia-ml-py, psutil carried with EXTRA_WHEELS, see docs/perf/README.md), our vLLM plugin entry point
-# without pip, and this checkout on PYTHONPATH.
+# Sourced on the lent H200 (no network): the carried vLLM 0.26.0, our vLLM plugin entry point without
+# pip, and this checkout on PYTHONPATH. The whole pipeline also needs onnxruntime, wetext, soundfile
+# (+ cffi) and, for the panels, nvidia-ml-py and psutil; carry them with vLLM (two transfers), here:
+#   EXTRA_WHEELS="onnxruntime==1.32.0 flatbuffers==25.12.19 kaldifst==1.8.3 wetext==0.0.7 inflect==7.6.0
+#     typeguard==4.6.1 more_itertools==11.2.1 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12
+#     nvidia-ml-py==13.590.48 psutil==7.2.2" bash ../shared/device/prepare_vllm_wheels.sh
+# (without cffi, soundfile fails to import and takes transformers' audio utils, and so vLLM, with it).
 [ -f /tmp/vllm_env.sh ] || { echo "vLLM is not installed here: transfer .carry1 (and .carry2) first" >&2; return 3; }
 . /tmp/vllm_env.sh
 # our vllm.general_plugins entry point, without pip: a dist-info beside the carried site-packages
