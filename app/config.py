@@ -94,7 +94,7 @@ class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
-    flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
+    flow_batch: int = 1  # flow calls of up to this many streams share one batched call (1 = off)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
