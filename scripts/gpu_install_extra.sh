@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sourced on the lent H200 after scripts/gpu_env.sh: installs into /tmp/site the wheels carried in
+# .wheels_extra/ (git-ignored) whose distribution the image lacks -- what `python app.py` needs
+# beyond vLLM and the pipeline (Gradio and its dependencies, uvicorn, python-multipart, cffi for
+# soundfile). Wheels of a distribution already there are skipped, so the image's own versions win.
+# Fill .wheels_extra here with (py3.12, manylinux x86_64, --no-deps), about 49 MB, carried beside .carry2:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+#     -d .wheels_extra cffi pycparser $(grep -E '^(gradio|gradio_client|hf-gradio|brotli|groovy|orjson|pydub|
+#     python-multipart|safehttpx|semantic-version|tomlkit|typer|shellingham|rich|markdown-it-py|mdurl|Pygments|click|
+#     uvicorn|h11|httptools|websockets|pandas|pytz|tzdata|python-dateutil|fsspec|anyio|httpx|httpcore|idna|certifi|
+#     Jinja2|MarkupSafe|PyYAML|typing_extensions|annotated-doc|prometheus_client)==' <(pip freeze))
+[ -d .wheels_extra ] || { echo "no .wheels_extra folder was carried" >&2; return 3; }
+python3 - <<'PY' || return 4
+import importlib.metadata as md, pathlib, subprocess, sys
+missing = []
+for wheel in sorted(pathlib.Path(".wheels_extra").glob("*.whl")):
+    name = wheel.name.split("-")[0]
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        missing.append(str(wheel))
+print("extra wheels installed:", " ".join(pathlib.Path(w).name.split("-")[0] for w in missing) or "none needed")
+if missing:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", "/tmp/site",
+                    *missing], check=True)
+PY
