@@ -95,12 +95,17 @@ class EngineConfig:
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
     flow_batch: int = 1  # flow calls of up to this many streams share one batched call (1 = off)
+    flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
+    flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
+    flow_max_graphs: int = 64  # graphs kept (least recently used dropped)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if min(self.max_concurrency, self.token2wav_workers, self.flow_batch) < 1:
-            raise ConfigError("engine.max_concurrency, token2wav_workers and flow_batch must be >= 1")
+        if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
+               self.flow_max_graphs) < 1:
+            raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames and "
+                              "flow_max_graphs must be >= 1")
 
 
 @dataclass(frozen=True)

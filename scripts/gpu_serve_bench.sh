@@ -21,7 +21,7 @@ if [ "${PREFLIGHT:-1}" = 1 ]; then
     --prompt-text "$(python3 -c 'import json;print(json.load(open("assets/examples.json"))["voices"][0]["transcript"])')" \
     --out "$OUT/preflight.wav" 2>&1 | filter | tail -15
 fi
-timeout 560 python3 -m app.tools.bench sweep --model-dir /tmp/full --conc "${CONC:-1,16,64}" \
+timeout "${SWEEP_TIMEOUT:-560}" python3 -m app.tools.bench sweep --model-dir /tmp/full --conc "${CONC:-1,16,64}" \
   --fixed-tokens "${FIXED:-250}" --requests-per-stream "${RPS:-3}" --voice "${VOICE:-saved,new}" --warmup 1 \
   "${sets[@]}" --out "$OUT/sweep_${TAG}.json" 2>&1 | filter | tail -40
 if [ "${MEMORY:-0}" = 1 ]; then

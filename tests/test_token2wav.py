@@ -173,3 +173,38 @@ def test_batched_flow_equals_each_row_alone(modules, prompt, golden, streaming, 
         assert (batched[i] - alone).abs().max().item() < 1e-4, i
     with pytest.raises(ValueError, match="same"):
         flow_batch(flow, [items[0], FlowItem(tokens[:, :31], prompt, not streaming, finalize, 0)])
+
+
+@pytest.mark.parametrize("streaming,finalize", [(True, False), (False, True)])
+def test_frames_padded_to_a_graph_bucket_give_the_same_mel(modules, prompt, golden, streaming, finalize):
+    """engine.flow_cuda_graphs pads the solve's frames to a bucket (mask 0 after the valid frames); the
+    estimator is exact under right padding, so the mel equals the unpadded one (here: on the CPU, where
+    the padding applies and the estimator runs eagerly; the graph replay itself is checked on a GPU by
+    scripts/gpu_flow_graphs.py)."""
+    from app.model.flow.graphs import EstimatorGraphs
+    from app.model.token2wav import FlowItem, flow_batch
+
+    flow, _ = modules
+    tokens = torch.from_numpy(golden("stream")["tokens"]).long()
+    graphs = EstimatorGraphs(flow.decoder["estimator"], bucket_frames=64)
+    short = FlowPrompt(tokens=prompt.tokens[:, :20], mel=prompt.mel[:, :40], embedding=prompt.embedding.flip(1))
+    items = [FlowItem(tokens[:, :31], prompt, streaming, finalize, token_offset=0),
+             FlowItem(tokens[:, :56], short, streaming, finalize, token_offset=25)]
+    padded_any = False
+    for it in items:
+        frames = 2 * (it.prompt.tokens.shape[1] + it.tokens.shape[1] - (0 if finalize else 3))
+        padded_any |= graphs.padded_length(frames) > frames
+        exact, padded = flow_batch(flow, [it])[0], flow_batch(flow, [it], graphs=graphs)[0]
+        assert padded.shape == exact.shape
+        assert (padded - exact).abs().max().item() < 1e-5
+    assert padded_any
+    steps = flow.dims.n_timesteps
+    assert (graphs.stats.eager, graphs.stats.captures, graphs.stats.replays) == (2 * steps, 0, 0)  # CPU: no graphs
+    pad = 64 - 300 % 64  # rows of a batched solve padded the same way (what `solve` does with graphs)
+    mu, cond = torch.randn(2, 80, 300, generator=torch.Generator().manual_seed(1)).split(1)
+    spks, mask = torch.randn(1, 80), torch.ones(1, 1, 300)
+    exact = flow.solve(mu, mask, spks, cond, streaming)
+    padded = flow.solve(mu, mask, spks, cond, streaming, graphs)
+    assert graphs.padded_length(300) == 300 + pad and (exact - padded).abs().max().item() < 1e-5
+    batched, batched_g = flow_batch(flow, items), flow_batch(flow, items, graphs=graphs)  # batches: no graphs
+    assert graphs.stats.eager == 3 * steps and all(torch.equal(a, b) for a, b in zip(batched, batched_g, strict=True))

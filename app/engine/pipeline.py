@@ -22,6 +22,7 @@ from app.config import Config
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.t2w_scheduler import Token2WavScheduler
+from app.model.flow.graphs import EstimatorGraphs
 from app.model.frontend import VoiceFeatures
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import StreamOptions, Token2WavStream, flow_batch
@@ -56,8 +57,13 @@ class Synthesizer:
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
             crossfade=s.crossfade)
-        self._t2w = Token2WavScheduler(cfg.engine.token2wav_workers, model.device, max_batch=cfg.engine.flow_batch,
-                                       flow_fn=partial(flow_batch, model.flow))
+        e = cfg.engine
+        # CUDA graphs of the flow estimator (off on CPU: nothing to capture there)
+        self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
+                                           max_graphs=e.flow_max_graphs) \
+            if e.flow_cuda_graphs and torch.device(model.device).type == "cuda" else None
+        self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
+                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs))
         self._keys = itertools.count()  # spreads requests over the token2wav workers
 
     # --- voices ------------------------------------------------------------------------------

@@ -87,18 +87,21 @@ class FlowItem:
 
 
 @torch.inference_mode()
-def flow_batch(flow, items: list[FlowItem]) -> list[Tensor]:
+def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
     """New mel frames [1, 80, T_i] (float32) for each item, computed in one batched flow call.
 
     Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
     estimator marks the padding, so a row's frames equal its batch-1 result up to float rounding
     (tests/test_token2wav.py). One item runs the batch-1 path (`flow.inference`) unchanged.
+    `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager).
+    Only a single item's solve uses it: batches of varying size would each capture graphs of their
+    own (one per row count and length), so they run eagerly.
     """
     device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
     if len(items) == 1:
         it = items[0]
         mel = flow.inference(it.tokens.to(device), it.prompt.tokens, it.prompt.mel, it.prompt.embedding,
-                             streaming=it.streaming, finalize=it.finalize)
+                             streaming=it.streaming, finalize=it.finalize, graphs=graphs)
         return [mel[:, :, it.token_offset * MEL_FRAMES_PER_TOKEN:].float()]
     if len({it.batch_key for it in items}) != 1:
         raise ValueError("flow_batch needs items with the same (streaming, finalize)")

@@ -24,6 +24,7 @@ from torch import nn
 
 from app.model.flow.encoder import UpsampleConformerEncoder, pad_mask
 from app.model.flow.estimator import CausalConditionalDecoder
+from app.model.flow.graphs import EstimatorGraphs
 from app.model.hparams import FlowDims, ModelFolderError
 
 NOISE_SEED = 0
@@ -108,14 +109,27 @@ class CausalFlow(nn.Module):
 
     @torch.inference_mode()
     def solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-              streaming: bool) -> torch.Tensor:
+              streaming: bool, graphs: EstimatorGraphs | None = None) -> torch.Tensor:
         """Integrate the CFM ODE from the fixed noise with CFG; B independent rows.
 
         mu, cond: [B, 80, T]; mask: [B, 1, T]; spks: [B, 80]. Every row starts from the same noise
         frames 0..T-1. Each Euler step evaluates the estimator on 2B rows (B conditional, then B
         with mu/spks/cond zeroed) and mixes v = (1+w)·v_cond - w·v_uncond, w = inference_cfg_rate.
-        Returns x(t=1) [B, 80, T] in fp32 (prompt frames included).
+        With `graphs` the frames are right-padded to its bucket and each evaluation is a graph replay
+        (app/model/flow/graphs.py). Returns x(t=1) [B, 80, T] in fp32 (prompt frames included).
         """
+        if graphs is None:
+            return self._solve(mu, mask, spks, cond, streaming, self.estimator)
+        T = mu.shape[2]
+        pad = graphs.padded_length(T) - T  # masked frames after the valid ones
+        mu, mask, cond = (F.pad(a, (0, pad)) for a in (mu, mask, cond))
+        with graphs.lock:
+            x = self._solve(mu, mask, spks, cond, streaming, graphs)[:, :, :T]
+            graphs.synchronize(x)
+        return x
+
+    def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+               streaming: bool, estimator) -> torch.Tensor:
         B, _, T = mu.shape
         w = self.dims.inference_cfg_rate
         x = self.noise(T, mu.device, mu.dtype).expand(B, -1, -1)
@@ -125,7 +139,7 @@ class CausalFlow(nn.Module):
         # t advances by accumulating dt like the reference (t + dt, next dt = t_grid[k+1] - t)
         t, dt = t_grid[0:1], t_grid[1] - t_grid[0]
         for step in range(1, len(t_grid)):
-            v = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * B), spks2, cond2, streaming)
+            v = estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * B), spks2, cond2, streaming)
             v_cond, v_uncond = v.split(B)
             x = x + dt * ((1.0 + w) * v_cond - w * v_uncond)
             t = t + dt
@@ -137,13 +151,14 @@ class CausalFlow(nn.Module):
 
     @torch.inference_mode()
     def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
-                  embedding: torch.Tensor, *, streaming: bool, finalize: bool) -> torch.Tensor:
+                  embedding: torch.Tensor, *, streaming: bool, finalize: bool,
+                  graphs: EstimatorGraphs | None = None) -> torch.Tensor:
         """Mel for the new tokens of one request.
 
         token: [1, N] speech tokens (the whole prefix generated so far); prompt_token: [1, P];
         prompt_feat: [1, 2P, 80] prompt mel; embedding: [1, 192] x-vector.
         streaming: chunk-causal masks (intermediate chunks); finalize: last call of the request
-        (False holds back the last `pre_lookahead_len` tokens as look-ahead only).
+        (False holds back the last `pre_lookahead_len` tokens as look-ahead only); graphs: see `solve`.
         Returns the fp32 mel after the prompt frames: [1, 80, 2N] (finalize) or [1, 80, 2(N-3)].
         """
         if token.shape[0] != 1 or prompt_token.shape[0] != 1:
@@ -159,7 +174,7 @@ class CausalFlow(nn.Module):
         cond = torch.zeros_like(mu)
         cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2).to(mu.dtype)
         mask = torch.ones(1, 1, T, device=mu.device, dtype=mu.dtype)
-        return self.solve(mu, mask, spks, cond, streaming)[:, :, n_prompt:]
+        return self.solve(mu, mask, spks, cond, streaming, graphs)[:, :, n_prompt:]
 
 
 def load_flow(path: str | Path, dims: FlowDims, device: str | torch.device = "cpu") -> CausalFlow:

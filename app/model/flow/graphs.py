@@ -1,0 +1,110 @@
+"""CUDA graphs of the flow's velocity estimator at bucketed lengths (`engine.flow_cuda_graphs`).
+
+Why: one estimator evaluation is ~180 small kernels and a chunk needs 10 of them (Euler steps, the
+CFG pair as 2 rows), so at batch 1 a GPU spends its time launching kernels, not computing
+(docs/perf/NOTES.md: ~290 ms per first chunk on an H200). A captured graph launches them at once.
+
+Lengths: a graph has fixed shapes, so `CausalFlow.solve` right-pads the frames T to a multiple of
+`bucket_frames` (mask 0 on the padding) and cuts the result back. The estimator is exact under
+right padding: its convs are causal (a frame sees only earlier ones), LayerNorm is per frame and
+attention gives padded keys a -1e10 bias (weight exactly 0), so the valid frames equal the
+unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the H200 the mel was
+bit-identical: scripts/gpu_flow_graphs.py, docs/perf/NOTES.md run D).
+
+One graph per (rows, padded T, dtype, device, streaming), captured on first use (one eager warm-up
+evaluation on a side stream, then the capture), at most `max_graphs` kept (least recently used
+dropped). All graphs share one memory pool, so a graph's static output is valid only until the next
+replay: `CausalFlow.solve` holds `lock` for its whole solve and waits for its stream before
+releasing it. Without capture (`capture=False`, or tensors off CUDA) the padding still applies and
+the estimator runs eagerly: what the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+Key = tuple[tuple[int, ...], torch.dtype, torch.device, bool]
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[Tensor, ...]  # static x, mask, mu, t, spks, cond
+    output: Tensor  # static velocity
+
+
+@dataclass
+class GraphStats:
+    captures: int = 0
+    replays: int = 0
+    evictions: int = 0
+    eager: int = 0  # evaluations run without a graph (capture off or not CUDA)
+
+
+class EstimatorGraphs:
+    """Pads and replays `estimator(x, mask, mu, t, spks, cond, streaming=...)` (shapes as in
+    `CausalConditionalDecoder.forward`); see the module docstring."""
+
+    def __init__(self, estimator: nn.Module, *, bucket_frames: int = 64, max_graphs: int = 64,
+                 capture: bool = True) -> None:
+        if bucket_frames < 1 or max_graphs < 1:
+            raise ValueError("bucket_frames and max_graphs must be >= 1")
+        self.estimator, self.bucket_frames, self.max_graphs = estimator, bucket_frames, max_graphs
+        self.capture = capture
+        self.lock = threading.Lock()  # one solve at a time: the static buffers and the pool are shared
+        self.stats = GraphStats()
+        self._graphs: OrderedDict[Key, _Graph] = OrderedDict()
+        self._pool = None  # torch.cuda.graph_pool_handle() of the first capture, shared by all
+
+    def padded_length(self, n_frames: int) -> int:
+        return -(-n_frames // self.bucket_frames) * self.bucket_frames
+
+    def __call__(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor,
+                 streaming: bool) -> Tensor:
+        """One velocity evaluation [rows, 80, T]; with a graph it is the static output (valid until the
+        next replay)."""
+        args = (x, mask, mu, t, spks, cond)
+        if not (self.capture and x.is_cuda):
+            self.stats.eager += 1
+            return self.estimator(*args, streaming=streaming)
+        key: Key = (tuple(x.shape), x.dtype, x.device, streaming)
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(key, args, streaming)
+        else:
+            self._graphs.move_to_end(key)
+        for static, value in zip(entry.inputs, args, strict=True):
+            static.copy_(value)
+        entry.graph.replay()
+        self.stats.replays += 1
+        return entry.output
+
+    def _capture(self, key: Key, args: tuple[Tensor, ...], streaming: bool) -> _Graph:
+        device = args[0].device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up: kernel selection, cuBLAS workspaces, allocator
+            inputs = tuple(a.clone() for a in args)
+            self.estimator(*inputs, streaming=streaming)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = self.estimator(*inputs, streaming=streaming)
+        if self._pool is None:
+            self._pool = graph.pool()
+        entry = self._graphs[key] = _Graph(graph, inputs, output)
+        self.stats.captures += 1
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+            self.stats.evictions += 1
+        return entry
+
+    def synchronize(self, x: Tensor) -> None:
+        """Wait until the work queued for `x` ran (the shared buffers are then free for another solve)."""
+        if x.is_cuda:
+            torch.cuda.current_stream(x.device).synchronize()
