@@ -32,13 +32,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def studio_command(model_dir: Path, tmp: Path, port: int, sets: dict[str, str] | None = None) -> list[str]:
+def studio_command(model_dir: Path, tmp: Path, port: int, sets: dict[str, str] | None = None,
+                   prefix: list[str] | None = None) -> list[str]:
+    """`python app.py ...` on the CPU config with test-sized engine settings, `sets` applied last;
+    `prefix` goes in front (e.g. `taskset -c 0`)."""
     n_cpu = os.cpu_count() or 1
     base = {"vllm.cpu_omp_threads_bind": f'"0-{n_cpu - 1}"', "vllm.cpu_num_reserved_cpus": "0",
             "vllm.cpu_kvcache_space_gib": "1", "vllm.max_num_seqs": "8", "vllm.dtype": '"float32"',
             "vllm.export_cache_dir": json.dumps(str(tmp / "export")),
             "server.voices_dir": json.dumps(str(tmp / "voices"))}
-    cmd = [sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(model_dir),
+    cmd = [*(prefix or []), sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port)]
     for k, v in {**base, **(sets or {})}.items():
         cmd += ["--set", f"{k}={v}"]
@@ -47,15 +50,17 @@ def studio_command(model_dir: Path, tmp: Path, port: int, sets: dict[str, str] |
 
 @contextlib.contextmanager
 def run_studio(model_dir: Path, tmp: Path, sets: dict[str, str] | None = None,
-               env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
-    """Yields (base_url, tmp) once /health says ready; the log is tmp/server.log."""
+               env: dict[str, str] | None = None, prefix: list[str] | None = None) -> Iterator[tuple[str, Path]]:
+    """Yields (base_url, tmp) once /health says ready; the log is tmp/server.log, Gradio's upload
+    folder tmp/gradio."""
     port = free_port()
-    full_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-                "GRADIO_TEMP_DIR": str(tmp / "gradio"), **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COSYVOICE_API_KEY", "COSYVOICE_AUTH")}  # sets decide
+    full_env = {**inherited, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+                "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = tmp / "server.log"
     base = f"http://127.0.0.1:{port}"
     with log_path.open("w") as log:
-        proc = subprocess.Popen(studio_command(model_dir, tmp, port, sets), cwd=REPO, env=full_env, stdout=log,
+        proc = subprocess.Popen(studio_command(model_dir, tmp, port, sets, prefix), cwd=REPO, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + START_TIMEOUT_S

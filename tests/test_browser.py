@@ -11,20 +11,14 @@ package: `bash scripts/setup_browser.sh`. Never `playwright install` (no browser
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
+from studio import run_studio
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -34,7 +28,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 PROMPT_WAV = REPO / "assets" / "prompt_en.wav"
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 TEXT = "Hello from the browser test. This sentence is spoken in the reference voice."
-START_TIMEOUT_S = 300  # model load + vLLM engine start + warm-up on a busy 2-core box
 REQUEST_TIMEOUT_S = 180
 SCREENSHOT = REPO / "out" / "studio.png"
 # body rows of the latency table (a virtualised grid: header row 1 is a <tr>, body rows are divs)
@@ -64,35 +57,9 @@ def _need(ok: bool, why: str) -> None:
     pytest.skip(msg)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> dict:
-    """Poll /health until 200 (ready); fail early when the app exits or reports a start error."""
-    deadline = time.monotonic() + timeout_s
-    body: dict = {}
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:  # 503 while loading
-            body = json.loads(e.read() or b"{}")
-            if body.get("error"):
-                pytest.fail(f"the service failed to start: {body['error']}")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1.0)
-    pytest.fail(f"not ready after {timeout_s} s (last status {body.get('status')!r}):\n{log.read_text()[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def studio(tiny_model_dir, tmp_path_factory):
-    """(base URL, health JSON) of `python app.py` on a free port; stopped (SIGTERM, then SIGKILL) after."""
+    """(base URL, health JSON) of `python app.py` (tests/studio.py) on a free port."""
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing (Gradio needs it for streamed audio)")
     try:
@@ -101,32 +68,11 @@ def studio(tiny_model_dir, tmp_path_factory):
         _need(False, "the playwright package is missing")
     pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("studio")
-    port, n_cpu = free_port(), os.cpu_count() or 1
-    cmd = [sys.executable, "app.py", "--config", "configs/cpu.toml", "--model-dir", str(tiny_model_dir),
-           "--host", "127.0.0.1", "--port", str(port),
-           "--set", f'vllm.export_cache_dir="{tmp / "vllm"}"', "--set", f'server.voices_dir="{tmp / "voices"}"',
-           "--set", "vllm.cpu_kvcache_space_gib=1", "--set", f'vllm.cpu_omp_threads_bind="0-{n_cpu - 1}"',
-           "--set", "vllm.cpu_num_reserved_cpus=0", "--set", "model.download=false"]
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1"}
-    log = tmp / "app.log"
     t0 = time.perf_counter()
-    with log.open("w") as out:
-        # its own session: the vLLM engine processes it spawns can be ended with it, and nothing else
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        health = wait_ready(url, proc, log, START_TIMEOUT_S)
+    with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):
+        health = httpx.get(f"{url}/health", timeout=10).json()
         print(f"\napp ready in {time.perf_counter() - t0:.1f} s: backend {health['facts'].get('backend')}")
         yield url, health
-    finally:
-        proc.send_signal(signal.SIGTERM)  # uvicorn shuts down: lifespan -> service.aclose() -> engine shutdown
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.mark.slow
@@ -136,7 +82,7 @@ def test_generate_plays_and_panels_update(studio):
     url, health = studio
     assert health["ready"] and health["facts"]["backend"] == "vllm"
     # the token->wave stage as configured; CUDA graphs exist only on a GPU
-    assert health["facts"]["token2wav"] == {"workers": 1, "flow_batch": 1, "flow_cuda_graphs": None}
+    assert health["facts"]["token2wav"] == {"workers": 1, "flow_batch": 16, "flow_cuda_graphs": None}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -20,14 +20,11 @@ generation), +200..+430 ms in all; with the cores split, +50..+68 ms over 10 run
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
 import os
-import signal
 import statistics
 import subprocess
-import sys
 import time
 import wave
 from pathlib import Path
@@ -35,7 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need, free_port, wait_ready
+from studio import run_studio
+from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
 
 from app.engine.requests import RequestStats
 from app.ui.player import ClientTiming, PlayerResult, PlayerStore, check_timing
@@ -119,7 +117,7 @@ def test_reference_path_accepts_only_uploads_and_assets(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def studio(tiny_model_dir, tmp_path_factory):
-    """(base URL, Gradio's upload folder) of `python app.py` on a free port; stopped with its process group."""
+    """(base URL, Gradio's upload folder) of `python app.py` (tests/studio.py) on the server's cores."""
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(subprocess.run(["which", "ffmpeg"], capture_output=True).returncode == 0,
           "ffmpeg is missing (Gradio needs it for the standard player)")
@@ -129,38 +127,13 @@ def studio(tiny_model_dir, tmp_path_factory):
         _need(False, "the playwright package is missing")
     pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("player")
-    port, server_cores = free_port(), ",".join(map(str, CORES[0]))
-    sets = {"vllm.export_cache_dir": json.dumps(str(tmp / "vllm")), "server.voices_dir": json.dumps(str(tmp / "v")),
-            # the engine's OpenMP threads on the server's cores (module docstring: CORES)
-            "vllm.cpu_kvcache_space_gib": "1", "vllm.cpu_omp_threads_bind": json.dumps(server_cores),
-            "vllm.cpu_num_reserved_cpus": "0", "model.download": "false", "server.api_key": json.dumps(API_KEY),
-            "server.auth": json.dumps(":".join(LOGIN))}
-    cmd = ["taskset", "-c", server_cores, sys.executable, "app.py", "--config", "configs/cpu.toml",
-           "--model-dir", str(tiny_model_dir),
-           "--host", "127.0.0.1", "--port", str(port)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
-    uploads = tmp / "gradio"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "GRADIO_TEMP_DIR": str(uploads),
-           "PYTHONUNBUFFERED": "1",
-           "OMP_WAIT_POLICY": "PASSIVE"}  # idle OpenMP threads sleep instead of spinning
-    for name in ("COSYVOICE_API_KEY", "COSYVOICE_AUTH"):
-        env.pop(name, None)
-    log = tmp / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, log, 300)
-        yield url, uploads
-    finally:
-        proc.send_signal(signal.SIGTERM)  # lifespan -> service.aclose() -> engine shutdown
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    server_cores = ",".join(map(str, CORES[0]))
+    sets = {"vllm.dtype": '"bfloat16"', "model.download": "false", "server.api_key": json.dumps(API_KEY),
+            "server.auth": json.dumps(":".join(LOGIN)),
+            "vllm.cpu_omp_threads_bind": json.dumps(server_cores)}  # the server's cores (module docstring)
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}  # idle OpenMP threads sleep instead of spinning
+    with run_studio(tiny_model_dir, tmp, sets, env, prefix=["taskset", "-c", server_cores]) as (url, _):
+        yield url, tmp / "gradio"
 
 
 @pytest.fixture(scope="module")
