@@ -126,5 +126,7 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
 
     out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Queue-Ms": f"{queue_s * 1e3:.1f}",
                    "X-TTFA-Ms": f"{ttfa_ms:.1f}", "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
-                   "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store", **(headers or {})}
+                   "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store",
+                   "X-Accel-Buffering": "no",  # nginx-style proxies: no holding back (tests/test_proxy.py)
+                   **(headers or {})}
     return ClosingStreamingResponse(body(), on_close=stack.aclose, media_type=MEDIA_TYPES[fmt], headers=out_headers)
