@@ -23,7 +23,6 @@ PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "cosyvoice2"
 INSTALL_HINT = "pip install --no-deps --no-build-isolation -e .  (scripts/setup_cpu.sh and setup_gpu.sh do it)"
 
 
-
 class EngineStartError(RuntimeError):
     """The vLLM engine could not start; the message says which setting to change."""
 
