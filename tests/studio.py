@@ -24,6 +24,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 400  # several servers starting at once on 2 cores took 125-250 s
+EXAMPLE = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))["voices"][0]
+EXAMPLE_WAV, EXAMPLE_TRANSCRIPT = REPO / "assets" / EXAMPLE["audio"], EXAMPLE["transcript"]
 
 
 def free_port() -> int:
@@ -84,3 +86,11 @@ def run_studio(model_dir: Path, tmp: Path, sets: dict[str, str] | None = None,
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
                 proc.wait()
+
+
+def save_voice(base: str, name: str, transcript: str = EXAMPLE_TRANSCRIPT) -> dict:
+    """POST /v1/voices with the example reference (assets/, multipart) under `name`; the voice's JSON."""
+    r = httpx.post(f"{base}/v1/voices", files={"audio": ("ref.wav", EXAMPLE_WAV.read_bytes(), "audio/wav")},
+                   data={"transcript": transcript, "name": name}, timeout=60)
+    assert r.status_code == 201, r.text
+    return r.json()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from studio import run_studio
+from studio import run_studio, save_voice
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -254,11 +254,7 @@ def server(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def voice(server):
-    with EN_WAV.open("rb") as f:
-        r = httpx.post(server[0] + "/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
-                       data={"transcript": EN_TRANSCRIPT, "name": "faults"}, timeout=60)
-    assert r.status_code == 201, r.text
-    return "faults"
+    return save_voice(server[0], "faults")["id"]
 
 
 def health(server) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from studio import run_studio
+from studio import run_studio, save_voice
 
 MAX_EXAMPLES = 30
 MAX_FUZZ_TOKENS = 50  # speech tokens (2 s of audio) at most per fuzzed synthesis
@@ -37,10 +36,7 @@ def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     sets = {"server.max_upload_mb": "1", "sampling.max_len_ratio": "4"}
     with run_studio(tiny_model_dir, tmp, sets) as (base, _):
-        wav = (Path(__file__).parents[1] / "assets" / "prompt_en.wav").read_bytes()
-        r = httpx.post(base + "/v1/voices", files={"audio": ("ref.wav", wav)},
-                       data={"transcript": "The quick brown fox jumps over the lazy dog.", "name": VOICE}, timeout=60)
-        assert r.status_code == 201, r.text
+        save_voice(base, VOICE, "The quick brown fox jumps over the lazy dog.")
         yield base
 
 

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from studio import run_studio
+from studio import run_studio, save_voice
 
 from app.audio import MAX_DECODE_SECONDS, AudioError, decode_audio, load_audio
 from app.engine import inputs
@@ -298,12 +298,9 @@ def test_special_tokens_never_reach_the_lm_input(model, audio, monkeypatch):
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inputs")
-    ref = (Path(__file__).parents[1] / "assets" / "prompt_en.wav").read_bytes()
     with (run_studio(tiny_model_dir, tmp, {"server.max_upload_mb": str(UPLOAD_MB)}) as (base, _),
           httpx.Client(base_url=base, timeout=120) as http):
-        r = http.post("/v1/voices", files={"audio": ("ref.wav", ref)},
-                      data={"transcript": "The quick brown fox jumps over the lazy dog.", "name": "ref"})
-        assert r.status_code == 201, r.text
+        save_voice(base, "ref", "The quick brown fox jumps over the lazy dog.")
         yield base, http
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import run_studio
+from studio import run_studio, save_voice
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
 
@@ -85,11 +85,7 @@ def server(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def voice(server):
     """A voice saved through POST /v1/voices (multipart)."""
-    with EN_WAV.open("rb") as f:
-        r = httpx.post(server[0] + "/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
-                       data={"transcript": EN_TRANSCRIPT, "name": "api-voice"}, timeout=60)
-    assert r.status_code == 201, r.text
-    v = r.json()
+    v = save_voice(server[0], "api-voice")
     assert (v["id"], v["object"], v["prompt_text"]) == ("api-voice", "voice", EN_TRANSCRIPT)
     assert 1.0 < v["prompt_seconds"] < 30
     return v["id"]

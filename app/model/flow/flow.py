@@ -122,7 +122,8 @@ class CausalFlow(nn.Module):
             return self._solve(mu, mask, spks, cond, streaming, self.estimator)
         T = mu.shape[2]
         pad = graphs.padded_length(T) - T  # masked frames after the valid ones
-        mu, mask, cond = (F.pad(a, (0, pad)) for a in (mu, mask, cond))
+        if pad:
+            mu, mask, cond = (F.pad(a, (0, pad)) for a in (mu, mask, cond))
         with graphs.lock:
             x = self._solve(mu, mask, spks, cond, streaming, graphs)[:, :, :T]
             graphs.synchronize(x)
