@@ -70,6 +70,7 @@ class StreamingConfig:
     """Token-to-wave chunking. Defaults reproduce the official CosyVoice2Model.tts schedule."""
 
     first_hop_tokens: int = 25  # first chunk's new tokens (plus the prompt pad to a chunk edge)
+    align_first_hop: bool = True  # official: the first hop also takes the pad to a 25-token chunk edge
     hop_growth: int = 2  # each later hop = min(max_hop_tokens, hop * hop_growth)
     max_hop_tokens: int = 100
     crossfade: Literal["hamming", "complementary"] = "hamming"  # official window sums to ~1.08
@@ -97,7 +98,7 @@ class EngineConfig:
     flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
-    flow_max_graphs: int = 64  # graphs kept (least recently used dropped)
+    flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
@@ -113,6 +114,7 @@ class VLLMConfig:
     """Engine arguments of the one shared vLLM AsyncLLM (see configs/default.toml for sizing)."""
 
     gpu_memory_utilization: float = 0.15  # share of the WHOLE card this engine may fill (weights + KV)
+    kv_cache_gib: float = 0.0  # KV cache size in GiB, fixed (vLLM kv_cache_memory_bytes); 0 = fill the share above
     max_num_seqs: int = 64  # requests decoded together
     max_num_batched_tokens: int = 4096  # tokens per engine step (prefill chunks + decodes)
     max_model_len: int = 2048  # prompt + generated tokens per request; <= max_position_embeddings
@@ -133,6 +135,9 @@ class VLLMConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib < 0:
+            raise ConfigError(f"vllm.kv_cache_gib must be >= 0 (0 = sized by gpu_memory_utilization), "
+                              f"got {self.kv_cache_gib}")
         for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"vllm.{k} must be >= 1")

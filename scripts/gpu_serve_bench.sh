@@ -4,7 +4,7 @@
 # Reports (JSON) land in $OUT; render PNGs here later with `python -m app.tools.bench plot`.
 #   run(carry=[".carry1"]), run(carry=[".carry2"], command="bash .carry2/install_vllm.sh && bash scripts/gpu_serve_bench.sh")
 # Knobs (env): TAG (report name), CONC (1,16,64), FIXED (fixed_tokens, 250), RPS (requests per stream, 3),
-#   VOICE (saved,new), SETS ("k=v k=v": config overrides), MEMORY (1 = also the memory experiment),
+#   VOICE (saved,new), SETS ("k=v k=v": config overrides), CONFIG (an override file, e.g. configs/fast.toml), MEMORY (1 = also the memory experiment),
 #   PREFLIGHT (1 = one synthesis through the CLI first)
 set -uo pipefail
 . scripts/gpu_env.sh || exit 3
@@ -14,6 +14,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
   || { tail -20 "$OUT/make_full.json"; exit 4; }
 sets=()
 for kv in ${SETS:-}; do sets+=(--set "$kv"); done
+[ -n "${CONFIG:-}" ] && sets+=(--config "$CONFIG")
 filter() { grep -v -E "^(INFO|DEBUG)|^\((EngineCore|MainProcess|APIServer)|WARNING" ; }
 if [ "${PREFLIGHT:-1}" = 1 ]; then
   timeout 300 python3 -m app.tools.synthesize --stream \

@@ -89,6 +89,36 @@ def test_stream_flow_and_hift_inputs(modules, prompt, golden, manifest):
     assert s.done
 
 
+def test_unaligned_small_first_hop(modules, prompt, golden):
+    """streaming.first_hop_tokens = 10 with align_first_hop = false: the first chunk needs exactly
+    10 + 3 look-ahead tokens (the official schedule adds the pad to a 25-token edge), hops then
+    double; the chunks still add up to the same audio length, and the mel of the chunks wholly
+    before the first cut equals the official first call's (block-causal masks)."""
+    flow, hift = modules
+    tokens = torch.from_numpy(golden("stream")["tokens"]).long()
+    prompt = FlowPrompt(tokens=prompt.tokens[:, :95], mel=prompt.mel[:, :190], embedding=prompt.embedding)  # pad 5
+    opts = StreamOptions(first_hop_tokens=10, align_first_hop=False)
+    plans, chunks = run_all(flow, hift, prompt, tokens, stream=True, opts=opts)
+    n = tokens.shape[1]
+    want, offset, hop = [], 0, 10
+    while offset + hop + 3 <= n:
+        want.append(offset + hop + 3)
+        offset, hop = offset + hop, min(100, 2 * hop)
+    assert [p.n_tokens for p in plans] == [*want, n] and plans[-1].finalize
+    _, ref_chunks = run_all(flow, hift, prompt, tokens, stream=True)
+    assert sum(c.shape[0] for c in chunks) == sum(c.shape[0] for c in ref_chunks)
+    official = Token2WavStream(flow, hift, prompt, StreamOptions(), stream=True)
+    first = official.next_plan(n, lm_finished=True)
+    pad = -prompt.tokens.shape[1] % 25
+    assert first.n_tokens == 25 + pad + 3 and official.prompt_pad == pad
+    small = Token2WavStream(flow, hift, prompt, opts, stream=True).flow_mel(tokens, plans[0])  # [1, 80, 20]
+    full = official.flow_mel(tokens, first)
+    edge = 2 * pad  # frames before the prompt's chunk edge: their chunk is whole in both calls
+    assert pad == 5 and small.shape[2] == 20
+    assert torch.allclose(small[:, :, :edge], full[:, :, :edge], atol=1e-5)
+    assert not torch.allclose(small[:, :, edge:], full[:, :, edge:20], atol=1e-3)  # the cut chunk saw less
+
+
 def test_nonstream_and_speed(modules, prompt, golden, manifest):
     flow, hift = modules
     g = golden("stream")
@@ -177,8 +207,9 @@ def test_batched_flow_equals_each_row_alone(modules, prompt, golden, streaming, 
 
 @pytest.mark.parametrize("streaming,finalize", [(True, False), (False, True)])
 def test_frames_padded_to_a_graph_bucket_give_the_same_mel(modules, prompt, golden, streaming, finalize):
-    """engine.flow_cuda_graphs pads the solve's frames to a bucket (mask 0 after the valid frames); the
-    estimator is exact under right padding, so the mel equals the unpadded one (here: on the CPU, where
+    """engine.flow_cuda_graphs pads the solve's frames to a bucket (mask 0 after the valid frames) and a
+    batch's rows to a power of two; the estimator is exact under right padding and rows never mix, so
+    the mel equals the unpadded one (here: on the CPU, where
     the padding applies and the estimator runs eagerly; the graph replay itself is checked on a GPU by
     scripts/gpu_flow_graphs.py)."""
     from app.model.flow.graphs import EstimatorGraphs
@@ -206,5 +237,10 @@ def test_frames_padded_to_a_graph_bucket_give_the_same_mel(modules, prompt, gold
     exact = flow.solve(mu, mask, spks, cond, streaming)
     padded = flow.solve(mu, mask, spks, cond, streaming, graphs)
     assert graphs.padded_length(300) == 300 + pad and (exact - padded).abs().max().item() < 1e-5
-    batched, batched_g = flow_batch(flow, items), flow_batch(flow, items, graphs=graphs)  # batches: no graphs
-    assert graphs.stats.eager == 3 * steps and all(torch.equal(a, b) for a, b in zip(batched, batched_g, strict=True))
+    # a batch of 3 pads its rows to 4 (copies of the last row) and its frames to the bucket
+    items.append(FlowItem(tokens[:, :40], short, streaming, finalize, token_offset=0))
+    assert graphs.padded_rows(3) == 4 and graphs.padded_rows(16) == 16 and graphs.padded_rows(1) == 1
+    batched, batched_g = flow_batch(flow, items), flow_batch(flow, items, graphs=graphs)
+    assert graphs.stats.eager == 4 * steps
+    for a, b in zip(batched, batched_g, strict=True):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5

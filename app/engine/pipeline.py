@@ -56,7 +56,7 @@ class Synthesizer:
         self.stream_opts = StreamOptions(
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
-            crossfade=s.crossfade)
+            crossfade=s.crossfade, align_first_hop=s.align_first_hop)
         e = cfg.engine
         # CUDA graphs of the flow estimator (off on CPU: nothing to capture there)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,

@@ -56,6 +56,7 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool) -> dict[str, 
         model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
         quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) or None,
         block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
         enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
 
@@ -77,8 +78,8 @@ def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int 
     low = text.lower()
     memory = (f"lower vllm.max_model_len (now {cfg.max_model_len}) or vllm.max_num_seqs (now {cfg.max_num_seqs}), "
               f"or give the engine more memory: vllm.gpu_memory_utilization (now {cfg.gpu_memory_utilization}, "
-              f"a share of the whole GPU) or, on CPU, vllm.cpu_kvcache_space_gib "
-              f"(now {cfg.cpu_kvcache_space_gib or 'vLLM default'} GiB)")
+              f"a share of the whole GPU), vllm.kv_cache_gib (now {cfg.kv_cache_gib or 'from that share'}) "
+              f"or, on CPU, vllm.cpu_kvcache_space_gib (now {cfg.cpu_kvcache_space_gib or 'vLLM default'} GiB)")
     if "max_model_len" in low or "max_position_embeddings" in low or "model's maximum" in low:
         limit = f"; this model allows at most {max_positions}" if max_positions else ""
         hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"

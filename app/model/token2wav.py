@@ -46,6 +46,9 @@ class StreamOptions:
     chunk_tokens: int = 25  # the flow's static chunk size (prompt pad aligns to it)
     pre_lookahead: int = 3
     crossfade: str = "hamming"  # "hamming" (official) | "complementary" (halves sum to 1)
+    # official: the first hop ends on a chunk edge of prompt + generated tokens (adds 0..24 tokens);
+    # False: exactly first_hop_tokens (earlier first audio; frames of a cut chunk saw less of it)
+    align_first_hop: bool = True
 
 
 @dataclass(frozen=True)
@@ -93,9 +96,8 @@ def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
     Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
     estimator marks the padding, so a row's frames equal its batch-1 result up to float rounding
     (tests/test_token2wav.py). One item runs the batch-1 path (`flow.inference`) unchanged.
-    `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager).
-    Only a single item's solve uses it: batches of varying size would each capture graphs of their
-    own (one per row count and length), so they run eagerly.
+    `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager);
+    a batch's rows are padded to a power of two there, so 5 row counts cover a batch of 16.
     """
     device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
     if len(items) == 1:
@@ -122,7 +124,7 @@ def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
         cond[i, :, :n] = it.prompt.mel[0].to(device=device, dtype=mu.dtype).T
         n_prompt.append(n)
     mask = (torch.arange(T, device=device)[None] < frames[:, None]).to(mu.dtype)[:, None]  # [B, 1, T]
-    x = flow.solve(mu, mask, spks, cond, streaming)
+    x = flow.solve(mu, mask, spks, cond, streaming, graphs)
     return [x[i:i + 1, :, n_prompt[i] + it.token_offset * MEL_FRAMES_PER_TOKEN:int(frames[i])].float()
             for i, it in enumerate(items)]
 
@@ -144,7 +146,7 @@ class Token2WavStream:
         self.stream, self.speed, self.generator = stream, speed, generator
         n_prompt = prompt.tokens.shape[1]
         # pad so the first chunk ends on a chunk edge of prompt + generated tokens
-        self.prompt_pad = -n_prompt % opts.chunk_tokens
+        self.prompt_pad = -n_prompt % opts.chunk_tokens if opts.align_first_hop else 0
         self.hop = opts.first_hop_tokens
         self.token_offset = 0
         self.done = False

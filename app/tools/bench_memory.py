@@ -95,7 +95,9 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                               "baseline": measure(probe, None, gpu), "rows": []}
     for max_len in args.max_model_len:
         for value in values:
-            cfg = load_config(path, {**overrides, "vllm.max_model_len": max_len, knob: value})
+            # the share only sizes the KV cache when no fixed size is set
+            fixed = {"vllm.kv_cache_gib": 0.0} if gpu else {}
+            cfg = load_config(path, {**overrides, **fixed, "vllm.max_model_len": max_len, knob: value})
             row: dict[str, Any] = {"max_model_len": max_len, "knob_value": value}
             t0 = time.perf_counter()
             try:

@@ -115,17 +115,21 @@ class CausalFlow(nn.Module):
         mu, cond: [B, 80, T]; mask: [B, 1, T]; spks: [B, 80]. Every row starts from the same noise
         frames 0..T-1. Each Euler step evaluates the estimator on 2B rows (B conditional, then B
         with mu/spks/cond zeroed) and mixes v = (1+w)·v_cond - w·v_uncond, w = inference_cfg_rate.
-        With `graphs` the frames are right-padded to its bucket and each evaluation is a graph replay
-        (app/model/flow/graphs.py). Returns x(t=1) [B, 80, T] in fp32 (prompt frames included).
+        With `graphs` the frames are right-padded to its bucket, the rows to its row bucket (copies of
+        the last row), and each evaluation is a graph replay (app/model/flow/graphs.py).
+        Returns x(t=1) [B, 80, T] in fp32 (prompt frames included).
         """
         if graphs is None:
             return self._solve(mu, mask, spks, cond, streaming, self.estimator)
-        T = mu.shape[2]
+        B, _, T = mu.shape
         pad = graphs.padded_length(T) - T  # masked frames after the valid ones
         if pad:
             mu, mask, cond = (F.pad(a, (0, pad)) for a in (mu, mask, cond))
+        extra = graphs.padded_rows(B) - B  # copies of the last row (rows never mix), dropped after
+        if extra:
+            mu, mask, spks, cond = (torch.cat([a, a[-1:].expand(extra, *a.shape[1:])]) for a in (mu, mask, spks, cond))
         with graphs.lock:
-            x = self._solve(mu, mask, spks, cond, streaming, graphs)[:, :, :T]
+            x = self._solve(mu, mask, spks, cond, streaming, graphs)[:B, :, :T]
             graphs.synchronize(x)
         return x
 

@@ -5,7 +5,8 @@ CFG pair as 2 rows), so at batch 1 a GPU spends its time launching kernels, not 
 (docs/perf/NOTES.md: ~290 ms per first chunk on an H200). A captured graph launches them at once.
 
 Lengths: a graph has fixed shapes, so `CausalFlow.solve` right-pads the frames T to a multiple of
-`bucket_frames` (mask 0 on the padding) and cuts the result back. The estimator is exact under
+`bucket_frames` (mask 0 on the padding) and a batch's rows to a power of two (copies of its last
+row: rows never interact), and cuts the result back. The estimator is exact under
 right padding: its convs are causal (a frame sees only earlier ones), LayerNorm is per frame and
 attention gives padded keys a -1e10 bias (weight exactly 0), so the valid frames equal the
 unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the H200 the mel was
@@ -67,6 +68,11 @@ class EstimatorGraphs:
 
     def padded_length(self, n_frames: int) -> int:
         return -(-n_frames // self.bucket_frames) * self.bucket_frames
+
+    @staticmethod
+    def padded_rows(n_rows: int) -> int:
+        """Rows of a batched solve round up to a power of two: 5 batch sizes cover flow_batch 16."""
+        return 1 << (n_rows - 1).bit_length()
 
     def __call__(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor,
                  streaming: bool) -> Tensor:
