@@ -91,9 +91,9 @@ def test_stream_flow_and_hift_inputs(modules, prompt, golden, manifest):
 
 def test_unaligned_small_first_hop(modules, prompt, golden):
     """streaming.first_hop_tokens = 10 with align_first_hop = false: the first chunk needs exactly
-    10 + 3 look-ahead tokens (the official schedule adds the pad to a 25-token edge), hops then
-    double; the chunks still add up to the same audio length, and the mel of the chunks wholly
-    before the first cut equals the official first call's (block-causal masks)."""
+    10 + 3 look-ahead tokens (the official schedule adds the pad to a 25-token edge), later hops
+    double and end on chunk edges; the chunks still add up to the same audio length, and the mel of
+    the chunks wholly before the first cut equals the official first call's (block-causal masks)."""
     flow, hift = modules
     tokens = torch.from_numpy(golden("stream")["tokens"]).long()
     prompt = FlowPrompt(tokens=prompt.tokens[:, :95], mel=prompt.mel[:, :190], embedding=prompt.embedding)  # pad 5
@@ -101,10 +101,13 @@ def test_unaligned_small_first_hop(modules, prompt, golden):
     plans, chunks = run_all(flow, hift, prompt, tokens, stream=True, opts=opts)
     n = tokens.shape[1]
     want, offset, hop = [], 0, 10
-    while offset + hop + 3 <= n:
-        want.append(offset + hop + 3)
-        offset, hop = offset + hop, min(100, 2 * hop)
+    this = hop  # hops after the first grow from `hop` and are rounded to end on a chunk edge of 95 + generated
+    while offset + this + 3 <= n:
+        want.append(offset + this + 3)
+        offset, hop = offset + this, min(100, 2 * hop)
+        this = hop + -(95 + offset + hop) % 25
     assert [p.n_tokens for p in plans] == [*want, n] and plans[-1].finalize
+    assert all((95 + p.n_tokens - 3) % 25 == 0 for p in plans[1:-1])
     _, ref_chunks = run_all(flow, hift, prompt, tokens, stream=True)
     assert sum(c.shape[0] for c in chunks) == sum(c.shape[0] for c in ref_chunks)
     official = Token2WavStream(flow, hift, prompt, StreamOptions(), stream=True)

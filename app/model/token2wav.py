@@ -3,7 +3,8 @@
 The chunk schedule reproduces the official `CosyVoice2Model.tts` (cosyvoice_internals.md §5):
 the first hop is `first_hop_tokens` plus the pad that puts its end on a 25-token chunk edge of
 the (prompt + generated) sequence; each hop needs `pre_lookahead` extra tokens; hops then grow
-x`hop_growth` up to `max_hop_tokens`; the last chunk is `finalize=True` with full attention.
+x`hop_growth` up to `max_hop_tokens` (each rounded up to end on a chunk edge: a no-op in the
+official schedule); the last chunk is `finalize=True` with full attention.
 HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail.
 
 Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
@@ -47,7 +48,8 @@ class StreamOptions:
     pre_lookahead: int = 3
     crossfade: str = "hamming"  # "hamming" (official) | "complementary" (halves sum to 1)
     # official: the first hop ends on a chunk edge of prompt + generated tokens (adds 0..24 tokens);
-    # False: exactly first_hop_tokens (earlier first audio; frames of a cut chunk saw less of it)
+    # False: exactly first_hop_tokens (earlier first audio; the first chunk's frames after the last
+    # edge saw only part of their chunk). Later hops always end on an edge.
     align_first_hop: bool = True
 
 
@@ -144,7 +146,7 @@ class Token2WavStream:
             raise ValueError("speed change is only supported without streaming (as upstream)")
         self.flow, self.hift, self.prompt, self.opts = flow, hift, prompt, opts
         self.stream, self.speed, self.generator = stream, speed, generator
-        n_prompt = prompt.tokens.shape[1]
+        self.n_prompt = n_prompt = prompt.tokens.shape[1]
         # pad so the first chunk ends on a chunk edge of prompt + generated tokens
         self.prompt_pad = -n_prompt % opts.chunk_tokens if opts.align_first_hop else 0
         self.hop = opts.first_hop_tokens
@@ -156,7 +158,11 @@ class Token2WavStream:
         self._speech_tail: Tensor | None = None  # [1, 3840]
 
     def _this_hop(self) -> int:
-        return self.hop + self.prompt_pad if self.token_offset == 0 else self.hop
+        if self.token_offset == 0:
+            return self.hop + self.prompt_pad
+        # later hops end on a chunk edge of prompt + generated tokens, so every emitted frame was
+        # computed with its whole chunk: + 0 in the official schedule (25 + pad, then 50, 100, ...)
+        return self.hop + -(self.n_prompt + self.token_offset + self.hop) % self.opts.chunk_tokens
 
     def next_plan(self, n_available: int, lm_finished: bool) -> ChunkPlan | None:
         """The next chunk to compute given `n_available` tokens, or None to wait for more."""

@@ -13,11 +13,13 @@ unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the 
 bit-identical: scripts/gpu_flow_graphs.py, docs/perf/NOTES.md run D).
 
 One graph per (rows, padded T, dtype, device, streaming), captured on first use (one eager warm-up
-evaluation on a side stream, then the capture), at most `max_graphs` kept (least recently used
-dropped). All graphs share one memory pool, so a graph's static output is valid only until the next
-replay: `CausalFlow.solve` holds `lock` for its whole solve and waits for its stream before
-releasing it. Without capture (`capture=False`, or tensors off CUDA) the padding still applies and
-the estimator runs eagerly: what the CPU tests exercise.
+evaluation on a side stream, then the capture in thread-local mode, so other token2wav workers may
+keep running), at most `max_graphs` kept (least recently used dropped). A capture that fails runs
+that evaluation eagerly and later captures use a new pool (counted in `stats.capture_failures`).
+All graphs share one memory pool, so a graph's static output is valid only until the next replay:
+`CausalFlow.solve` holds `lock` for its whole solve and waits for its stream before releasing it.
+Without capture (`capture=False`, or tensors off CUDA) the padding still applies and the estimator
+runs eagerly: what the CPU tests exercise.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     evictions: int = 0
-    eager: int = 0  # evaluations run without a graph (capture off or not CUDA)
+    eager: int = 0  # evaluations run without a graph (capture off, not CUDA, or a failed capture)
+    capture_failures: int = 0
 
 
 class EstimatorGraphs:
@@ -85,7 +88,15 @@ class EstimatorGraphs:
         key: Key = (tuple(x.shape), x.dtype, x.device, streaming)
         entry = self._graphs.get(key)
         if entry is None:
-            entry = self._capture(key, args, streaming)
+            try:
+                entry = self._capture(key, args, streaming)
+            except RuntimeError:
+                # a failed capture ends without releasing its pool's recording state (torch), which
+                # would fail every later capture in that pool: start a new pool, run this one eagerly
+                self._pool = None
+                self.stats.capture_failures += 1
+                self.stats.eager += 1
+                return self.estimator(*args, streaming=streaming)
         else:
             self._graphs.move_to_end(key)
         for static, value in zip(entry.inputs, args, strict=True):
@@ -103,7 +114,9 @@ class EstimatorGraphs:
             self.estimator(*inputs, streaming=streaming)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: another token2wav worker's allocations or syncs (HiFT, copies to the CPU) are
+        # legal during this capture; in the default "global" mode they invalidate it
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             output = self.estimator(*inputs, streaming=streaming)
         if self._pool is None:
             self._pool = graph.pool()
