@@ -262,35 +262,44 @@ def test_bad_inputs_give_clear_errors_then_next_request_works(client, tmp_path):
 
 
 def test_stop_aborts_and_full_queue_is_refused(client, server):
-    from gradio_client import handle_file
+    """Two listeners stream (concurrency_limit 2), a third waits (queue_max_size 1), a fourth is refused;
+    Stop (cancel) takes the waiting one out of the queue and aborts the running ones' engine requests.
+
+    Each listener has its own client (session), as separate pages do: Gradio's cancel stops every
+    running task of the same session and function, which with one shared session let the waiting job
+    start in the slots freed by the first cancel before its own cancel arrived. The two running jobs
+    are streaming before the third is submitted, so the third always finds them out of the queue."""
+    from gradio_client import Client, handle_file
     from gradio_client.utils import QueueError, Status
 
     kw = dict(text=LONG_TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT, mode="zero_shot",
               instruct_text="", voice="", seed=1, speed=1.0, stream=True, api_name="/synthesize")
     before = health(server)["requests"]["outcomes"]
-    jobs = [client.submit(**kw) for _ in range(3)]  # 2 run (concurrency_limit), 1 waits (queue_max_size)
+    listeners = [Client(server[0] + "/", verbose=False) for _ in range(3)]
+    running = [c.submit(**kw) for c in listeners[:2]]
     deadline = time.monotonic() + 60
-    while sum(len(j.outputs()) > 0 for j in jobs) < 2:  # both running ones are streaming
-        assert time.monotonic() < deadline, [j.status().code for j in jobs]
+    while sum(len(j.outputs()) > 0 for j in running) < 2:  # both running ones are streaming
+        assert time.monotonic() < deadline, [j.status().code for j in running]
         time.sleep(0.1)
     assert health(server)["active_streams"] == 2
-    # the third must hold the only queue slot before a fourth can be refused (submit is asynchronous)
-    while not any(j.status().code == Status.IN_QUEUE for j in jobs):
-        assert time.monotonic() < deadline, [j.status().code for j in jobs]
+    waiting = listeners[2].submit(**kw)
+    while waiting.status().code != Status.IN_QUEUE:  # it holds the only queue slot (submit is asynchronous)
+        assert time.monotonic() < deadline and not waiting.done(), waiting.status()
         time.sleep(0.05)
     with pytest.raises(QueueError, match="Queue is full"):
         client.submit(**kw).result(timeout=30)
     while (h := health(server))["lm_unfinished"] < 1:  # stop while the engine is generating for them
         assert time.monotonic() < deadline, h
         time.sleep(0.02)
-    for j in jobs:
+    waiting.cancel()  # out of the queue first, so it cannot take a slot the running ones free
+    for j in running:
         j.cancel()  # what the page's Stop does: Gradio cancels the event and closes the generator
     deadline = time.monotonic() + 15
     while (h := health(server))["active_streams"] or h["lm_unfinished"]:
-        assert time.monotonic() < deadline, h
+        assert time.monotonic() < deadline, {k: h[k] for k in ("active_streams", "lm_unfinished", "requests")}
         time.sleep(0.1)
     after = h["requests"]["outcomes"]
-    assert after["cancelled"] - before["cancelled"] >= 2, (before, after)  # 3 if the waiting one had started
+    assert after["cancelled"] - before["cancelled"] == 2, (before, after)  # the waiting one never started
     assert after["ok"] == before["ok"]
     check_wav(synth(client, seed=6))  # the engine still serves
 

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from app.config import load_config
 from app.engine.lm_backend import TorchLMBackend
@@ -53,6 +54,35 @@ def test_chunk_contract(tiny, stream):
     assert abs(stats.audio_s - audio.shape[0] / 24000) < 1e-9
     if not stream:
         assert len(chunks) == 1
+
+
+def test_fast_preset_streams(tiny_model_dir):
+    """configs/fast.toml on the CPU: flow in float16, a 10-token unaligned first hop, two token2wav
+    workers. The first chunk carries 10 tokens of audio minus the held-back cross-fade tail, the
+    utterance has all its samples (tokens x 960), and the two workers serve two requests at once."""
+    from app.config import CONFIG_DIR
+    from app.model.token2wav import CROSSFADE_SAMPLES
+
+    cfg = load_config(CONFIG_DIR / "fast.toml", {"model.device": "cpu"})
+    m = cfg.model
+    model = load_model(tiny_model_dir, device="cpu", flow_dtype=m.flow_dtype, hift_dtype=m.hift_dtype)
+    synth = Synthesizer(model, TorchLMBackend(model.llm), cfg)
+    assert next(model.flow.parameters()).dtype == torch.float16
+    voice = synth.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+
+    async def both():
+        reqs = [SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=s, stream=True,
+                                 fixed_tokens=60) for s in (1, 2)]
+        return await asyncio.gather(*(collect(synth, r) for r in reqs))
+
+    try:
+        for chunks in asyncio.run(both()):
+            assert chunks[0].samples.shape[0] == 10 * 960 - CROSSFADE_SAMPLES
+            audio = np.concatenate([c.samples for c in chunks])
+            assert audio.shape[0] == 60 * 960 and np.isfinite(audio).all()
+    finally:
+        asyncio.run(synth.aclose())
+    assert synth.stream_opts.first_hop_tokens == 10 and not synth.stream_opts.align_first_hop
 
 
 def test_all_modes_and_multi_segment(tiny):
