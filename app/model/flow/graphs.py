@@ -24,6 +24,7 @@ runs eagerly: what the CPU tests exercise.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+log = logging.getLogger(__name__)
 Key = tuple[tuple[int, ...], torch.dtype, torch.device, bool]
 
 
@@ -90,9 +92,11 @@ class EstimatorGraphs:
         if entry is None:
             try:
                 entry = self._capture(key, args, streaming)
-            except RuntimeError:
+            except RuntimeError as e:
                 # a failed capture ends without releasing its pool's recording state (torch), which
                 # would fail every later capture in that pool: start a new pool, run this one eagerly
+                log.warning("flow graph capture of %s failed (%s): evaluating eagerly, next capture in a new pool",
+                            key[0], e)
                 self._pool = None
                 self.stats.capture_failures += 1
                 self.stats.eager += 1
