@@ -7,6 +7,12 @@ x`hop_growth` up to `max_hop_tokens` (each rounded up to end on a chunk edge: a 
 official schedule); the last chunk is `finalize=True` with full attention.
 HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail.
 
+Options: `incremental` runs the streaming hops through the cached flow (app/model/flow/incremental.py:
+only the frames after the last committed chunk, same mel as the re-solve up to float rounding; the
+per-stream `FlowState` lives here); `chunk_causal_final` makes the final call chunk-causal
+(streaming=True) so it is incremental too, at a measured deviation (docs/precision.md). The engine
+calls `flow_step` for one stream's hop.
+
 Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
 so it never leaks into the next request (upstream mutates the shared model and every later
 request starts with a 4 s first chunk). `crossfade="complementary"` is an option; the default
@@ -24,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.audio import MEL_FRAMES_PER_TOKEN
+from app.model.flow.incremental import FlowState, VoicePrefix, incremental_inference
 
 MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
 SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * 480  # 3840: NSF source phase continuity (160 ms)
@@ -51,6 +58,11 @@ class StreamOptions:
     # False: exactly first_hop_tokens (earlier first audio; the first chunk's frames after the last
     # edge saw only part of their chunk). Later hops always end on an edge.
     align_first_hop: bool = True
+    # streaming hops through the incremental flow (exact w.r.t. the re-solve, O(new chunk) work)
+    incremental: bool = False
+    # final call with chunk masks (streaming=True, finalize=True) instead of full attention: incremental
+    # with `incremental`, but it deviates from the official final (docs/precision.md)
+    chunk_causal_final: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,23 @@ def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
             for i, it in enumerate(items)]
 
 
+def flow_step(flow, state: FlowState, tokens: Tensor, plan: ChunkPlan) -> Tensor:
+    """New mel frames [1, 80, T] (float32) of one stream's `plan`, from its incremental `state`.
+
+    tokens: [1, N >= plan.n_tokens] generated tokens. Streaming plans (hops, and a chunk-causal
+    final) compute only the frames after the state's committed chunks and commit this call's
+    whole chunks; the official final (streaming=False, full attention) cannot reuse them and runs
+    today's full re-solve (`flow_batch`), exact; the state is finished after a final plan.
+    """
+    if plan.streaming:
+        return incremental_inference(flow, state, tokens[:, : plan.n_tokens], finalize=plan.finalize,
+                                     token_offset=plan.token_offset)
+    prompt = FlowPrompt(state.prompt_tokens, state.prompt_mel, state.embedding)
+    item = FlowItem(tokens[:, : plan.n_tokens], prompt, plan.streaming, plan.finalize, plan.token_offset)
+    state.finished = state.finished or plan.finalize
+    return flow_batch(flow, [item])[0]
+
+
 class Token2WavStream:
     """Per-request token->wave state: hop schedule, token offset, HiFT mel/source/speech caches.
 
@@ -141,9 +170,14 @@ class Token2WavStream:
     """
 
     def __init__(self, flow, hift, prompt: FlowPrompt, opts: StreamOptions, *, stream: bool,
-                 speed: float = 1.0, generator: torch.Generator | None = None) -> None:
+                 speed: float = 1.0, generator: torch.Generator | None = None,
+                 voice_prefix: VoicePrefix | None = None) -> None:
         if speed != 1.0 and stream:
             raise ValueError("speed change is only supported without streaming (as upstream)")
+        if voice_prefix is not None and not opts.incremental:
+            raise ValueError("voice_prefix is used by the incremental flow only: set StreamOptions.incremental")
+        self.voice_prefix = voice_prefix  # shared, read only (PromptCache entry)
+        self._flow_state: FlowState | None = None  # incremental flow state, made on first use
         self.flow, self.hift, self.prompt, self.opts = flow, hift, prompt, opts
         self.stream, self.speed, self.generator = stream, speed, generator
         self.n_prompt = n_prompt = prompt.tokens.shape[1]
@@ -174,15 +208,26 @@ class Token2WavStream:
                 return ChunkPlan(self.token_offset + hop + self.opts.pre_lookahead, self.token_offset,
                                  streaming=True, finalize=False)
         if lm_finished:
-            return ChunkPlan(n_available, self.token_offset, streaming=False, finalize=True)
+            streaming = self.stream and self.opts.chunk_causal_final
+            return ChunkPlan(n_available, self.token_offset, streaming=streaming, finalize=True)
         return None
 
     def flow_item(self, tokens: Tensor, plan: ChunkPlan) -> FlowItem:
         """The flow call of `plan` on `tokens` [1, N >= plan.n_tokens], for `flow_batch`."""
         return FlowItem(tokens[:, : plan.n_tokens], self.prompt, plan.streaming, plan.finalize, plan.token_offset)
 
+    @property
+    def flow_state(self) -> FlowState:
+        """This request's incremental flow state (from the voice prefix if one was given)."""
+        if self._flow_state is None:
+            p = self.prompt
+            self._flow_state = FlowState(self.flow, p.tokens, p.mel, p.embedding, prefix=self.voice_prefix)
+        return self._flow_state
+
     def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
         """Flow stage of `plan` alone: new mel frames [1, 80, T] (float32), prefix before offset cut."""
+        if self.opts.incremental:
+            return flow_step(self.flow, self.flow_state, tokens, plan)
         return flow_batch(self.flow, [self.flow_item(tokens, plan)])[0]
 
     @torch.inference_mode()
@@ -209,6 +254,7 @@ class Token2WavStream:
         """Move the schedule past `plan` (call after its audio was produced)."""
         if plan.finalize:
             self.done = True
+            self._flow_state = None  # the incremental state is not needed after the final call
             return
         self.token_offset += self._this_hop()
         self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)

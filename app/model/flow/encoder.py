@@ -63,6 +63,15 @@ def relative_positions(size: int, dim: int, device: torch.device, dtype: torch.d
     return torch.cat([pe_pos, pe_neg], dim=0)[None].to(dtype)
 
 
+def position_rows(offsets: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of `relative_positions` for the given offsets (int [n]) -> [n, dim], the same floats
+    (negative offsets are built as -(pos·div), as the table does), for the cached encoder path."""
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=offsets.device) * -(math.log(10000.0) / dim))
+    ang = offsets.abs().to(torch.float32)[:, None] * div  # [n, dim/2]
+    ang = torch.where(offsets[:, None] < 0, -ang, ang)
+    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(1).to(dtype)
+
+
 class LinearEmbed(nn.Module):
     """`out` = Linear + LayerNorm; the result is scaled by √D (the rel-pos encoding's x-scale)."""
 
@@ -109,6 +118,23 @@ class RelPosSelfAttention(nn.Module):
         attn = scores.masked_fill(hidden, -math.inf).softmax(dim=-1).masked_fill(hidden, 0.0)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, H * Dh))
 
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
+        `cache` (a `StageCall`, app/model/flow/cache.py), whose keys/values hold the earlier ones."""
+        B, n, _ = x.shape
+        H, Dh = self.n_heads, self.d_head
+        q = self.linear_q(x).view(B, n, H, Dh)
+        k = self.linear_k(x).view(B, n, H, Dh).transpose(1, 2)  # [B, H, n, Dh]
+        v = self.linear_v(x).view(B, n, H, Dh).transpose(1, 2)
+        k, v = cache.keys_values(k, v)  # [B, H, end, Dh]: committed keys + these
+        p = cache.positions(self.linear_pos, H, Dh)  # [1, H, n-1+end, Dh]: column c is offset c-(n-1)
+        ac = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)  # [B, H, n, end]
+        bd = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)  # [B, H, n, n-1+end]
+        scores = (ac + bd.gather(-1, cache.position_columns.expand(B, H, -1, -1))) / math.sqrt(Dh)
+        hidden = cache.hidden[None, None]  # [1, 1, n, end]
+        attn = scores.masked_fill(hidden, -math.inf).softmax(dim=-1).masked_fill(hidden, 0.0)
+        return self.linear_out((attn @ v).transpose(1, 2).reshape(B, n, H * Dh))
+
 
 class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -134,6 +160,10 @@ class ConformerBlock(nn.Module):
         x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
         return x + self.feed_forward(self.norm_ff(x))
 
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        x = x + self.self_attn.forward_cached(self.norm_mha(x), cache)
+        return x + self.feed_forward(self.norm_ff(x))
+
 
 class PreLookahead(nn.Module):
     """Residual conv pair: conv1 (k = lookahead+1) reads frames t..t+lookahead, conv2 (k=3) is causal."""
@@ -152,6 +182,13 @@ class PreLookahead(nn.Module):
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
         return h.transpose(1, 2) + x
 
+    def forward_cached(self, x: torch.Tensor, ahead: torch.Tensor, cache) -> torch.Tensor:
+        # x: [1, n, D] new tokens; ahead: [1, lookahead, D]; conv2's 2 earlier conv1 outputs come
+        # from `cache` (conv1 itself looks only ahead)
+        h = F.leaky_relu(self.conv1(torch.cat([x, ahead], dim=1).transpose(1, 2)), 0.01)  # [1, D, n]
+        h = self.conv2(cache.left_context(h, self.conv2.kernel_size[0] - 1))
+        return h.transpose(1, 2) + x
+
 
 class Upsample(nn.Module):
     """Nearest-neighbour ×stride along time, then a causal Conv1d(k = 2·stride+1)."""
@@ -165,6 +202,11 @@ class Upsample(nn.Module):
         # x: [B, D, T] -> [B, D, stride·T]
         x = x.repeat_interleave(self.stride, dim=2)
         return self.conv(F.pad(x, (2 * self.stride, 0)))
+
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        # x: [1, D, n] new tokens -> [1, D, stride·n]; the 2·stride earlier upsampled frames from `cache`
+        x = x.repeat_interleave(self.stride, dim=2)
+        return self.conv(cache.left_context(x, 2 * self.stride))
 
 
 class UpsampleConformerEncoder(nn.Module):
@@ -220,3 +262,26 @@ class UpsampleConformerEncoder(nn.Module):
         for block in self.up_encoders:
             x = block(x, mask, pos_emb)
         return self.after_norm(x), lengths
+
+    def forward_cached(self, xs: torch.Tensor, ahead: torch.Tensor | None, tokens_cache,
+                       frames_cache) -> torch.Tensor:
+        """`forward(streaming=True)` for new tokens only, one row.
+
+        xs: [1, n, D_in] embeddings of tokens start..end-1 of `tokens_cache` (a `StageCall` over
+        token positions; `frames_cache` covers the same span at 2 frames per token); ahead:
+        [1, lookahead, D_in] embeddings of the tokens right after them, or None at the end of the
+        utterance (the look-ahead then reads zeros). Returns h [1, 2n, D] after `after_norm`.
+        """
+        x = self.embed.out(xs) * self.embed.xscale
+        if ahead is None:
+            ahead = x.new_zeros(1, self.lookahead, x.shape[2])
+        else:
+            ahead = self.embed.out(ahead) * self.embed.xscale
+        x = self.pre_lookahead_layer.forward_cached(x, ahead, tokens_cache)
+        for block in self.encoders:
+            x = block.forward_cached(x, tokens_cache)
+        x = self.up_layer.forward_cached(x.transpose(1, 2), frames_cache).transpose(1, 2)  # [1, 2n, D]
+        x = self.up_embed.out(x) * self.up_embed.xscale
+        for block in self.up_encoders:
+            x = block.forward_cached(x, frames_cache)
+        return self.after_norm(x)

@@ -38,6 +38,11 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
 
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        # x: [B, C, n] new frames; the kernel_size-1 frames before them come from `cache` (a
+        # `StageCall`, app/model/flow/cache.py) instead of zeros
+        return super().forward(cache.left_context(x, self.kernel_size[0] - 1))
+
 
 class _Transpose(nn.Module):
     """[B, C, T] <-> [B, T, C]; a placeholder that keeps the official `block.{0,2}` indices."""
@@ -57,6 +62,14 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.block(x * mask) * mask
 
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        # every new frame is valid (mask 1): the masking is the identity
+        conv, *rest = self.block
+        x = conv.forward_cached(x, cache)
+        for layer in rest:
+            x = layer(x)
+        return x
+
 
 class CausalResnetBlock1D(nn.Module):
     def __init__(self, dim: int, dim_out: int, time_dim: int):
@@ -70,6 +83,10 @@ class CausalResnetBlock1D(nn.Module):
         # x: [B, dim, T]; mask: [B, 1, T]; t_emb: [B, time_dim]
         h = self.block1(x, mask) + self.mlp(t_emb).unsqueeze(-1)
         return self.block2(h, mask) + self.res_conv(x * mask)
+
+    def forward_cached(self, x: torch.Tensor, t_emb: torch.Tensor, cache) -> torch.Tensor:
+        h = self.block1.forward_cached(x, cache) + self.mlp(t_emb).unsqueeze(-1)
+        return self.block2.forward_cached(h, cache) + self.res_conv(x)
 
 
 class SelfAttention(nn.Module):
@@ -91,6 +108,15 @@ class SelfAttention(nn.Module):
                    for lin in (self.to_q, self.to_k, self.to_v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # [B, H, T, d_head]
         return self.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        # x: [B, n, dim] new frames; keys/values of the earlier frames come from `cache`
+        B, n, _ = x.shape
+        q, k, v = (lin(x).view(B, n, self.n_heads, self.d_head).transpose(1, 2)
+                   for lin in (self.to_q, self.to_k, self.to_v))
+        k, v = cache.keys_values(k, v)  # [B, H, end, d_head]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.bias(B, x.dtype))  # [B, H, n, d_head]
+        return self.to_out[0](out.transpose(1, 2).reshape(B, n, -1))
 
 
 class _GeluProj(nn.Module):
@@ -123,6 +149,10 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         x = x + self.attn1(self.norm1(x), bias)
+        return x + self.ff(self.norm3(x))
+
+    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        x = x + self.attn1.forward_cached(self.norm1(x), cache)
         return x + self.ff(self.norm3(x))
 
 
@@ -192,3 +222,31 @@ class CausalConditionalDecoder(nn.Module):
         h = conv(h * mask)
         h = self.final_block(h, mask)
         return self.final_proj(h * mask) * mask
+
+    def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                       cond: torch.Tensor, cache) -> torch.Tensor:
+        """`forward(streaming=True)` for new frames only, all valid (no mask).
+
+        x, mu, cond: [B, 80, n], frames start..end-1 of `cache` (a `StageCall` at one Euler
+        evaluation: the B rows' attention keys/values and conv left context of the earlier frames);
+        t: [B]; spks: [B, 80]. Returns the velocity of the new frames [B, 80, n].
+        """
+        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B, 4C]
+        h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
+
+        def transformer(h: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+            h = h.transpose(1, 2)  # [B, n, C]
+            for block in blocks:
+                h = block.forward_cached(h, cache)
+            return h.transpose(1, 2)
+
+        (resnet, blocks, conv), = self.down_blocks
+        h = transformer(resnet.forward_cached(h, t_emb, cache), blocks)
+        skip = h
+        h = conv.forward_cached(h, cache)
+        for resnet, blocks in self.mid_blocks:
+            h = transformer(resnet.forward_cached(h, t_emb, cache), blocks)
+        (resnet, blocks, conv), = self.up_blocks
+        h = transformer(resnet.forward_cached(torch.cat([h, skip], dim=1), t_emb, cache), blocks)
+        h = conv.forward_cached(h, cache)
+        return self.final_proj(self.final_block.forward_cached(h, cache))

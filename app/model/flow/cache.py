@@ -1,0 +1,193 @@
+"""Storage for the incremental flow (app/model/flow/incremental.py): growable K/V buffers, conv left
+context, and `StageCall`, the view of one stage's state that the layers' `forward_cached` methods use.
+
+A *stage* is a run of layers over one position axis: the encoder's token-rate blocks, its frame-rate
+blocks, and the estimator (frame rate, one *slot* per Euler evaluation, one *row* per CFG half).
+Positions before `StageState.length` are committed: their keys/values and the left context of
+every causal conv after them never change again (whole chunks only). A call computes positions
+start = length .. end-1 and commits up to `commit` (<= end); the rest is recomputed next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from app.model.flow.encoder import position_rows
+from app.model.flow.estimator import MASK_BIAS
+
+
+class Growable:
+    """A tensor `data` [*lead, capacity, d] that grows along dim -2 by capacity doubling.
+
+    `length` counts the valid positions. A buffer made by `share()` aliases another's data
+    (`shared`): it is copied before its first write (copy-on-extend), so the original, e.g. a
+    voice prefix that many streams read, is never mutated.
+    """
+
+    def __init__(self, lead: tuple[int, ...], d: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.data = torch.empty(*lead, 0, d, dtype=dtype, device=device)
+        self.length = 0
+        self.shared = False
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def reserve(self, n: int) -> None:
+        """Room for positions 0..n-1 in data this buffer owns (keeps 0..length-1)."""
+        if n <= self.capacity and not self.shared:
+            return
+        cap = n if self.shared else max(n, 2 * self.capacity)
+        data = self.data.new_empty(*self.data.shape[:-2], cap, self.data.shape[-1])
+        data[..., : self.length, :] = self.data[..., : self.length, :]
+        self.data, self.shared = data, False
+
+    def share(self) -> Growable:
+        """A read-only-until-written alias of this buffer's valid part."""
+        other = Growable.__new__(Growable)
+        other.data, other.length, other.shared = self.data, self.length, True
+        return other
+
+    def trimmed(self) -> Growable:
+        """A copy holding exactly the valid positions (capacity = length)."""
+        other = Growable.__new__(Growable)
+        other.data, other.length, other.shared = self.data[..., : self.length, :].clone(), self.length, False
+        return other
+
+
+@dataclass
+class StageState:
+    """Committed state of one stage (see the module docstring)."""
+
+    kv: Growable  # [2 (K, V), layers, slots, rows, heads, T, d_head]
+    pos: Growable | None  # encoder only: linear_pos rows [layers, heads, T, d_head] of offsets 0..T-1
+    tails: list[list[Tensor]] = field(default_factory=list)  # [slot][conv] -> [rows, C, k-1] inputs before `length`
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def nbytes(self) -> int:
+        tails = sum(t.numel() * t.element_size() for slot in self.tails for t in slot)
+        return self.kv.nbytes + (self.pos.nbytes if self.pos is not None else 0) + tails
+
+    def share(self) -> StageState:
+        return StageState(self.kv.share(), self.pos.share() if self.pos is not None else None,
+                          [list(slot) for slot in self.tails])  # tails are replaced, never written
+
+    def trimmed(self) -> StageState:
+        return StageState(self.kv.trimmed(), self.pos.trimmed() if self.pos is not None else None,
+                          [list(slot) for slot in self.tails])
+
+
+def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype: torch.dtype,
+              device: torch.device, *, positions: bool) -> StageState:
+    kv = Growable((2, layers, slots, rows, heads), d_head, dtype, device)
+    pos = Growable((layers, heads), d_head, dtype, device) if positions else None
+    return StageState(kv, pos)
+
+
+class StageCall:
+    """One call's view of a `StageState`: positions start..end-1 are new, start..commit-1 get committed.
+
+    The layers call, in their fixed order: `left_context` (each causal conv), `keys_values` (each
+    attention layer), `positions` (each relative-position attention layer); `begin(slot)` restarts
+    the order for the next Euler evaluation. `finish()` commits; until then the state is unchanged
+    (keys/values are written only at positions >= its length).
+    """
+
+    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int,
+                 num_left_chunks: int = -1) -> None:
+        assert state.length == start <= commit <= end, (state.length, start, commit, end)
+        self.state, self.start, self.end, self.commit = state, start, end, commit
+        state.kv.reserve(end)  # copy-on-extend happens here
+        if state.pos is not None:
+            state.pos.reserve(end)
+        device = state.kv.data.device
+        q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
+        k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
+        block = q // chunk  # block-causal with full left context, as `chunk_mask`
+        allowed = k < (block + 1) * chunk
+        if num_left_chunks >= 0:
+            allowed &= k >= (block - num_left_chunks).clamp(min=0) * chunk
+        self.hidden = ~allowed  # bool [n, end]
+        n = end - start
+        # relative position of (query i, key j) is i - j; column (i - j) + n - 1 of `positions`
+        self.position_columns = (q - k + n - 1)[None, None]  # [1, 1, n, end]
+        self._pos_rows: tuple[Tensor, Tensor] | None = None
+        self._bias: Tensor | None = None
+        self._tails: list[list[Tensor]] = [list(s) for s in state.tails]
+        self.begin(0)
+
+    def begin(self, slot: int) -> None:
+        self.slot, self._conv, self._attn, self._pos = slot, 0, 0, 0
+        while len(self._tails) <= slot:
+            self._tails.append([])
+
+    def left_context(self, x: Tensor, n_ctx: int) -> Tensor:
+        """x [rows, C, n] new inputs of the next causal conv -> [rows, C, n_ctx + n] with the inputs
+        of the n_ctx positions before `start` (zeros at the sequence start); stages the new tail."""
+        committed = self.state.tails[self.slot] if self.slot < len(self.state.tails) else []
+        i = self._conv
+        tail = committed[i] if i < len(committed) else x.new_zeros(*x.shape[:-1], n_ctx)
+        xx = torch.cat([tail, x], dim=-1)
+        c = self.commit - self.start  # the tail at `commit` is xx[..., c : c + n_ctx]
+        staged = self._tails[self.slot]
+        new_tail = xx[..., c : c + n_ctx].clone()  # clone: do not keep all of xx alive
+        if i < len(staged):
+            staged[i] = new_tail
+        else:
+            staged.append(new_tail)
+        self._conv += 1
+        return xx
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [rows, H, n, d] of the new positions -> all keys/values [rows, H, end, d] (views)."""
+        data = self.state.kv.data
+        layer = self._attn
+        self._attn += 1
+        data[0, layer, self.slot, :, :, self.start : self.end] = k
+        data[1, layer, self.slot, :, :, self.start : self.end] = v
+        return data[0, layer, self.slot, :, :, : self.end], data[1, layer, self.slot, :, :, : self.end]
+
+    def bias(self, rows: int, dtype: torch.dtype) -> Tensor:
+        """Additive attention bias [rows, 1, n, end]: 0 where allowed, the estimator's MASK_BIAS else."""
+        if self._bias is None or self._bias.dtype != dtype or self._bias.shape[0] != rows:
+            self._bias = ((1.0 - (~self.hidden).to(dtype)) * MASK_BIAS)[None, None].expand(rows, -1, -1, -1)
+        return self._bias
+
+    def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
+        """linear_pos of the relative positions -(n-1)..end-1 -> [1, H, n-1+end, d] (column c is
+        offset c-(n-1)); rows of offsets >= 0 are computed once per stream and kept."""
+        pos = self.state.pos
+        assert pos is not None
+        layer = self._pos
+        self._pos += 1
+        n = self.end - self.start
+        if self._pos_rows is None:  # sin/cos rows, shared by the layers of this call
+            device, dtype = pos.data.device, pos.data.dtype
+            new = torch.arange(pos.length, max(pos.length, self.end), device=device)
+            neg = -torch.arange(n - 1, 0, -1, device=device)  # offsets -(n-1)..-1
+            dim = linear_pos.in_features
+            self._pos_rows = position_rows(new, dim, dtype), position_rows(neg, dim, dtype)
+        new_rows, neg_rows = self._pos_rows
+        if new_rows.shape[0]:
+            pos.data[layer, :, pos.length : pos.length + new_rows.shape[0]] = \
+                linear_pos(new_rows).view(-1, heads, d_head).transpose(0, 1)
+        neg = linear_pos(neg_rows).view(-1, heads, d_head).transpose(0, 1)  # [H, n-1, d]
+        return torch.cat([neg, pos.data[layer, :, : self.end]], dim=1)[None]
+
+    def finish(self) -> None:
+        """Commit: positions < `commit` and the conv tails at `commit` become the state."""
+        self.state.tails = self._tails
+        self.state.kv.length = self.commit
+        if self.state.pos is not None and self._pos_rows is not None:
+            self.state.pos.length = max(self.state.pos.length, self.end)

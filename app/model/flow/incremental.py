@@ -1,0 +1,232 @@
+"""Incremental streaming flow: each streaming call computes only the frames after the last committed
+chunk, from a per-stream `FlowState`, and gives the re-solve's mel (`CausalFlow.inference`).
+
+Why it is exact (docs: shared/research/flow_incremental.md, Q1): with streaming=True every layer is
+per frame, causal, or block-causal with full left context (25-token / 50-frame chunks), the 3
+look-ahead tokens are real tokens that never change, the noise is indexed by absolute frame and
+the time grid is the same in every call. So a finished chunk's activations, at every Euler
+evaluation, CFG row and layer, do not depend on later frames. The state keeps, for committed
+positions, per (evaluation, CFG row, layer): attention keys/values, and the left context of every
+causal conv (2 frames; 4 upsampled frames; 2 look-ahead conv outputs). Only whole chunks are
+committed: a call that ends mid-chunk (align_first_hop=False) computes its partial chunk and the
+next call computes it again from the chunk edge, as the re-solve does. Numerically the new frames
+equal the re-solve's up to kernel rounding (tests/test_flow_incremental.py records the measured
+differences; GEMM and attention shapes differ, so bitwise identity is not promised).
+
+Not incremental: the official final call (streaming=False: full attention, every frame changes).
+`app/model/token2wav.flow_step` keeps today's full re-solve for it; a chunk-causal final call
+(streaming=True, finalize=True) runs here, and its deviation is in docs/precision.md.
+
+Voice prefix (Q2): chunk c holds prompt tokens only, look-ahead included, iff 25(c+1)+3 <= P
+(P prompt tokens; the first hop's alignment pad is generated tokens, so it never counts). The
+state of those chunks depends only on the voice (tokens, mel, x-vector), the weights and the
+dtype; `build_voice_prefix` computes it once and `FlowState(prefix=...)` starts from it without
+ever writing it (its buffers are copied when the stream first extends them: copy-on-extend).
+
+Memory (storage dtype = the flow's): per committed mel frame, estimator K+V =
+    attention layers (n_blocks·(num_mid_blocks+2)) × 2 × num_heads·attention_head_dim
+    × n_timesteps × 2 CFG rows × bytes
+= 56 × 2 × 512 × 10 × 2 × 4 B = 4.59 MB fp32 (2.29 MB fp16) for CosyVoice2-0.5B; the encoder adds
+(num_blocks/2 + num_up_blocks) × 3 (K, V, linear_pos rows) × D × bytes = 43 kB fp32 per frame. Conv
+tails are fixed per stream (31 convs × 2 frames × channels × 20, ~1.3 MB fp32). `state_bytes`
+computes the formula from a flow's dims. Storage is one growable tensor per stage,
+[2 (K/V), layers, evaluations, rows, heads, T, d_head] with capacity doubling, so a later batched
+pass can gather [rows, heads, T, d] per (layer, evaluation) without lists of small tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from app.model.flow.cache import StageCall, StageState, new_stage
+from app.model.flow.flow import CausalFlow, cosine_time_grid
+
+CFG_ROWS = 2  # every Euler evaluation runs a conditional and an unconditional row
+
+
+def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) -> int:
+    """Chunks whose tokens and look-ahead are all prompt: the largest c with chunk·c + lookahead <= P."""
+    return max(0, (n_prompt_tokens - lookahead) // chunk_tokens)
+
+
+def state_bytes(flow: CausalFlow, n_frames: int) -> int:
+    """Bytes of the keys/values and position rows a `FlowState` on this flow keeps for `n_frames`
+    committed mel frames (an even count; conv tails excluded): the module docstring's formula."""
+    e, enc = flow.dims.estimator, flow.dims.encoder
+    size = next(flow.parameters()).element_size()
+    layers = e.n_blocks * (e.num_mid_blocks + 2)
+    est = layers * 2 * e.num_heads * e.attention_head_dim * flow.dims.n_timesteps * CFG_ROWS  # K and V
+    per_token = enc.num_blocks * 3 * enc.output_size + 2 * enc.num_up_blocks * 3 * enc.output_size  # K, V, pos rows
+    return (n_frames * est + n_frames // 2 * per_token) * size
+
+
+class FlowState:
+    """One stream's incremental flow state: the prompt, the committed tokens and, per stage,
+    keys/values and conv left context of the committed positions (app/model/flow/cache.py).
+
+    `n_tokens` prompt + generated tokens are committed (a multiple of the 25-token chunk), i.e.
+    `2·n_tokens` mel frames. `prefix`: the shared voice state this one started from (read only).
+    Lives on the per-request object, never on the shared flow module.
+    """
+
+    def __init__(self, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor,
+                 *, prefix: VoicePrefix | None = None) -> None:
+        w = next(flow.parameters())
+        self.dtype, self.device = w.dtype, w.device
+        self.prompt_tokens = prompt_tokens.to(self.device).long()  # [1, P]
+        self.prompt_mel = prompt_mel.to(self.device)  # [1, 2P, 80]
+        self.embedding = embedding.to(self.device)  # [1, 192]
+        with torch.inference_mode():
+            self.spks = flow.speaker_embedding(self.embedding)  # [1, 80], flow dtype
+        self.prefix = prefix
+        self.finished = False
+        if prefix is not None:
+            if not prefix.matches(self.prompt_tokens, self.prompt_mel, self.embedding):
+                raise ValueError("voice prefix was built from another prompt (tokens, mel or x-vector differ)")
+            src = prefix.state
+            self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
+            self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
+            return
+        enc, e, D = flow.dims.encoder, flow.dims.estimator, flow.dims.encoder.output_size
+        H = enc.attention_heads
+        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True)
+        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True)
+        self.est = new_stage(e.n_blocks * (e.num_mid_blocks + 2), flow.dims.n_timesteps, CFG_ROWS,
+                             e.num_heads, e.attention_head_dim, self.dtype, self.device, positions=False)
+        self.token_ids = self.prompt_tokens[:, :0]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.enc.length
+
+    @property
+    def n_frames(self) -> int:
+        return self.est.length
+
+    @property
+    def stages(self) -> tuple[StageState, StageState, StageState]:
+        return self.enc, self.up, self.est
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this state holds itself (a prefix it still aliases is not counted)."""
+        return sum(s.nbytes for s in self.stages)
+
+
+class VoicePrefix:
+    """Read-only flow state of a voice's prompt-only chunks (`build_voice_prefix`), shared by streams."""
+
+    def __init__(self, state: FlowState) -> None:
+        self.state = state
+        self.n_tokens, self.n_frames = state.n_tokens, state.n_frames
+        self.nbytes = state.nbytes
+
+    def matches(self, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor) -> bool:
+        s = self.state
+        return (prompt_tokens.shape == s.prompt_tokens.shape and torch.equal(prompt_tokens, s.prompt_tokens)
+                and prompt_mel.shape == s.prompt_mel.shape and torch.equal(prompt_mel, s.prompt_mel)
+                and embedding.shape == s.embedding.shape and torch.equal(embedding, s.embedding))
+
+
+@torch.inference_mode()
+def build_voice_prefix(flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
+                       embedding: Tensor) -> VoicePrefix:
+    """State of the prompt-only chunks of a voice (prompt_tokens [1, P], prompt_mel [1, 2P, 80],
+    embedding [1, 192]); zero chunks (a short prompt) gives an empty prefix."""
+    state = FlowState(flow, prompt_tokens, prompt_mel, embedding)
+    chunk, n_ctx = flow.dims.encoder.static_chunk_size, flow.dims.pre_lookahead_len
+    n = prompt_only_chunks(state.prompt_tokens.shape[1], chunk, n_ctx) * chunk
+    if n:
+        _advance(flow, state, state.prompt_tokens[:, : n + n_ctx], finalize=False)
+    state.enc, state.up, state.est = (s.trimmed() for s in state.stages)
+    return VoicePrefix(state)
+
+
+@torch.inference_mode()
+def incremental_inference(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: bool = False,
+                          token_offset: int = 0) -> Tensor:
+    """`flow.inference(token, ..., streaming=True, finalize)[:, :, 2·token_offset:]` from `state`.
+
+    token: [1, N] the whole generated prefix so far (it must extend the tokens of earlier calls);
+    finalize: last call (no look-ahead held back); afterwards the state is finished.
+    Computes frames from the committed edge on and commits the call's whole chunks.
+    Returns fp32 mel [1, 80, 2(N - 3·(not finalize) - token_offset)].
+    """
+    if state.finished:
+        raise ValueError("this flow state already ran its final call")
+    n_prompt = state.prompt_tokens.shape[1]
+    tokens = torch.cat([state.prompt_tokens, token.to(state.device).long()], dim=1)
+    end = tokens.shape[1] - (0 if finalize else flow.dims.pre_lookahead_len)
+    if state.prompt_mel.shape[1] > 2 * end:
+        raise ValueError(f"prompt mel has {state.prompt_mel.shape[1]} frames but the tokens give only {2 * end}")
+    first = 2 * (n_prompt + token_offset)  # first frame to return
+    if first < state.n_frames:
+        raise ValueError(f"token_offset {token_offset} is before the committed edge "
+                         f"({state.n_tokens - n_prompt} generated tokens): those frames are not recomputed")
+    mel, start = _advance(flow, state, tokens, finalize=finalize)
+    return mel[:, :, first - start:]
+
+
+def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool) -> tuple[Tensor, int]:
+    """Frames from the committed edge to the end of a streaming call on `tokens` [1, L] (prompt +
+    generated); commits whole chunks. Returns (fp32 mel [1, 80, n], its first absolute frame)."""
+    if state.finished:
+        raise ValueError("this flow state already ran its final call")
+    dims = flow.dims
+    n_ctx, chunk = dims.pre_lookahead_len, dims.encoder.static_chunk_size
+    L = tokens.shape[1]
+    end = L if finalize else L - n_ctx  # tokens encoded by this call
+    start = state.n_tokens
+    if end < start:
+        raise ValueError(f"{L} tokens end before the {start} committed ones (+{n_ctx} look-ahead)")
+    seen = state.token_ids.shape[1]
+    if not torch.equal(tokens[:, :seen], state.token_ids):
+        raise ValueError("tokens do not extend the ones this state was computed from")
+    commit = end if finalize else end // chunk * chunk
+    commit = max(commit, start)
+
+    ids = tokens[:, start:].clamp(min=0)
+    emb = flow.input_embedding(ids)  # [1, L - start, D_in]
+    xs, ahead = emb[:, : end - start], (None if finalize else emb[:, end - start:])
+    up = flow.encoder.up_layer.stride
+    tok_call = StageCall(state.enc, start, end, commit, chunk)
+    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk)
+    h = flow.encoder.forward_cached(xs, ahead, tok_call, frm_call)  # [1, 2n, D]
+    mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
+
+    f0, f1 = up * start, up * end  # frames of this call
+    cond = torch.zeros_like(mu)
+    n_prompt_frames = state.prompt_mel.shape[1]
+    m = min(f1, n_prompt_frames) - f0  # prompt frames in this call
+    if m > 0:
+        cond[:, :, :m] = state.prompt_mel[:, f0 : f0 + m].transpose(1, 2).to(mu.dtype)
+    e = dims.estimator
+    assert (up * commit) % e.static_chunk_size == 0 or finalize, "encoder and estimator chunks disagree"
+    est_call = StageCall(state.est, f0, f1, up * commit, e.static_chunk_size, e.num_decoding_left_chunks)
+    mel = _solve_new(flow, est_call, mu, state.spks, cond)
+
+    for call in (tok_call, frm_call, est_call):
+        call.finish()
+    state.token_ids = tokens[:, : commit + n_ctx].clone()
+    state.finished = finalize
+    return mel, f0
+
+
+def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+    """`CausalFlow._solve` on the new frames only (mu, cond [1, 80, n]; spks [1, 80]) -> fp32 [1, 80, n]."""
+    w = flow.dims.inference_cfg_rate
+    estimator = flow.decoder["estimator"]
+    x = flow.noise(call.end, mu.device, mu.dtype)[:, :, call.start:]  # frames by absolute index
+    t_grid = cosine_time_grid(flow.dims.n_timesteps, mu.dtype, mu.device)
+    mu2, spks2, cond2 = (torch.cat([a, torch.zeros_like(a)]) for a in (mu, spks, cond))
+    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
+    for step in range(1, len(t_grid)):
+        call.begin(step - 1)  # evaluation step-1 has its own keys/values and conv tails
+        v = estimator.forward_cached(torch.cat([x, x]), mu2, t.expand(CFG_ROWS), spks2, cond2, call)
+        v_cond, v_uncond = v.split(1)
+        x = x + dt * ((1.0 + w) * v_cond - w * v_uncond)
+        t = t + dt
+        if step < len(t_grid) - 1:
+            dt = t_grid[step + 1] - t
+    return x.float()

@@ -1,0 +1,85 @@
+"""`PromptCache`: per-voice flow prefixes (`VoicePrefix`), least recently used evicted first.
+
+Owned by the engine (one per flow module); keys are the engine's voice keys. A hit is checked
+against the prompt it is asked for (tokens, mel, x-vector compared exactly), so a reused key with
+another prompt rebuilds instead of returning a wrong state. Entries are read only: streams start
+from them with `FlowState(..., prefix=entry)` and copy a buffer before extending it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from app.model.flow.flow import CausalFlow
+from app.model.flow.incremental import VoicePrefix, build_voice_prefix
+
+
+@dataclass
+class PromptCacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class PromptCache:
+    """At most `max_entries` voice prefixes and `max_bytes` of their state (an entry larger than
+    `max_bytes` is built and returned but not kept)."""
+
+    def __init__(self, *, max_bytes: int, max_entries: int = 64) -> None:
+        if max_bytes < 0 or max_entries < 1:
+            raise ValueError("PromptCache needs max_bytes >= 0 and max_entries >= 1")
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.stats = PromptCacheStats()
+        self._entries: OrderedDict[Hashable, VoicePrefix] = OrderedDict()
+        self._lock = threading.Lock()  # token2wav workers may share the cache
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(p.nbytes for p in self._entries.values())
+
+    def get(self, key: Hashable, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
+            embedding: Tensor) -> VoicePrefix:
+        """The prefix of voice `key` (prompt_tokens [1, P], prompt_mel [1, 2P, 80], embedding
+        [1, 192]), built on a miss (outside the lock: two streams of a new voice may both build)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                state = entry.state
+                if entry.matches(prompt_tokens.to(state.device).long(), prompt_mel.to(state.device),
+                                 embedding.to(state.device)):
+                    self._entries.move_to_end(key)
+                    self.stats.hits += 1
+                    return entry
+                del self._entries[key]  # same key, another prompt: rebuild
+            self.stats.misses += 1
+        entry = build_voice_prefix(flow, prompt_tokens, prompt_mel, embedding)
+        with self._lock:
+            if entry.nbytes <= self.max_bytes:
+                self._entries[key] = entry
+                self._entries.move_to_end(key)
+                self._evict()
+        return entry
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def _evict(self) -> None:
+        total = sum(p.nbytes for p in self._entries.values())
+        while self._entries and (len(self._entries) > self.max_entries or total > self.max_bytes):
+            _, old = self._entries.popitem(last=False)
+            total -= old.nbytes
+            self.stats.evictions += 1
