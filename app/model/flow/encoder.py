@@ -14,12 +14,16 @@ an unpadded B=1 call; attention masks padded keys; all other convs are causal.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from app.model.hparams import EncoderDims
+
+if TYPE_CHECKING:  # annotations only: cache.py imports this module
+    from app.model.flow.cache import StageCall
 
 UPSAMPLE_STRIDE = 2  # mel frames per token
 NORM_EPS = 1e-5  # embed / after_norm LayerNorms
@@ -118,7 +122,7 @@ class RelPosSelfAttention(nn.Module):
         attn = scores.masked_fill(hidden, -math.inf).softmax(dim=-1).masked_fill(hidden, 0.0)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, H * Dh))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
         `cache` (a `StageCall`, app/model/flow/cache.py), whose keys/values hold the earlier ones."""
         B, n, _ = x.shape
@@ -160,7 +164,7 @@ class ConformerBlock(nn.Module):
         x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
         return x + self.feed_forward(self.norm_ff(x))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         x = x + self.self_attn.forward_cached(self.norm_mha(x), cache)
         return x + self.feed_forward(self.norm_ff(x))
 
@@ -182,7 +186,7 @@ class PreLookahead(nn.Module):
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
         return h.transpose(1, 2) + x
 
-    def forward_cached(self, x: torch.Tensor, ahead: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, ahead: torch.Tensor, cache: StageCall) -> torch.Tensor:
         # x: [1, n, D] new tokens; ahead: [1, lookahead, D]; conv2's 2 earlier conv1 outputs come
         # from `cache` (conv1 itself looks only ahead)
         h = F.leaky_relu(self.conv1(torch.cat([x, ahead], dim=1).transpose(1, 2)), 0.01)  # [1, D, n]
@@ -203,7 +207,7 @@ class Upsample(nn.Module):
         x = x.repeat_interleave(self.stride, dim=2)
         return self.conv(F.pad(x, (2 * self.stride, 0)))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         # x: [1, D, n] new tokens -> [1, D, stride·n]; the 2·stride earlier upsampled frames from `cache`
         x = x.repeat_interleave(self.stride, dim=2)
         return self.conv(cache.left_context(x, 2 * self.stride))
@@ -264,7 +268,7 @@ class UpsampleConformerEncoder(nn.Module):
         return self.after_norm(x), lengths
 
     def forward_cached(self, xs: torch.Tensor, ahead: torch.Tensor | None, tokens_cache,
-                       frames_cache) -> torch.Tensor:
+                       frames_cache: StageCall) -> torch.Tensor:
         """`forward(streaming=True)` for new tokens only, one row.
 
         xs: [1, n, D_in] embeddings of tokens start..end-1 of `tokens_cache` (a `StageCall` over

@@ -12,6 +12,7 @@ only need the chunk attention mask. Parameter names match the official checkpoin
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,9 @@ from torch import nn
 
 from app.model.flow.encoder import attention_mask
 from app.model.hparams import EstimatorDims
+
+if TYPE_CHECKING:  # annotations only: cache.py imports this module
+    from app.model.flow.cache import StageCall
 
 TIME_SCALE = 1000.0  # t in [0, 1] is scaled before the sinusoidal embedding
 MASK_BIAS = -1.0e10  # additive attention bias at hidden keys
@@ -38,7 +42,7 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         # x: [B, C, n] new frames; the kernel_size-1 frames before them come from `cache` (a
         # `StageCall`, app/model/flow/cache.py) instead of zeros
         return super().forward(cache.left_context(x, self.kernel_size[0] - 1))
@@ -62,7 +66,7 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.block(x * mask) * mask
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         # every new frame is valid (mask 1): the masking is the identity
         conv, *rest = self.block
         x = conv.forward_cached(x, cache)
@@ -84,7 +88,7 @@ class CausalResnetBlock1D(nn.Module):
         h = self.block1(x, mask) + self.mlp(t_emb).unsqueeze(-1)
         return self.block2(h, mask) + self.res_conv(x * mask)
 
-    def forward_cached(self, x: torch.Tensor, t_emb: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, t_emb: torch.Tensor, cache: StageCall) -> torch.Tensor:
         h = self.block1.forward_cached(x, cache) + self.mlp(t_emb).unsqueeze(-1)
         return self.block2.forward_cached(h, cache) + self.res_conv(x)
 
@@ -109,7 +113,7 @@ class SelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # [B, H, T, d_head]
         return self.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         # x: [B, n, dim] new frames; keys/values of the earlier frames come from `cache`
         B, n, _ = x.shape
         q, k, v = (lin(x).view(B, n, self.n_heads, self.d_head).transpose(1, 2)
@@ -151,7 +155,7 @@ class TransformerBlock(nn.Module):
         x = x + self.attn1(self.norm1(x), bias)
         return x + self.ff(self.norm3(x))
 
-    def forward_cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         x = x + self.attn1.forward_cached(self.norm1(x), cache)
         return x + self.ff(self.norm3(x))
 
@@ -224,7 +228,7 @@ class CausalConditionalDecoder(nn.Module):
         return self.final_proj(h * mask) * mask
 
     def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                       cond: torch.Tensor, cache) -> torch.Tensor:
+                       cond: torch.Tensor, cache: StageCall) -> torch.Tensor:
         """`forward(streaming=True)` for new frames only, all valid (no mask).
 
         x, mu, cond: [B, 80, n], frames start..end-1 of `cache` (a `StageCall` at one Euler
