@@ -13,6 +13,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from tolerances import (
+    AUDIO_ATOL,
+    FBANK_ATOL,
+    LOGMEL_ATOL,
+    OWN_TOKEN_AGREEMENT,
+    OWN_XVECTOR_ATOL,
+    XVECTOR_ATOL,
+    at_least,
+    within,
+)
 
 from app.audio import AudioError, load_audio, resample, to_int16_pcm, wav_bytes
 from app.model.features import cmn, kaldi_fbank, prompt_mel, whisper_log_mel
@@ -25,7 +35,7 @@ from app.model.onnx_models import (
     make_session,
 )
 
-CASES = {"a": "prompt_24k.wav", "b": "prompt_16k.wav"}
+CASES = {"a": "prompt_24k.wav", "b": "prompt_16k.wav"}  # fixture README §3: the two cases of every set
 
 
 def _maxabs(x: torch.Tensor, ref: np.ndarray) -> float:
@@ -57,7 +67,7 @@ def test_load_audio_matches_official(parity, fe, case):
     for sr in (16_000, 24_000):
         wave = load_audio(parity / CASES[case], sr)
         assert wave.dtype == torch.float32
-        assert _maxabs(wave, fe[f"{case}_speech_{sr // 1000}k"]) <= 1e-6  # README: 1e-4
+        assert within(_maxabs(wave, fe[f"{case}_speech_{sr // 1000}k"]), AUDIO_ATOL, f"{sr} Hz")
 
 
 @pytest.mark.parity
@@ -70,15 +80,15 @@ def test_load_audio_from_bytes_equals_path(parity):
 @pytest.mark.parametrize("case", CASES)
 def test_whisper_log_mel(fe, case):
     logmel = whisper_log_mel(torch.from_numpy(fe[f"{case}_speech_16k"]))
-    assert _maxabs(logmel, fe[f"{case}_whisper_logmel"]) <= 1e-5  # README: 1e-4
+    assert within(_maxabs(logmel, fe[f"{case}_whisper_logmel"]), LOGMEL_ATOL)
 
 
 @pytest.mark.parity
 @pytest.mark.parametrize("case", CASES)
 def test_kaldi_fbank_and_cmn(fe, case):
     fbank = kaldi_fbank(torch.from_numpy(fe[f"{case}_speech_16k"]))
-    assert _maxabs(fbank, fe[f"{case}_kaldi_fbank"]) <= 1e-5  # README: 1e-3
-    assert _maxabs(cmn(fbank), fe[f"{case}_kaldi_fbank_cmn"]) <= 1e-5
+    assert within(_maxabs(fbank, fe[f"{case}_kaldi_fbank"]), FBANK_ATOL, "fbank")
+    assert within(_maxabs(cmn(fbank), fe[f"{case}_kaldi_fbank_cmn"]), FBANK_ATOL, "cmn")
 
 
 @pytest.mark.parity
@@ -86,7 +96,7 @@ def test_kaldi_fbank_and_cmn(fe, case):
 def test_prompt_mel(fe, parity_model_dir, case):
     feat = load_hparams(parity_model_dir).feat
     mel = prompt_mel(torch.from_numpy(fe[f"{case}_speech_24k"]), feat)
-    assert _maxabs(mel, fe[f"{case}_prompt_mel_24k_raw"]) <= 1e-4  # README: 1e-3
+    assert within(_maxabs(mel, fe[f"{case}_prompt_mel_24k_raw"]), FBANK_ATOL)
 
 
 @pytest.mark.parity
@@ -99,7 +109,7 @@ def test_speech_tokens(fe, tokenizer, case):
     own = tokenizer(whisper_log_mel(torch.from_numpy(fe[f"{case}_speech_16k"])))
     agreement = float((own.numpy() == ref).mean())
     print(f"{case}: own-feature token agreement {100 * agreement:.1f}%")
-    assert agreement >= 0.9  # README: a few % may flip with own features
+    assert at_least(agreement, OWN_TOKEN_AGREEMENT)  # README: a few % may flip with own features
 
 
 @pytest.mark.parity
@@ -120,19 +130,23 @@ def test_speaker_embedding(fe, speaker, case):
     ref = fe[f"{case}_spk_embedding"]
     emb = speaker(torch.from_numpy(fe[f"{case}_kaldi_fbank_cmn"]))
     assert emb.dtype == torch.float32 and emb.shape == (1, 192)
-    assert _maxabs(emb, ref) <= 1e-5  # README: 1e-5 given the golden fbank
+    assert within(_maxabs(emb, ref), XVECTOR_ATOL, "golden fbank")
     own = speaker(cmn(kaldi_fbank(torch.from_numpy(fe[f"{case}_speech_16k"]))))
-    assert _maxabs(own, ref) <= 1e-4
+    assert within(_maxabs(own, ref), OWN_XVECTOR_ATOL, "own fbank")
 
 
 @pytest.mark.parity
 def test_full_chain_from_file(parity, fe, tokenizer, speaker, parity_model_dir):
-    """File -> every frontend feature, as the official frontend chains them (case a)."""
+    """File -> every frontend feature, as the official frontend chains them (case a). Tokens from our
+    own log-mel are held to the README's agreement, not to equality: a log-mel within LOGMEL_ATOL
+    may still move a value across a tokenizer rounding edge on another CPU's FFT."""
     feat = load_hparams(parity_model_dir).feat
     s16, s24 = load_audio(parity / CASES["a"], 16_000), load_audio(parity / CASES["a"], 24_000)
-    np.testing.assert_array_equal(tokenizer(whisper_log_mel(s16)).numpy(), fe["a_speech_token_raw"])
-    assert _maxabs(speaker(cmn(kaldi_fbank(s16))), fe["a_spk_embedding"]) <= 1e-5
-    assert _maxabs(prompt_mel(s24, feat), fe["a_prompt_mel_24k_raw"]) <= 1e-4
+    tokens = tokenizer(whisper_log_mel(s16)).numpy()
+    assert tokens.shape == fe["a_speech_token_raw"].shape
+    assert at_least((tokens == fe["a_speech_token_raw"]).mean(), OWN_TOKEN_AGREEMENT)
+    assert within(_maxabs(speaker(cmn(kaldi_fbank(s16))), fe["a_spk_embedding"]), OWN_XVECTOR_ATOL, "x-vector")
+    assert within(_maxabs(prompt_mel(s24, feat), fe["a_prompt_mel_24k_raw"]), FBANK_ATOL, "prompt mel")
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -178,7 +192,7 @@ def test_resample_reproduces_a_sine(orig_sr, new_sr):
     t_out = torch.arange(out.shape[0], dtype=torch.float64) / new_sr
     ref = torch.sin(2 * math.pi * f_hz * t_out)
     inner = slice(new_sr // 50, -new_sr // 50)  # skip 20 ms edges (zero padding)
-    assert (out[inner].double() - ref[inner]).abs().max() < 1e-3  # measured 2-4e-4
+    assert (out[inner].double() - ref[inner]).abs().max() < 1e-3  # measured 2-4e-4 (the filter's ripple)
 
 
 def test_load_audio_resamples_low_rates():

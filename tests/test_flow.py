@@ -5,15 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tolerances import BATCH_ATOL, FLOW_MEL_ATOL, FLOW_MU_ATOL, NOISE_ATOL, within
 
 from app.model.flow import CausalFlow, fixed_noise, load_flow
 from app.model.flow.encoder import chunk_mask
 from app.model.hparams import load_hparams
-
-MU_ATOL = 1e-4  # README §6: flow mu, estimator output
-MEL_ATOL = 1e-3  # README §6: flow mel
-
-
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +48,11 @@ def test_fixed_noise_is_official_and_leaves_global_rng_alone(g):
     noise = fixed_noise()
     assert torch.equal(torch.random.get_rng_state(), before)
     assert noise.shape == (1, 80, 15000)
-    assert torch.equal(noise[:, :, : g["rand_noise_head"].shape[2]], g["rand_noise_head"])
+    head = noise[:, :, : g["rand_noise_head"].shape[2]]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # ATen's vectorised normal_ kernel,
+        assert torch.equal(head, g["rand_noise_head"])  # as on the machine that made the goldens
+    else:  # ATen's scalar kernel (ATEN_CPU_CAPABILITY=default, CPUs without AVX2): same uniforms, other rounding
+        assert within((head - g["rand_noise_head"]).abs().max(), NOISE_ATOL)
 
 
 @pytest.mark.parity
@@ -63,9 +63,9 @@ def test_encoder_stages(flow, g):
         h, h_lens = flow.encode(tokens, torch.tensor([tokens.shape[1]]), streaming=False, finalize=True)
         mu = flow.encoder_proj(h)
     assert h_lens.tolist() == [2 * tokens.shape[1]]
-    assert _max_err(spks, g["a_spks"]) <= 1e-5
-    assert _max_err(h, g["a_enc_out"]) <= MU_ATOL
-    assert _max_err(mu, g["a_mu"]) <= MU_ATOL
+    assert within(_max_err(spks, g["a_spks"]), FLOW_MU_ATOL)
+    assert within(_max_err(h, g["a_enc_out"]), FLOW_MU_ATOL)
+    assert within(_max_err(mu, g["a_mu"]), FLOW_MU_ATOL)
 
 
 @pytest.mark.parity
@@ -73,7 +73,7 @@ def test_estimator_first_call(flow, g):
     args = [g[f"a_est_{k}"] for k in ("x", "mask", "mu", "t", "spks", "cond")]
     with torch.inference_mode():
         v = flow.estimator(*args, streaming=False)
-    assert _max_err(v, g["a_est_out"]) <= MU_ATOL
+    assert within(_max_err(v, g["a_est_out"]), FLOW_MU_ATOL)
 
 
 @pytest.mark.parity
@@ -82,7 +82,7 @@ def test_cfm_solve(flow, g):
     mu, mask, spks, cond = (g[f"a_est_{k}"][:1] for k in ("mu", "mask", "spks", "cond"))
     x = flow.solve(mu, mask, spks, cond, streaming=False)
     assert x.dtype == torch.float32
-    assert _max_err(x, g["a_cfm_out"]) <= MEL_ATOL
+    assert within(_max_err(x, g["a_cfm_out"]), FLOW_MEL_ATOL)
 
 
 @pytest.mark.parity
@@ -96,7 +96,7 @@ def test_inference_mel(flow, g, name, tokens, streaming, finalize):
     mel = flow.inference(g[tokens], g["prompt_token"], g["prompt_feat"], g["embedding"],
                          streaming=streaming, finalize=finalize)
     assert mel.dtype == torch.float32
-    assert _max_err(mel, g[name]) <= MEL_ATOL
+    assert within(_max_err(mel, g[name]), FLOW_MEL_ATOL)
 
 
 @pytest.mark.parity
@@ -114,7 +114,7 @@ def test_batched_rows_match_single_rows(flow, g):
                    for r in rows]
         for i, s in enumerate(singles):
             assert h_lens[i] == s.shape[1]
-            assert _max_err(h[i : i + 1, : s.shape[1]], s) <= 1e-5
+            assert within(_max_err(h[i : i + 1, : s.shape[1]], s), BATCH_ATOL)
 
         mu = flow.encoder_proj(h).transpose(1, 2)  # [2, 80, T]
         mask = (torch.arange(mu.shape[2])[None, :] < h_lens[:, None]).unsqueeze(1).float()
@@ -126,5 +126,5 @@ def test_batched_rows_match_single_rows(flow, g):
             n = int(h_lens[i])
             vi = flow.estimator(x[i : i + 1, :, :n], mask[i : i + 1, :, :n], mu[i : i + 1, :, :n], t[:1],
                                 spks[:1], cond[:1, :, :n], streaming=True)
-            assert _max_err(v[i : i + 1, :, :n], vi) <= 1e-5
+            assert within(_max_err(v[i : i + 1, :, :n], vi), BATCH_ATOL)
     assert np.isfinite(v.numpy()).all()

