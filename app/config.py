@@ -99,8 +99,13 @@ class EngineConfig:
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
+    flow_incremental: bool = False  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
+    flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
+    prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
 
     def __post_init__(self) -> None:
+        if min(self.flow_state_gib, self.prompt_cache_gib) < 0:
+            raise ConfigError("engine.flow_state_gib and engine.prompt_cache_gib must be >= 0")
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,

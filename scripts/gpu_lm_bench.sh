@@ -7,7 +7,7 @@ set -uo pipefail
 . scripts/gpu_env.sh || exit 3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 [ -f /tmp/full/llm.pt ] || python3 -m app.tools.make_model /tmp/full --size full --force | tee "$OUT/make_full.json"
-[ "${SKIP_BF16:-0}" = 1 ] || python3 -m app.tools.bench_lm --model-dir /tmp/full --device cuda --conc ${CONC:-1,16,64} --tokens 300 \
+[ "${SKIP_BF16:-0}" = 1 ] || python3 -m bench.lm --model-dir /tmp/full --device cuda --conc ${CONC:-1,16,64} --tokens 300 \
   --reps ${REPS:-2} --out "$OUT/bench_lm_bf16.json" 2>&1 | grep -v -E "^(INFO|DEBUG)" | tail -40
 # AWQ=1: the same benchmark on a W4A16 checkpoint of the same LM (round-to-nearest: llm-compressor
 # cannot be installed on the offline GPU machine, and calibration means nothing on random weights)
@@ -16,7 +16,7 @@ if [ "${AWQ:-0}" = 1 ]; then
 print(e(Path('/tmp/full'), Path('~/.cache/cosyvoice2-studio/vllm').expanduser(), dtype='bfloat16'))")
   python3 -m app.tools.quantize_rtn "$exp" /tmp/full-w4a16 --force | tee "$OUT/quantize_rtn_full.json"
   printf '[vllm]\nquantized_dir = "/tmp/full-w4a16"\n' > /tmp/w4a16.toml
-  python3 -m app.tools.bench_lm --model-dir /tmp/full --device cuda --config /tmp/w4a16.toml \
+  python3 -m bench.lm --model-dir /tmp/full --device cuda --config /tmp/w4a16.toml \
     --conc ${CONC:-1,16,64} --tokens 300 --reps ${REPS:-2} --out "$OUT/bench_lm_w4a16.json" 2>&1 \
     | grep -v -E "^(INFO|DEBUG)|^\(EngineCore" | tail -20
 fi

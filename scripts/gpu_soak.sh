@@ -29,7 +29,7 @@ start)
   health
   health | grep -q '^200' || { tail -40 "$W/app.log"; exit 5; }
   echo "server ready after ${SECONDS} s"
-  setsid nohup bash -c "python3 -m app.tools.soak --url $URL --streams ${STREAMS:-64} --minutes ${MINUTES:-10} \
+  setsid nohup bash -c "python3 -m bench.soak --url $URL --streams ${STREAMS:-64} --minutes ${MINUTES:-10} \
     --disconnect-rate ${RATE:-0.3} --out $W/soak.json > $W/soak.log 2>&1; echo \$? > $W/soak.rc" > /dev/null 2>&1 &
   sleep 20
   health
@@ -43,7 +43,7 @@ finish)
   [ -f "$W/soak.rc" ] || { echo "the soak is still running: run finish again"; health; tail -3 "$W/soak.log"; exit 6; }
   echo "soak exit status $(cat "$W/soak.rc")"
   python3 -c "import json; r=json.load(open('$W/soak.json')); r.pop('samples'); print(json.dumps(r, indent=1))"
-  timeout 400 python3 -m app.tools.engine_kill --url "$URL" --out "$W/engine_kill.json"
+  timeout 400 python3 -m bench.engine_kill --url "$URL" --out "$W/engine_kill.json"
   health
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   cp "$W/soak.json" "$W/engine_kill.json" "$OUT/" 2>/dev/null

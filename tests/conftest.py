@@ -64,8 +64,8 @@ def _one_torch_thread():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A `make_model --size tiny` folder, built once per test session."""
-    from app.tools.make_model import make_model
-    from app.tools.model_sizes import TINY
+    from app.model.random.make import make_model
+    from app.model.random.sizes import TINY
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     make_model(out, TINY, seed=0)

@@ -1,4 +1,4 @@
-"""The serving benchmark `python -m app.tools.bench` on CPU (tiny model, real vLLM CPU engine): the
+"""The serving benchmark `python -m bench` on CPU (tiny model, real vLLM CPU engine): the
 in-process sweep, the same sweep over HTTP against `python app.py`, and the memory experiment.
 
 Each benchmark runs as its own process (as users run it) in its own process group, killed in
@@ -21,7 +21,7 @@ import torch
 from studio import run_studio
 
 from app.audio import TOKEN_RATE_HZ
-from app.tools.bench_report import LEVEL_FIELDS, late_pieces
+from bench.report import LEVEL_FIELDS, late_pieces
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -37,10 +37,10 @@ def cpu_sets(tmp: Path) -> list[str]:
 
 
 def run_bench(args: list[str], tmp: Path) -> str:
-    """`python -m app.tools.bench ARGS` in its own process group; its output (asserting exit 0)."""
+    """`python -m bench ARGS` in its own process group; its output (asserting exit 0)."""
     log = tmp / "bench.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.tools.bench", *args], cwd=REPO, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
         try:
@@ -56,7 +56,7 @@ def run_bench(args: list[str], tmp: Path) -> str:
 def check_sweep(report: dict, voices: list[str], conc: list[int], n: int) -> None:
     for key in ("machine", "date", "commit", "command", "facts", "model_dir", "settings"):
         assert key in report, key
-    assert report["machine"]["cpu"] and report["command"].startswith("python -m app.tools.bench sweep")
+    assert report["machine"]["cpu"] and report["command"].startswith("python -m bench sweep")
     assert [(lv["voice"], lv["concurrency"]) for lv in report["levels"]] == [(v, c) for v in voices for c in conc]
     expected_audio_s = FIXED_TOKENS / TOKEN_RATE_HZ  # one segment per text
     for lv in report["levels"]:
@@ -87,7 +87,7 @@ def test_late_pieces_definition():
 
 def test_module_imports_stay_light():
     """The H200 has torch, numpy and vLLM's deps only: importing the tool pulls none of these in."""
-    code = ("import sys, app.tools.bench, app.tools.bench_targets, app.tools.bench_memory; "
+    code = ("import sys, bench, bench.targets, bench.memory; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'gradio', 'httpx', 'matplotlib', 'soundfile', 'onnxruntime', 'wetext', 'vllm'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -117,7 +117,7 @@ def test_sweep_in_process(tiny_model_dir, tmp_path):
         for r in lv["requests"]:
             assert r["ttfa_ms"] >= r["server_ttfa_ms"] > 0  # the service's clock starts after the frontend
     assert png.read_bytes()[:8] == PNG_MAGIC
-    from app.tools.bench import main
+    from bench.__main__ import main
 
     assert main(["plot", str(out), "--png", str(tmp_path / "again.png")]) == 0  # re-plot from the JSON
     assert (tmp_path / "again.png").read_bytes()[:8] == PNG_MAGIC

@@ -270,7 +270,7 @@ def wait_idle(server, timeout_s: float = 30.0) -> dict:
 
 
 def server_rss_mib(base: str) -> dict[str, float]:
-    from app.tools.soak import rss_mib, server_process
+    from bench.soak import rss_mib, server_process
 
     return rss_mib(server_process(base))
 
@@ -387,12 +387,12 @@ def test_no_user_text_in_the_log(server):
 
 
 def test_engine_death_is_reported_then_the_engine_restarts(server, voice):
-    """kill -9 of the EngineCore (app/tools/engine_kill.py's drill): /health says so within seconds,
+    """kill -9 of the EngineCore (bench/engine_kill.py's drill): /health says so within seconds,
     /v1 and the page refuse at once with "engine died", the engine restarts in-process and serves."""
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
 
-    from app.tools.engine_kill import drill
+    from bench.engine_kill import drill
 
     client = Client(server[0] + "/", verbose=False)
 

@@ -12,10 +12,10 @@ from app.model.hift import HiFTGenerator
 from app.model.hparams import ModelFolderError, load_hparams
 from app.model.llm import SpeechLM
 from app.model.loader import load_model
-from app.tools.make_model import OFFICIAL_PARAMS, OFFICIAL_TENSORS, compare_official
-from app.tools.model_sizes import FULL
-from app.tools.tokenizer_files import write_qwen_config
-from app.tools.yaml_template import render_cosyvoice2_yaml
+from app.model.random.make import OFFICIAL_PARAMS, OFFICIAL_TENSORS, compare_official
+from app.model.random.sizes import FULL
+from app.model.random.tokenizer_files import write_qwen_config
+from app.model.random.yaml_template import render_cosyvoice2_yaml
 
 
 def test_fixture_hparams(parity_model_dir):

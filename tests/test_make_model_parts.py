@@ -13,15 +13,15 @@ import onnxruntime as ort
 import pytest
 
 from app.model.hparams import load_hparams, read_hyperpyyaml
-from app.tools.model_sizes import FULL, SIZES, TINY, TOKENIZER_LEN, ModelSize
-from app.tools.onnx_standins import expected_token_count, write_campplus, write_speech_tokenizer
-from app.tools.tokenizer_files import (
+from app.model.random.sizes import FULL, SIZES, TINY, TOKENIZER_LEN, ModelSize
+from app.model.random.standins import expected_token_count, write_campplus, write_speech_tokenizer
+from app.model.random.tokenizer_files import (
     qwen2_tensor_shapes,
     write_qwen2_tokenizer,
     write_qwen_config,
     write_safetensors_skeleton,
 )
-from app.tools.yaml_template import render_cosyvoice2_yaml
+from app.model.random.yaml_template import render_cosyvoice2_yaml
 
 # CosyVoice2Tokenizer's added specials, in order (cosyvoice_internals.md §2.3)
 COSYVOICE_SPECIALS = [

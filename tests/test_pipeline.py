@@ -21,9 +21,11 @@ from app.model.loader import load_model
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 
 
-def make_synth(model_dir, *, nsf_noise: bool = True, flow_batch: int = 1, **streaming) -> Synthesizer:
+def make_synth(model_dir, *, nsf_noise: bool = True, flow_batch: int = 1, engine: dict | None = None,
+               **streaming) -> Synthesizer:
     overrides = {"model.device": "cpu", "streaming.nsf_noise": nsf_noise, "engine.flow_batch": flow_batch}
     overrides.update({f"streaming.{k}": v for k, v in streaming.items()})
+    overrides.update({f"engine.{k}": v for k, v in (engine or {}).items()})
     cfg = load_config(overrides=overrides)
     model = load_model(model_dir, device="cpu", nsf_noise=nsf_noise)
     return Synthesizer(model, TorchLMBackend(model.llm), cfg)

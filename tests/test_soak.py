@@ -10,7 +10,7 @@ import sys
 import pytest
 from studio import REPO, run_studio
 
-from app.tools.soak import gpu_mib, is_loopback_url, parse_args
+from bench.soak import gpu_mib, is_loopback_url, parse_args
 
 
 def test_loopback_only_unless_allowed():
@@ -51,7 +51,7 @@ def test_gpu_memory_is_read_from_the_servers_metrics():
 def test_soak_30_seconds(tiny_model_dir, tmp_path):
     with run_studio(tiny_model_dir, tmp_path) as (base, tmp):
         out = tmp / "soak.json"
-        proc = subprocess.run([sys.executable, "-m", "app.tools.soak", "--url", base, "--streams", "4",
+        proc = subprocess.run([sys.executable, "-m", "bench.soak", "--url", base, "--streams", "4",
                                "--minutes", "0.5", "--disconnect-rate", "0.3", "--seed", "1", "--out", str(out)],
                               cwd=REPO, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -33,11 +33,12 @@ _DROPPED_CATEGORIES = ("Cc", "Cf", "Cs")
 
 
 class InputError(ValueError):
-    """A user input is unusable; `str(e)` says why and what to do, `param` names the field."""
+    """A user input is unusable; `str(e)` says why and what to do, `param` names the field (app/engine/prepare.py's
+    names: text, voice, reference, prompt_text, ...; each door maps them to its own), `code` the kind."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, code: str = "invalid_value") -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 def _shown(value: object) -> str:

@@ -1,49 +1,40 @@
 """The synthesis pipeline: request -> text segments -> LM token stream -> audio chunks.
 
-One `Synthesizer` per process is shared by every request. Per-request state (token list,
-`Token2WavStream`, generators, timings) lives in locals of `stream()` and dies with it.
+One `Synthesizer` per process is shared by every request. All per-request state (segments, token
+list, LM stream, `Token2WavStream`, worker affinity, timings) lives on one `Utterance`
+(app/engine/utterance.py), made by `stream()` and dying with it.
 Flow/HiFT work runs as jobs of the `Token2WavScheduler` (the single owner of that compute: worker
 threads, earliest deadline first), so the event loop stays free and requests interleave chunk by chunk.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 import torch
 
-from app.audio import OUTPUT_SAMPLE_RATE_HZ
+from app.audio import MEL_FRAMES_PER_TOKEN
 from app.config import Config
+from app.engine.flow_budget import FlowBudget
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.t2w_scheduler import Token2WavScheduler
+from app.engine.utterance import Segment, Utterance
 from app.model.flow.graphs import EstimatorGraphs
+from app.model.flow.incremental import state_bytes
+from app.model.flow.prompt_cache import PromptCache
 from app.model.frontend import VoiceFeatures
 from app.model.loader import CosyVoice2Model
-from app.model.token2wav import StreamOptions, Token2WavStream, flow_batch
+from app.model.token2wav import ChunkPlan, StreamOptions, Token2WavStream, flow_batch, flow_step
 
 ENDOFPROMPT = "<|endofprompt|>"
 
 
 class EmptyTextError(ValueError):
     """Nothing speakable is left after normalisation."""
-
-
-@dataclass
-class _Timings:
-    t0: float = field(default_factory=time.perf_counter)
-    first_audio: float | None = None
-    lm_s: float = 0.0
-    flow_s: float = 0.0
-    hift_s: float = 0.0
-    n_tokens: int = 0
-    n_samples: int = 0
-    n_chunks: int = 0
 
 
 class Synthesizer:
@@ -56,15 +47,17 @@ class Synthesizer:
         self.stream_opts = StreamOptions(
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
-            crossfade=s.crossfade, align_first_hop=s.align_first_hop)
+            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=cfg.engine.flow_incremental)
         e = cfg.engine
+        # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
+        self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30)) if e.flow_incremental else None
+        self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
         # CUDA graphs of the flow estimator (off on CPU: nothing to capture there)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
                                            max_graphs=e.flow_max_graphs) \
             if e.flow_cuda_graphs and torch.device(model.device).type == "cuda" else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs))
-        self._keys = itertools.count()  # spreads requests over the token2wav workers
 
     # --- voices ------------------------------------------------------------------------------
 
@@ -98,78 +91,71 @@ class Synthesizer:
 
     # --- streaming ---------------------------------------------------------------------------
 
-    async def _run_t2w(self, t2w: Token2WavStream, tokens: list[int], plan, tm: _Timings, key: int) -> np.ndarray:
-        # deadline: a first chunk's listener waits since the request began; a later chunk's audio is
-        # needed when what was already sent has played out
-        deadline = tm.t0 if tm.first_audio is None else tm.first_audio + tm.n_samples / OUTPUT_SAMPLE_RATE_HZ
-
-        def finish(mel: torch.Tensor, flow_s: float) -> np.ndarray:  # on the worker, after the flow call
-            hift_s = t2w.hift_s
-            wave = t2w.finish(mel, plan)
-            t2w.flow_s += flow_s
-            tm.flow_s += flow_s  # the whole (maybe shared) flow call: the time this request waited on it
-            tm.hift_s += t2w.hift_s - hift_s
-            return wave.cpu().numpy().astype(np.float32, copy=False)
-
+    async def _run_t2w(self, u: Utterance, plan: ChunkPlan) -> np.ndarray:
+        seg = u.segment
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
-        item = t2w.flow_item(torch.tensor([tokens], dtype=torch.int64), plan)
-        return await self._t2w.run_flow(item, finish, deadline=deadline, key=key)
+        tokens = torch.tensor([seg.tokens], dtype=torch.int64)
+        if seg.t2w.opts.incremental and plan.streaming and not seg.resolve:
+            return await self._t2w.run(partial(self._incremental_chunk, u, tokens, plan), deadline=u.deadline(),
+                                       key=u.worker)
+        item = seg.t2w.flow_item(tokens, plan)
+        return await self._t2w.run_flow(item, partial(u.finish_chunk, plan), deadline=u.deadline(), key=u.worker)
 
-    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+    def _incremental_chunk(self, u: Utterance, tokens: torch.Tensor, plan: ChunkPlan) -> np.ndarray:
+        """One streaming hop through the incremental flow, then HiFT (on a token->wave worker)."""
+        t0 = time.perf_counter()
+        seg, flow = u.segment, self.model.flow
+        t2w = seg.t2w
+        first_bytes = state_bytes(flow, MEL_FRAMES_PER_TOKEN * (t2w.n_prompt + plan.n_tokens))
+        if self.flow_budget.admit(t2w, t2w.flow_state_bytes, first_bytes):
+            if self.prompt_cache is not None and t2w.voice_prefix is None and not t2w.flow_state_bytes:
+                p = t2w.prompt
+                t2w.voice_prefix = self.prompt_cache.get(u.voice_key, flow, p.tokens, p.mel, p.embedding)
+            mel = flow_step(flow, t2w.flow_state, tokens, plan)
+            self.flow_budget.update(t2w, t2w.flow_state_bytes)
+        else:  # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
+            seg.resolve = True
+            t2w.drop_flow_state()
+            mel = flow_batch(flow, [t2w.flow_item(tokens, plan)], graphs=self.flow_graphs)[0]
+        return u.finish_chunk(plan, mel, time.perf_counter() - t0)
+
+    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""
-        tm = _Timings()
-        key = next(self._keys)
         segments = self.model.frontend.split_text(req.text)
         if not segments:
             raise EmptyTextError("the text has nothing speakable after normalisation; type some words")
+        u = Utterance(req, segments, queue_wait_s=queue_wait_s, n_workers=self.cfg.engine.token2wav_workers)
         device = self.model.device
         prompt = req.voice.flow_prompt(device)
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request
-        index = 0
-        for seg_i, segment in enumerate(segments):
-            last_segment = seg_i == len(segments) - 1
-            lm_req = self.lm_request(req, segment, seg_i)
+        for seg_i, text in enumerate(segments):
             t2w = Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
                                   stream=req.stream, speed=req.speed, generator=hift_gen)
-            tokens: list[int] = []
-            finished = False
-            stream = self.lm.stream(lm_req)
+            u.segment = seg = Segment(seg_i, text, t2w, self.lm.stream(self.lm_request(req, text, seg_i)), [])
             try:
                 while not t2w.done:
-                    plan = t2w.next_plan(len(tokens), finished)
+                    plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)
                     if plan is None:
                         t = time.perf_counter()
                         try:
-                            new = await anext(stream)
-                            tokens.extend(new)
-                            tm.n_tokens += len(new)
+                            new = await anext(seg.lm)
                         except StopAsyncIteration:
-                            finished = True
-                        tm.lm_s += time.perf_counter() - t
+                            new, seg.lm_finished = [], True
+                        u.add_tokens(new, time.perf_counter() - t)
                         continue
-                    if plan.finalize and not tokens:  # the LM stopped at once: nothing to vocode
+                    if plan.finalize and not seg.tokens:  # the LM stopped at once: nothing to vocode
                         t2w.done = True
                         samples = np.zeros(0, dtype=np.float32)
                     else:
-                        samples = await self._run_t2w(t2w, tokens, plan, tm, key)
-                    is_final = last_segment and plan.finalize
-                    tm.n_samples += samples.shape[0]
-                    tm.n_chunks += 1
-                    if tm.first_audio is None and samples.shape[0]:
-                        tm.first_audio = time.perf_counter()
-                    stats = self._stats(tm, len(segments)) if is_final else None
-                    yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final, stats=stats)
-                    index += 1
+                        samples = await self._run_t2w(u, plan)
+                    is_final = u.is_last_segment and plan.finalize
+                    index = u.chunk_index
+                    u.emitted(samples.shape[0])
+                    yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final,
+                                     stats=u.stats() if is_final else None)
             finally:
-                await stream.aclose()  # aborts the LM request if we stopped early
-
-    def _stats(self, tm: _Timings, n_segments: int) -> RequestStats:
-        now = time.perf_counter()
-        first = tm.first_audio if tm.first_audio is not None else now
-        return RequestStats(
-            ttfa_ms=(first - tm.t0) * 1e3, wall_s=now - tm.t0, audio_s=tm.n_samples / OUTPUT_SAMPLE_RATE_HZ,
-            n_tokens=tm.n_tokens, n_segments=n_segments, n_chunks=tm.n_chunks, lm_s=tm.lm_s,
-            flow_s=tm.flow_s, hift_s=tm.hift_s)
+                await seg.lm.aclose()  # aborts the LM request if we stopped early
+                self.flow_budget.release(t2w)
 
     async def synthesize(self, req: SynthesisRequest) -> tuple[np.ndarray, RequestStats]:
         """Whole utterance at once: ([N] float32 at 24 kHz, stats)."""

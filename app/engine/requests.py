@@ -58,6 +58,9 @@ class RequestStats:
     lm_s: float  # time spent waiting on the LM stream
     flow_s: float
     hift_s: float
+    # per chunk, in order: wall ms of its flow call (the whole call when batched) and mel frames it emitted
+    chunk_flow_ms: tuple[float, ...] = ()
+    chunk_frames: tuple[int, ...] = ()
 
     @property
     def rtf(self) -> float:

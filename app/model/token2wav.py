@@ -224,6 +224,15 @@ class Token2WavStream:
             self._flow_state = FlowState(self.flow, p.tokens, p.mel, p.embedding, prefix=self.voice_prefix)
         return self._flow_state
 
+    @property
+    def flow_state_bytes(self) -> int:
+        """Bytes the incremental flow state holds now (0 before its first hop and after the final)."""
+        return self._flow_state.nbytes if self._flow_state is not None else 0
+
+    def drop_flow_state(self) -> None:
+        """Free the incremental state; later hops then re-solve (`flow_item` + `flow_batch`), same mel."""
+        self._flow_state = None
+
     def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
         """Flow stage of `plan` alone: new mel frames [1, 80, T] (float32), prefix before offset cut."""
         if self.opts.incremental:

@@ -1,7 +1,10 @@
-"""Command-line synthesis through the whole chain (frontend, LM, flow, HiFT).
+"""Command-line synthesis through the same engine as the server (vLLM where installed, else PyTorch).
 
     python -m app.tools.synthesize --model-dir D --text T --prompt-wav W --prompt-text P \
-        --out out.wav [--stream] [--seed N] [--mode zero_shot|cross_lingual|instruct]
+        --out out.wav [--stream] [--seed N] [--mode zero_shot|cross_lingual|instruct] [--config F] [--set K=V]
+
+It is one more door: `StudioService` starts the model and LM backend as `python app.py` does,
+`prepare` checks the inputs, and the chunks come from `StudioService.stream`. Prints a JSON report.
 """
 
 from __future__ import annotations
@@ -16,16 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, wav_bytes
-from app.config import load_config
-from app.engine.lm_backend import TorchLMBackend
-from app.engine.pipeline import Synthesizer
-from app.engine.requests import MODES, SynthesisRequest
-from app.model.loader import load_model
+from app.cli import add_config_args, config_from_cli
+from app.engine.prepare import SpeechInputs, prepare
+from app.engine.requests import MODES
+from app.engine.service import StudioService
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app.tools.synthesize", description=__doc__.split("\n")[0])
-    p.add_argument("--model-dir", required=True, help="CosyVoice2 folder in the official layout")
+    add_config_args(p)
     p.add_argument("--text", required=True, help="text to speak")
     p.add_argument("--prompt-wav", required=True, help="reference recording (any common format)")
     p.add_argument("--prompt-text", default="", help="transcript of the reference recording")
@@ -35,39 +37,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=MODES, default="zero_shot")
     p.add_argument("--instruct-text", default="")
     p.add_argument("--speed", type=float, default=1.0, help="non-streaming only")
-    p.add_argument("--config", default=None, help="override file, e.g. configs/cpu.toml")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.model_dir:
+        p.error("--model-dir is required")
+    return args
 
 
 async def run(args: argparse.Namespace) -> dict:
-    overrides = {"model.device": args.device} if args.device else {}
-    cfg = load_config(args.config, overrides)
+    cfg = config_from_cli(args)
+    service = StudioService(cfg)
     t0 = time.perf_counter()
-    m = cfg.model
-    model = load_model(args.model_dir, device=m.device, llm_dtype=m.llm_dtype, flow_dtype=m.flow_dtype,
-                       hift_dtype=m.hift_dtype, text_frontend=m.text_frontend,
-                       nsf_noise=cfg.streaming.nsf_noise)
-    load_s = time.perf_counter() - t0
-    synth = Synthesizer(model, TorchLMBackend(model.llm), cfg)
     try:
-        t1 = time.perf_counter()
-        voice = synth.voice_from_audio(args.prompt_wav, args.prompt_text)
-        frontend_s = time.perf_counter() - t1
-        req = SynthesisRequest(text=args.text, voice=voice, mode=args.mode, instruct_text=args.instruct_text,
-                               seed=args.seed, speed=args.speed, stream=args.stream)
+        await service.start()
+        if not service.ready:
+            raise ValueError(service.error or service.status)
+        load_s = time.perf_counter() - t0
+        prepared = await prepare(service, SpeechInputs(
+            text=args.text, reference=Path(args.prompt_wav), transcript=args.prompt_text, mode=args.mode,
+            instruct_text=args.instruct_text, seed=args.seed, speed=args.speed, stream=args.stream))
         parts, chunk_lens, stats = [], [], None
-        async for chunk in synth.stream(req):
+        async for chunk in service.stream(prepared.request):
             parts.append(chunk.samples)
             chunk_lens.append(int(chunk.samples.shape[0]))
             stats = chunk.stats or stats
     finally:
-        await synth.aclose()
+        await service.aclose()
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     Path(args.out).write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
     assert stats is not None
-    return {"out": args.out, "checkpoint_counts": model.checkpoint_counts,
-            "load_s": round(load_s, 3), "frontend_s": round(frontend_s, 3),
+    return {"out": args.out, "backend": service.facts().get("backend"),
+            "checkpoint_counts": service.model.checkpoint_counts, "load_s": round(load_s, 3),
+            "frontend_s": round(prepared.reference_s, 3), "mode": prepared.request.mode, "notes": list(prepared.notes),
             "ttfa_ms": round(stats.ttfa_ms, 1), "rtf": round(stats.rtf, 3), "audio_s": round(stats.audio_s, 3),
             "n_tokens": stats.n_tokens, "tokens_per_s": round(stats.tokens_per_s, 1),
             "n_segments": stats.n_segments, "chunk_samples": chunk_lens,

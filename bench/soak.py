@@ -1,6 +1,6 @@
 """A bounded soak of a running studio: N concurrent /v1/audio/speech streams with random early disconnects.
 
-    python -m app.tools.soak --url http://127.0.0.1:7860 --streams 8 --minutes 5 \
+    python -m bench.soak --url http://127.0.0.1:7860 --streams 8 --minutes 5 \
         [--disconnect-rate 0.3] [--voice NAME] [--out soak.json]
 
 Each of `--streams` loops sends a speech request (a random text of 1-4 sentences, streamed as PCM)
@@ -44,7 +44,7 @@ from urllib.parse import urlparse
 import httpx
 import numpy as np
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 MIB = 1024 * 1024
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "A soak test keeps many voices talking at once.",
              "Every stream may end early, and nothing should be left behind.",

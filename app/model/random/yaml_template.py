@@ -8,7 +8,7 @@ the folder also loads with the official code; only the sizes of `ModelSize` chan
 
 from __future__ import annotations
 
-from app.tools.model_sizes import ModelSize
+from app.model.random.sizes import ModelSize
 
 # The text after the header; `{name}` fields are filled from ModelSize (the yaml has no braces).
 _BODY = """\

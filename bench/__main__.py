@@ -1,11 +1,11 @@
 """Serving benchmark: a closed-loop concurrency sweep in-process or against a running `python app.py`.
 
-    python -m app.tools.bench sweep [--url http://host:port | --model-dir DIR] [--config F] [--set k=v ...]
+    python -m bench sweep [--url http://host:port | --model-dir DIR] [--config F] [--set k=v ...]
         [--conc 1,4,16,64] [--requests N | --requests-per-stream K] [--fixed-tokens 250]
         [--voice saved|new|saved,new] [--voice-npz FILE] [--texts default|FILE] [--warmup 2]
         [--out report.json] [--png report.png]
-    python -m app.tools.bench plot report.json --png report.png      # re-plot a sweep or memory report
-    python -m app.tools.bench memory --model-dir DIR [--max-model-len 1024,2048] [--gpu-util 0.1,0.3] ...
+    python -m bench plot report.json --png report.png      # re-plot a sweep or memory report
+    python -m bench memory --model-dir DIR [--max-model-len 1024,2048] [--gpu-util 0.1,0.3] ...
 
 At concurrency C, C workers issue requests back to back until N have been issued (the last ones
 run with fewer neighbours); each level starts with `--warmup` rounds of C requests that are not
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.tools import bench_report as rep
-from app.tools.bench_targets import InProcess, MemoryWatch, OverHttp, Reference, default_reference
+from bench import report as rep
+from bench.targets import InProcess, MemoryWatch, OverHttp, Reference, default_reference
 
 # one segment each (< 80 Qwen tokens) and no digits (no wetext/inflect needed); request i speaks TEXTS[i % 4]
 TEXTS = ("Hello there, how are you today?",
@@ -104,13 +104,13 @@ def write_outputs(report: dict[str, Any], out: str | None, png: str | None, plot
         try:
             plot(report, png)
         except ImportError:
-            print(f"matplotlib is missing: no {png}; later run `python -m app.tools.bench plot {out or 'REPORT'} "
+            print(f"matplotlib is missing: no {png}; later run `python -m bench plot {out or 'REPORT'} "
                   f"--png {png}` where it is installed", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m app.tools.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="closed-loop concurrency sweep (in-process or --url)")
     where = s.add_mutually_exclusive_group()
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plot", help="draw the PNG of a sweep or memory JSON report")
     pl.add_argument("report")
     pl.add_argument("--png", required=True)
-    from app.tools import bench_memory
+    from bench import memory as bench_memory
 
     bench_memory.add_parser(sub)
     args = p.parse_args(argv)

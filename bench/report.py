@@ -1,4 +1,4 @@
-"""Numbers and output of the serving benchmark (`python -m app.tools.bench`): per-request results,
+"""Numbers and output of the serving benchmark (`python -m bench`): per-request results,
 per-level summaries, machine facts, the Markdown table and the PNG plots.
 
 Definitions (docs/bench.md has the long form; times in seconds from the request's start unless *_ms):
@@ -26,7 +26,7 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 LEVEL_FIELDS = ("voice", "concurrency", "n", "errors", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_max_ms", "rtf_p50",
                 "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "max_late_ms", "gpu_mem_gb", "rss_gb")
@@ -52,6 +52,8 @@ class RequestResult:
     lm_s: float | None = None
     flow_s: float | None = None
     hift_s: float | None = None
+    # in-process: per chunk, flow ms per emitted mel frame (RequestStats.chunk_flow_ms / chunk_frames)
+    flow_ms_per_frame: list[float] | None = None
 
     @property
     def rtf(self) -> float | None:
@@ -118,8 +120,17 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "frontend_p50_s": p50("frontend_s"), "lm_p50_s": p50("lm_s"), "flow_p50_s": p50("flow_s"),
         "hift_p50_s": p50("hift_s"), "kv_cache_usage_peak": _r(mem.get("kv_cache_usage_peak"), 3),
         "gpu_total_gb": _r(mem.get("gpu_total_gb"), 1), "error_examples": sorted(set(errors))[:3],
+        "flow_ms_per_frame_by_chunk": flow_by_chunk(ok),
         "requests": [_request_row(r) for r in results],
     }
+
+
+def flow_by_chunk(results: list[RequestResult]) -> list[float] | None:
+    """p50 over requests of the flow ms per emitted mel frame, by chunk position (None over HTTP)."""
+    rows = [r.flow_ms_per_frame for r in results if r.flow_ms_per_frame]
+    if not rows:
+        return None
+    return [_r(_pct([row[i] for row in rows if i < len(row)], 50), 3) for i in range(max(map(len, rows)))]
 
 
 def _request_row(r: RequestResult) -> dict[str, Any]:
@@ -170,7 +181,7 @@ def machine_info() -> dict[str, Any]:
 def run_header(kind: str, argv: list[str]) -> dict[str, Any]:
     import shlex
 
-    return {"tool": f"app.tools.bench {kind}", "command": shlex.join(["python", "-m", "app.tools.bench", *argv]),
+    return {"tool": f"bench {kind}", "command": shlex.join(["python", "-m", "bench", *argv]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": git_commit(), "machine": machine_info()}
 
 

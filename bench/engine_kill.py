@@ -1,6 +1,6 @@
 """Fault drill: kill -9 the vLLM engine of a running local studio and time how it comes back.
 
-    python -m app.tools.engine_kill --url http://127.0.0.1:7860 [--voice NAME] [--out drill.json]
+    python -m bench.engine_kill --url http://127.0.0.1:7860 [--voice NAME] [--out drill.json]
 
 Finds the server by its port (so only on this machine, loopback only), kills its EngineCore process
 with SIGKILL and measures: how long until /health reports the death (`detect_s`), that a speech
@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from app.tools.soak import is_loopback_url, server_process, voice_upload
+from bench.soak import is_loopback_url, server_process, voice_upload
 
 DETECT_LIMIT_S = 10.0  # the death must show in /health within this
 READY_LIMIT_S = 300.0  # engine start on a cold GPU compile cache can take minutes

@@ -23,37 +23,12 @@ from urllib.parse import urlparse
 import numpy as np
 
 from app.audio import SAMPLES_PER_TOKEN
-from app.tools import bench_report as rep
+from app.cli import config_from_cli, config_path
+from bench import report as rep
 
 ASSETS = rep.REPO / "assets"
 GB = 1e9
 MIB = 1024 * 1024
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """`--set key=value` pairs (TOML values; a bare word is a string), as app.py reads them."""
-    import tomllib
-
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            overrides[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key.strip()] = raw
-    return overrides
-
-
-def config_path(given: str | None) -> str | Path | None:
-    """As app.py: --config, else $COSYVOICE_CONFIG, else configs/cpu.toml on a machine without CUDA."""
-    path = given or os.environ.get("COSYVOICE_CONFIG")
-    if path is None:
-        import torch
-
-        from app.config import CONFIG_DIR
-
-        path = None if torch.cuda.is_available() else CONFIG_DIR / "cpu.toml"
-    return path
 
 
 class Reference:
@@ -140,7 +115,6 @@ class InProcess:
         self.voice: Any = None
 
     async def start(self) -> None:
-        from app.config import load_config
         from app.engine.resources import ResourceProbe
 
         try:
@@ -149,12 +123,9 @@ class InProcess:
             raise SystemExit(f"the in-process service cannot be imported: {e}. Install {e.name or 'it'} here (the "
                              "offline H200: carry its wheel) or benchmark a server elsewhere with --url") from e
 
-        overrides = parse_sets(self.args.set)
-        if self.args.model_dir:
-            overrides["model.dir"] = self.args.model_dir
         path = config_path(self.args.config)
         self.config_path = str(path) if path else None
-        self.service = StudioService(load_config(path, overrides))
+        self.service = StudioService(config_from_cli(self.args))  # as app.py builds it
         await self.service.start()
         if not self.service.ready:
             raise SystemExit(f"the service did not start: {self.service.error}\n(StudioService.start warms up "
@@ -197,8 +168,10 @@ class InProcess:
             wall_s = time.perf_counter() - t0
         except Exception as e:  # counted as an error of the level; the sweep goes on
             return rep.RequestResult(index=i, ok=False, error=f"{type(e).__name__}: {e}"[:300])
-        extra = {} if stats is None else dict(n_tokens=stats.n_tokens, server_ttfa_ms=stats.ttfa_ms, lm_s=stats.lm_s,
-                                              flow_s=stats.flow_s, hift_s=stats.hift_s)
+        extra = {} if stats is None else dict(
+            n_tokens=stats.n_tokens, server_ttfa_ms=stats.ttfa_ms, lm_s=stats.lm_s, flow_s=stats.flow_s,
+            hift_s=stats.hift_s, flow_ms_per_frame=[round(ms / n, 4) for ms, n in
+                                                   zip(stats.chunk_flow_ms, stats.chunk_frames, strict=True) if n])
         return rep.result_from_arrivals(i, arrivals, wall_s, frontend_s=frontend_s, **extra)
 
     async def aclose(self) -> None:

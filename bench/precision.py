@@ -1,6 +1,6 @@
 """Measure what each flow / vocoder precision costs against fp32, on one utterance.
 
-    python -m app.tools.precision --model-dir D [--device cuda] [--out report.json]
+    python -m bench.precision --model-dir D [--device cuda] [--out report.json]
 
 Speech tokens come from the reference LM once (fixed seed); then token->wave runs with every
 (flow dtype, HiFT dtype) pair, deterministic NSF source, and is compared with fp32/fp32: the
@@ -28,7 +28,7 @@ from app.model.token2wav import StreamOptions, Token2WavStream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TEXT = "Hello there, how are you today? This sentence measures numerical precision."
-PROMPT_WAV = Path(__file__).resolve().parents[2] / "assets" / "prompt_en.wav"
+PROMPT_WAV = Path(__file__).resolve().parents[1] / "assets" / "prompt_en.wav"
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 
 
@@ -78,7 +78,7 @@ def measure(model_dir: str, device: str = "cpu") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.tools.precision", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.precision", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)

@@ -18,7 +18,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from app.tools.model_sizes import ModelSize
+from app.model.random.sizes import ModelSize
 
 QWEN2_BPE_SIZE = 151_643  # vocab.json rows of Qwen2 (ids 0..151642)
 QWEN2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 151643, 151644, 151645

@@ -1,6 +1,6 @@
 """The classic memory experiment: KV-cache capacity and memory in use as the engine's sizes vary.
 
-    python -m app.tools.bench memory --model-dir DIR [--config F] [--set k=v ...]
+    python -m bench memory --model-dir DIR [--config F] [--set k=v ...]
         [--max-model-len 1024,2048,4096] [--gpu-util 0.1,0.15,0.3] [--cpu-kv-gib 1,2,4]
         [--out mem.json] [--png mem.png]
 
@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Any
 
-from app.tools import bench_report as rep
+from bench import report as rep
 
 COLUMNS = ("max_model_len", "knob_value", "kv_cache_tokens", "max_full_len_requests", "device_used_gb",
            "engine_gpu_gb", "rss_gb", "engine_start_s", "error")
@@ -77,10 +77,10 @@ def measure(probe: Any, backend: Any, gpu: bool) -> dict[str, float | None]:
 async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import torch
 
+    from app.cli import config_path, parse_sets
     from app.config import load_config
     from app.engine.resources import ResourceProbe, kv_cache_tokens
     from app.engine.vllm_backend import EngineStartError, VLLMBackend
-    from app.tools.bench_targets import config_path, parse_sets
 
     gpu = torch.cuda.is_available()
     knob, values = ("vllm.gpu_memory_utilization", args.gpu_util) if gpu else ("vllm.cpu_kvcache_space_gib",

@@ -1,6 +1,6 @@
 """Speech-LM benchmark: time to first token and inter-token latency at several concurrencies.
 
-    python -m app.tools.bench_lm --model-dir D [--config configs/x.toml] [--conc 1,16,64]
+    python -m bench.lm --model-dir D [--config configs/x.toml] [--conc 1,16,64]
         [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
 
 Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
@@ -121,7 +121,7 @@ async def run(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.tools.bench_lm", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.lm", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--config", default=None)
     p.add_argument("--device", default=None)

@@ -1,0 +1,49 @@
+"""One admission for the whole process: at most `server.concurrency_limit` syntheses run at once,
+whatever the door (the page's Gradio events, `/studio/speech`, `/v1/audio/speech`).
+
+`admit()` waits in line behind the running requests; with `server.queue_max_size` already waiting
+it raises `BusyError` at once instead (counted as "rejected"). The semaphore is created on first use,
+on the serving event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from app.config import ServerConfig
+from app.engine.metrics import Metrics
+
+
+class BusyError(RuntimeError):
+    """Every slot is running and the waiting line is full: try again later."""
+
+
+class Admission:
+    def __init__(self, cfg: ServerConfig, metrics: Metrics) -> None:
+        self.cfg, self.metrics = cfg, metrics
+        self._slots: asyncio.Semaphore | None = None
+        self.waiting = 0  # requests waiting for a slot
+
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[float]:
+        """Hold one slot for the block; yields the seconds it waited."""
+        srv = self.cfg
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(srv.concurrency_limit)
+        if self._slots.locked() and self.waiting >= srv.queue_max_size:
+            self.metrics.request_finished(None, 0.0, "rejected")
+            raise BusyError(f"the server is busy ({srv.concurrency_limit} requests running, {self.waiting} "
+                            "waiting); try again in a few seconds")
+        t0 = time.monotonic()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield time.monotonic() - t0
+        finally:
+            self._slots.release()

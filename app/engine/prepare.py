@@ -1,0 +1,113 @@
+"""One preparation for every way in: the page, its Gradio API, `/studio/speech` and `/v1/audio/speech`.
+
+A door decodes its own wire format into `SpeechInputs`, calls `prepare`, and maps the errors to its
+own shape (a `gr.Error`, an OpenAI-shaped HTTP error). `prepare` owns everything in between: every
+input check (app/engine/inputs.py), the voice (a saved one by name, or a reference clip's features,
+cached), the fallbacks (no transcript -> cross-lingual; no mode -> instruct when there is an
+instruction), and builds the one `SynthesisRequest`. What it changed or warns about comes back as
+`notes`, for the door to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.audio import AudioError
+from app.engine import inputs
+from app.engine.inputs import InputError
+from app.engine.requests import SynthesisRequest
+from app.engine.voices import VoiceError
+from app.model.frontend import PromptAudioError, VoiceFeatures
+
+NO_TRANSCRIPT_NOTE = "no transcript: used cross-lingual mode (the voice without its words)"
+NO_REFERENCE = "Upload or record a reference clip, or pick a saved voice."
+
+
+@dataclass(frozen=True)
+class SpeechInputs:
+    """A synthesis as a door received it, not yet checked (values may be of any type)."""
+
+    text: object
+    voice: str | None = None  # a saved voice's name; else `reference` + `transcript`
+    # the reference clip: a path, its bytes, or a door's own lookup returning one (called after the checks)
+    reference: str | Path | bytes | Callable[[], Path] | None = None
+    transcript: object = None
+    mode: object = None  # None: instruct when `instruct_text` is given, else zero_shot
+    instruct_text: object = None
+    seed: object = None  # None or -1: a random one
+    speed: object = 1.0
+    stream: bool | None = True  # None: stream unless speed != 1.0 (speed needs the whole utterance)
+    fixed_tokens: object = 0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request and what the door may show about it."""
+
+    request: SynthesisRequest
+    notes: tuple[str, ...]  # the reference checks' notes (trimmed, clipped), fallbacks taken
+    voice_name: str  # "" for a reference clip
+    reference_s: float  # seconds spent getting the voice's features (0 for a cached or saved voice: fast)
+
+
+def _named(e: Exception, reference: str | Path | bytes | None) -> str:
+    """`str(e)` with a server path reduced to its file name (paths are never echoed to clients)."""
+    msg = str(e)
+    if isinstance(reference, str | Path):
+        msg = msg.replace(str(reference), Path(reference).name)
+    return msg
+
+
+async def load_voice(service, name: str) -> VoiceFeatures:
+    """A saved voice, or `InputError(param="voice", code="voice_not_found")`."""
+    try:
+        return await asyncio.to_thread(service.voices.load, name)
+    except VoiceError as e:
+        raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) or upload a reference clip",
+                         "voice", code="voice_not_found") from e
+
+
+async def reference_voice(service, reference: str | Path | bytes, transcript: object) -> VoiceFeatures:
+    """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong."""
+    transcript = inputs.check_transcript(transcript)
+    try:
+        return await service.voice_from_audio(reference, transcript)
+    except (AudioError, PromptAudioError, OSError) as e:
+        raise InputError(_named(e, reference), "reference", code="invalid_audio") from e
+
+
+async def prepare(service, x: SpeechInputs) -> Prepared:
+    """Check `x`, resolve its voice and build the request. Raises `InputError` (with `param`/`code`),
+    or `NotReadyError` before the model is ready."""
+    service.require_ready()
+    text = inputs.check_text(x.text, service.cfg.server.max_text_chars, param="text")
+    # an instruction given (even one that cleans to nothing, which check_instruct then refuses) means instruct
+    given = str(x.instruct_text or "").strip()
+    mode = inputs.check_mode(x.mode if x.mode else ("instruct" if given else "zero_shot"))
+    instruct_text = inputs.check_instruct(given, mode)
+    speed_value = 1.0 if x.speed is None else x.speed
+    stream = bool(x.stream) if x.stream is not None else speed_value == 1.0
+    speed = inputs.check_speed(speed_value, stream)
+    seed = inputs.check_seed(x.seed)
+    fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens)
+    t0 = time.perf_counter()
+    if x.voice:
+        voice = await load_voice(service, x.voice)
+    elif x.reference:
+        reference = x.reference() if callable(x.reference) else x.reference
+        voice = await reference_voice(service, reference, x.transcript)
+    else:
+        inputs.check_transcript(x.transcript)  # a transcript over the limit says so even without a clip
+        raise InputError(NO_REFERENCE, "reference", code="missing_reference")
+    reference_s = time.perf_counter() - t0
+    notes = list(voice.notes)
+    if mode == "zero_shot" and not voice.prompt_text.strip():
+        mode = "cross_lingual"
+        notes.append(NO_TRANSCRIPT_NOTE)
+    req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
+                           stream=stream, fixed_tokens=fixed_tokens)
+    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s)
