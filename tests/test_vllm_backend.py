@@ -29,13 +29,24 @@ from app.engine.requests import SynthesisRequest
 from app.engine.vllm_start import explain_start_failure
 from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, SpeechLM
 from app.model.loader import load_model
-from app.model.vllm_export import PAD_BIAS, export_lm_for_vllm, file_sha256, padded_vocab_size
+from app.model.vllm_export import (
+    EXPORT_FORMAT,
+    HEAD_BIAS_FILE,
+    PAD_BIAS,
+    export_lm_for_vllm,
+    file_sha256,
+    load_head_bias,
+    padded_vocab_size,
+)
 
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 TEXTS = ("Hello there, how are you today?", "A second sentence, a little longer than the first one.",
          "Numbers like one two three.")
 # RAS that always keeps the top-1 id and never sees a repeat: argmax decoding on both backends
 GREEDY = {"sampling.top_k": 1, "sampling.tau_r": 1000.0}
+# vLLM loads only the general plugins this names: not ours (there is none), so the engine must
+# start on vLLM's own Qwen2ForCausalLM and our logits processor alone
+FOREIGN_PLUGINS = "someone_elses_plugin"
 
 
 def cpu_overrides(cache: Path, **extra) -> dict:
@@ -60,11 +71,14 @@ def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
     from app.engine.vllm_start import engine_kwargs
 
     cfg = load_config(overrides={"vllm.export_cache_dir": str(tmp_path)}).vllm
-    assert engine_kwargs(cfg, tmp_path, ras=False)["kv_cache_memory_bytes"] == 2 * 2**30
-    assert engine_kwargs(cfg, tmp_path, ras=False, gpu=False)["kv_cache_memory_bytes"] is None
+    assert engine_kwargs(cfg, tmp_path)["kv_cache_memory_bytes"] == 2 * 2**30
+    assert engine_kwargs(cfg, tmp_path, gpu=False)["kv_cache_memory_bytes"] is None
     off = load_config(overrides={"vllm.kv_cache_gib": 0}).vllm
-    assert engine_kwargs(off, tmp_path, ras=False)["kv_cache_memory_bytes"] is None
-    assert engine_kwargs(off, tmp_path, ras=False)["gpu_memory_utilization"] == off.gpu_memory_utilization
+    assert engine_kwargs(off, tmp_path)["kv_cache_memory_bytes"] is None
+    assert engine_kwargs(off, tmp_path)["gpu_memory_utilization"] == off.gpu_memory_utilization
+    # the logits processor adds the head bias: it is loaded with or without RAS
+    no_ras = load_config(overrides={"vllm.ras": False}).vllm
+    assert engine_kwargs(no_ras, tmp_path)["logits_processors"] == ["app.engine.vllm_ras:RASLogitsProcessor"]
     with pytest.raises(ConfigError, match="kv_cache_gib"):
         load_config(overrides={"vllm.kv_cache_gib": -1})
     fast = load_config(CONFIG_DIR / "fast.toml")  # the low-latency GPU preset loads, and is what it says
@@ -75,16 +89,24 @@ def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
 
 
 def test_export_logits_equal_speechlm(tiny_model_dir, tmp_path):
-    """The exported folder, read as a plain HF Qwen2 (transformers) + bias, gives SpeechLM's logits."""
+    """The exported folder, read as a stock HF Qwen2 (transformers, strict) + the bias file beside it,
+    gives SpeechLM's logits: the architecture vLLM ships, no plugin."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["architectures"] == ["CosyVoice2ForCausalLM"] and cfg["model_type"] == "qwen2"
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
+    assert cfg["cosyvoice2_export"]["format"] == EXPORT_FORMAT == 2
     assert cfg["vocab_size"] == padded_vocab_size() == 6592 and cfg["tie_word_embeddings"] is False
     assert "bos_token_id" not in cfg and "eos_token_id" not in cfg
+    # vLLM's loader reads only top-level *.safetensors: the stock Qwen2 weights, no bias among them
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
     sd = load_file(out / "model.safetensors")
-    bias = sd.pop("lm_head.bias")
+    assert "lm_head.bias" not in sd
+    bias = load_head_bias(out)
+    assert (out / HEAD_BIAS_FILE).is_file() and bias.dtype == torch.float32 and bias.shape == (6592,)
+    official = torch.load(tiny_model_dir / "llm.pt", weights_only=True)["llm_decoder.bias"]
+    assert torch.equal(bias[:N_SPEECH_ROWS], official.float())  # the official values, not rounded
     assert (bias[N_SPEECH_ROWS:] == PAD_BIAS).all() and not sd["lm_head.weight"][N_SPEECH_ROWS:].any()
     assert not sd["model.embed_tokens.weight"][N_SPEECH_ROWS:].any()
 
@@ -108,11 +130,12 @@ def test_export_idempotent_keyed_atomic(tiny_model_dir, tmp_path, monkeypatch):
     before = sorted(p.name for p in tiny_model_dir.rglob("*"))
     cache = tmp_path / "cache"
     a = export_lm_for_vllm(tiny_model_dir, cache, dtype="bfloat16")
-    assert a.name == f"{file_sha256(tiny_model_dir / 'llm.pt')[:16]}-bfloat16"
+    assert a.name == f"{file_sha256(tiny_model_dir / 'llm.pt')[:16]}-bfloat16-v{EXPORT_FORMAT}"
     mtime = (a / "model.safetensors").stat().st_mtime_ns
     assert export_lm_for_vllm(tiny_model_dir, cache, dtype="bfloat16") == a  # reused, not rewritten
     assert (a / "model.safetensors").stat().st_mtime_ns == mtime
     assert load_file(a / "model.safetensors")["lm_head.weight"].dtype == torch.bfloat16
+    assert load_head_bias(a).dtype == torch.float32
     assert sorted(p.name for p in tiny_model_dir.rglob("*")) == before  # nothing written into the model
     with pytest.raises(ValueError, match="inside the model folder"):
         export_lm_for_vllm(tiny_model_dir, tiny_model_dir / "cache")
@@ -139,6 +162,25 @@ def test_export_idempotent_keyed_atomic(tiny_model_dir, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         export_lm_for_vllm(tiny_model_dir, cache, dtype="float16")
     assert sorted(p.name for p in cache.iterdir()) == sorted([a.name, b.name])
+
+
+def test_old_or_foreign_lm_folders_are_refused(tiny_model_dir, tmp_path):
+    """A quantized_dir of export format 1 (CosyVoice2ForCausalLM, bias in the weights: it needed our
+    vLLM plugin) or without the bias file is refused before vLLM starts, saying what to do."""
+    from app.engine.vllm_start import EngineStartError, check_lm_folder
+
+    out = export_lm_for_vllm(tiny_model_dir, tmp_path / "cache", dtype="float32")
+    check_lm_folder(out)
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    cfg = json.loads((old / "config.json").read_text())
+    cfg["architectures"], cfg["cosyvoice2_export"]["format"] = ["CosyVoice2ForCausalLM"], 1
+    (old / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EngineStartError, match=r"export format 2.*quantize this model's export again"):
+        check_lm_folder(old)
+    (out / HEAD_BIAS_FILE).unlink()
+    with pytest.raises(EngineStartError, match="missing"):
+        check_lm_folder(out)
 
 
 def test_backend_choice_and_start_error_hints():
@@ -211,8 +253,12 @@ def engine(runner, tiny_model_dir, cache_dir):
                                                                       "engine.backend": "vllm"}))
     model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)
     t0 = time.perf_counter()
-    backend = runner.run(make_backend(cfg, model))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_PLUGINS", FOREIGN_PLUGINS)  # inherited by the engine process it spawns
+        backend = runner.run(make_backend(cfg, model))
     assert isinstance(backend, vllm_backend.VLLMBackend)
+    # vLLM's own class: no plugin registered it
+    assert backend.engine.vllm_config.model_config.architectures == ["Qwen2ForCausalLM"]
     print(f"\nvLLM engine start {time.perf_counter() - t0:.1f} s (export + AsyncLLM); facts {backend.facts()}")
     assert len(model.llm.llm.model.model.layers) == 0  # vLLM decodes: the torch layers were freed
     synth = Synthesizer(model, backend, cfg)

@@ -1,14 +1,17 @@
-"""RAS as a vLLM logits processor: exact math vs `ras_distribution`, batch bookkeeping, engine.
+"""RAS as a vLLM logits processor: exact math vs `ras_distribution`, batch bookkeeping, the lm_head
+bias it adds, engine.
 
 The fast tests need torch only (plus vLLM's own BatchUpdate classes where installed); the
-engine test runs the real vLLM CPU engine on the tiny model and checks the per-step
-distribution along real trajectories against the PyTorch reference.
+engine tests run the real vLLM CPU engine (vLLM's own Qwen2ForCausalLM, no plugin) on the tiny
+model and check the logits and the per-step distribution along real trajectories against the
+PyTorch reference.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -198,6 +201,36 @@ def test_processor_validation_and_loading() -> None:
             RASLogitsProcessor.validate_params(SamplingParams(extra_args=ras, **clash))
     with pytest.raises(ValueError):
         RASLogitsProcessor.validate_params(SamplingParams(extra_args={EXTRA_ARGS_KEY: {"top_p": 2.0}}))
+    for extra in (None, ras):  # prompt logprobs skip logits processors: they would miss the bias
+        with pytest.raises(ValueError, match="lm_head bias"):
+            RASLogitsProcessor.validate_params(SamplingParams(prompt_logprobs=1, extra_args=extra))
+
+
+def test_processor_adds_the_head_bias_to_every_row(tiny_model_dir, tmp_path) -> None:
+    """Every row gets the export's float32 lm_head bias, RAS or not, before RAS sees it."""
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.logits_processor import BatchUpdateBuilder
+
+    from app.engine.vllm_ras import RASLogitsProcessor
+    from app.model.vllm_export import export_lm_for_vllm, load_head_bias
+
+    folder = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="bfloat16")
+    bias = load_head_bias(folder)
+    config = SimpleNamespace(model_config=SimpleNamespace(model=str(folder), get_vocab_size=lambda: VOCAB))
+    proc = RASLogitsProcessor(config, torch.device("cpu"), False)
+    assert proc.head_bias.dtype == torch.float32 and torch.equal(proc.head_bias, bias)
+    raw = _logp_rows(2, seed=7)
+    assert torch.equal(proc.apply(raw.clone()), raw + bias)  # no RAS request yet: bias only
+    builder = BatchUpdateBuilder()
+    builder.added.append((1, _ras_sp(), None, [5, 6]))
+    proc.update_state(builder.get_and_reset(2))
+    got = proc.apply(raw.clone())
+    assert torch.equal(got[0], raw[0] + bias)
+    batch = RASBatch.build([RASParams()])
+    assert torch.equal(got[1], ras_log_probs((raw + bias)[1:], batch, *batch.history([[5, 6]], "cpu"))[0])
+    config.model_config.get_vocab_size = lambda: VOCAB - 64
+    with pytest.raises(ValueError, match="export the LM again"):
+        RASLogitsProcessor(config, torch.device("cpu"), False)
 
 
 # --- the real vLLM CPU engine: same per-step distribution as the PyTorch reference ----------
@@ -242,6 +275,7 @@ def engine(sharp_lm, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, os.environ.get(k, v))
+        mp.setenv("VLLM_PLUGINS", "someone_elses_plugin")  # no plugin of ours: vLLM's own Qwen2
         llm = LLM(model=str(folder), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype="float32",
                   enforce_eager=True, max_model_len=256, max_num_seqs=64, seed=0, max_logprobs=-1,
                   logprobs_mode="processed_logprobs", logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"])
@@ -285,6 +319,36 @@ def _top_k_distribution(logp: torch.Tensor, n_out: int, min_tokens: int, k: int 
 def _run(engine, prompts: list[torch.Tensor], params: list) -> list[tuple[list[int], list[dict] | None]]:
     outs = engine.generate([{"prompt_embeds": p} for p in prompts], params, use_tqdm=False)
     return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
+
+
+LOGIT_ATOL = 1e-4  # |logit_engine - logit_reference|, fp32 (test_vllm_backend's export check); measured 9.5e-6
+
+
+def test_engine_logits_equal_the_reference(engine, sharp_lm) -> None:
+    """Plain requests (no RAS): vLLM's processed log-probs are log_softmax(Qwen2 head + our bias) over
+    all 6592 ids, which must be SpeechLM's logits (llm_decoder with its bias) up to the row's constant;
+    the padded ids carry PAD_BIAS and so no probability."""
+    from vllm import SamplingParams
+
+    lm = sharp_lm[1]
+    assert engine.llm_engine.vllm_config.model_config.architectures == ["Qwen2ForCausalLM"]
+    g = torch.Generator().manual_seed(3)
+    teacher = torch.randint(0, EOS, (12,), generator=g).tolist()
+    prompts = []
+    with torch.inference_mode():
+        for prefix in _prompts(lm, 2):
+            for t in range(0, 12, 4):  # the prefix, then prefix + t fed-back speech tokens
+                prompts.append(torch.cat([prefix, lm.embed_speech(teacher[:t])[0]]) if t else prefix)
+        ref = torch.stack([lm.llm_decoder(lm.hidden(p[None]))[0, -1] for p in prompts]).double()  # [R, 6564]
+    params = [SamplingParams(seed=0, max_tokens=1, detokenize=False, temperature=1.0, logprobs=-1) for _ in prompts]
+    worst = 0.0
+    for (_, logprobs), want in zip(_run(engine, prompts, params), ref, strict=True):
+        got = torch.tensor([logprobs[0][i].logprob for i in range(VOCAB)], dtype=torch.float64)
+        assert (got[N_VALID:] < -9000).all()  # PAD_BIAS rows
+        diff = got[:N_VALID] - want  # = -logsumexp of the row: one constant
+        worst = max(worst, (diff - diff.mean()).abs().max().item())
+    print(f"\nlogits vs SpeechLM, {len(prompts)} rows: max |diff| {worst:.2e} (up to each row's constant)")
+    assert worst < LOGIT_ATOL, f"max |logit_vllm - logit_ref| (up to the row constant) = {worst:.2e}"
 
 
 @pytest.mark.slow

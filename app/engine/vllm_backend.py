@@ -1,8 +1,9 @@
 """The speech LM on vLLM: one shared `AsyncLLM` per process, fed prompt embeddings, streaming tokens.
 
 `VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by the
-content of llm.pt), sets the `VLLM_CPU_*` variables, and starts the engine with the `[vllm]`
-settings. `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
+content of llm.pt) as a stock Qwen2 folder (no vLLM plugin: the logits processor adds the head
+bias), sets the `VLLM_CPU_*` variables, and starts the engine with the `[vllm]` settings.
+`stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
 speech-token ids; sampling is the official RAS, done by the `app.engine.vllm_ras` logits processor
 (vLLM's own sampler then draws from that distribution with the request's seed). Stop ids
 (6561-6563) end a request and are never yielded. Closing the stream or cancelling the consuming
@@ -34,14 +35,13 @@ from app.engine.lm_backend import LMRequest
 from app.engine.vllm_start import (
     EngineDiedError,
     EngineStartError,
-    check_plugin,
+    check_lm_folder,
     check_source,
     cpu_env,
     death_reason,
     engine_kwargs,
     explain_start_failure,
     max_positions,
-    ras_available,
     unset_env,
 )
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
@@ -95,7 +95,6 @@ class VLLMBackend:
 
     @classmethod
     async def _start(cls, cfg: VLLMConfig, model_dir: Path) -> VLLMBackend:
-        check_plugin()
         if cfg.quantized_dir:
             model_path = Path(cfg.quantized_dir).expanduser().resolve()
             if not (model_path / "config.json").is_file():
@@ -105,19 +104,17 @@ class VLLMBackend:
         else:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
+        check_lm_folder(model_path)
         max_pos = max_positions(model_path)
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
-        ras = cfg.ras and ras_available()
-        if cfg.ras and not ras:
-            log.warning("app.engine.vllm_ras is missing: sampling with vLLM's top-k/top-p (no RAS)")
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
-            raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (CPU) or "
-                                   "requirements-gpu.txt, or set [engine] backend = \"torch\"") from e
-        kwargs = engine_kwargs(cfg, model_path, ras=ras, gpu=not current_platform.is_cpu())
+            raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (GPU) or "
+                                   "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
+        kwargs = engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:
@@ -125,7 +122,7 @@ class VLLMBackend:
             # and a local here would keep the AsyncLLM alive after aclose()
             # the start (15-60 s) runs in a worker thread so the serving loop keeps answering meanwhile
             return cls(await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs)), cfg,
-                       model_path, kwargs, ras=ras, started_at=t0, env=env)
+                       model_path, kwargs, ras=cfg.ras, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             unset_env(env)
             raise EngineStartError(explain_start_failure(e, cfg, max_pos)) from e

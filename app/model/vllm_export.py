@@ -2,14 +2,21 @@
 
 vLLM serves a causal LM whose vocabulary is the speech-token table, so the export maps
     speech_embedding [6564, D]  -> model.embed_tokens.weight [6592, D]  (padded rows 0)
-    llm_decoder.weight/bias     -> lm_head.weight [6592, D] / lm_head.bias [6592]
-                                   (padded rows: weight 0, bias PAD_BIAS so they are never sampled)
+    llm_decoder.weight          -> lm_head.weight [6592, D]  (padded rows 0)
+    llm_decoder.bias            -> HEAD_BIAS_FILE: lm_head.bias [6592] float32
+                                   (padded rows PAD_BIAS, so they are never sampled)
     llm.model.model.layers.*, llm.model.model.norm.weight -> model.layers.*, model.norm.weight
 and drops Qwen's text embedding/lm_head (the text part of a prompt arrives as `prompt_embeds`)
 and `llm_embedding` (sos/task_id rows, also inside the prompt embeddings).
-The folder goes to `cache_root/<sha256(llm.pt)[:16]>-<dtype>/`, written to a temp folder and
-renamed into place, so a folder that exists is complete; the model folder is never written.
-Imports only torch/safetensors/app.model: it also runs in the quantization venv (no vLLM).
+
+config.json names `Qwen2ForCausalLM`, an architecture vLLM ships, so no model plugin (and no
+install of this project) is needed in vLLM's engine processes. Qwen2's lm_head has no bias: the
+bias lives beside the weights, in a subfolder vLLM's weight loader never reads (it globs only the
+top folder), and `app.engine.vllm_ras.RASLogitsProcessor` adds it to every row's logits before
+anything samples from them. The folder goes to `cache_root/<sha256(llm.pt)[:16]>-<dtype>-v<format>/`,
+written to a temp folder and renamed into place, so a folder that exists is complete; the model
+folder is never written. Imports only torch/safetensors/app.model: it also runs in the
+quantization venv (no vLLM).
 """
 
 from __future__ import annotations
@@ -22,15 +29,19 @@ import uuid
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from app.model.hparams import ModelFolderError, load_hparams
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS
 
-ARCHITECTURE = "CosyVoice2ForCausalLM"
+ARCHITECTURE = "Qwen2ForCausalLM"  # shipped by vLLM and transformers: no plugin
+HEAD_BIAS_FILE = "cosyvoice2/lm_head_bias.safetensors"  # not a top-level *.safetensors: vLLM never loads it
+HEAD_BIAS_KEY = "lm_head.bias"
 VOCAB_MULTIPLE = 64  # vocab rows padded to a multiple of 64 (GPU-friendly lm_head / embedding shapes)
 PAD_BIAS = -1.0e4  # finite (fp16-safe) bias of the padded lm_head rows: exp(-1e4) == 0 in every dtype
-EXPORT_FORMAT = 1  # bump when the layout below changes (recorded in config.json)
+# bump when the layout below changes (recorded in config.json and in the folder name). 1: architecture
+# CosyVoice2ForCausalLM with lm_head.bias in model.safetensors (needed a vLLM plugin); 2: this layout.
+EXPORT_FORMAT = 2
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _LAYER_PREFIX = "llm.model.model.layers."
 _DROPPED = ("llm.model.model.embed_tokens.weight", "llm.model.lm_head.weight", "llm_embedding.weight")
@@ -57,7 +68,11 @@ def _pad_rows(t: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
 
 
 def lm_tensors(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The exported tensors (HF Qwen2 names) from an official `llm.pt` state dict."""
+    """The exported tensors (HF Qwen2 names) from an official `llm.pt` state dict.
+
+    All in `dtype` except `lm_head.bias`, kept float32: it is added to vLLM's float32 logits, so the
+    official fp32 values are used as they are (the head bias for HEAD_BIAS_FILE, not model.safetensors).
+    """
     for key in ("speech_embedding.weight", "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight"):
         if key not in sd:
             raise ModelFolderError(f"llm.pt has no {key}: not a CosyVoice2 speech LM checkpoint")
@@ -78,11 +93,28 @@ def lm_tensors(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, tor
             out["model.layers." + key[len(_LAYER_PREFIX):]] = t
         elif key not in known:
             raise ModelFolderError(f"llm.pt has an unexpected tensor {key!r}; the export would drop it")
-    return {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in out.items()}
+    return {k: v.to(dtype=torch.float32 if k == HEAD_BIAS_KEY else dtype, copy=True).contiguous()
+            for k, v in out.items()}
+
+
+def load_head_bias(folder: Path) -> torch.Tensor:
+    """`[V]` float32 lm_head bias of an export (or quantized) folder; ModelFolderError if it has none."""
+    path = Path(folder) / HEAD_BIAS_FILE
+    if not path.is_file():
+        raise ModelFolderError(f"{folder} has no {HEAD_BIAS_FILE}: not a CosyVoice2 LM export of format "
+                               f"{EXPORT_FORMAT} (export again: app.model.vllm_export; quantize again)")
+    return load_file(path)[HEAD_BIAS_KEY].float()
+
+
+def save_head_bias(bias: torch.Tensor, folder: Path) -> None:
+    """Write `bias [V]` (as float32) to `folder/HEAD_BIAS_FILE`."""
+    path = Path(folder) / HEAD_BIAS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({HEAD_BIAS_KEY: bias.detach().float().contiguous()}, str(path), metadata={"format": "pt"})
 
 
 def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
-    """config.json: the folder's Qwen2 config with the speech vocabulary and a separate biased head."""
+    """config.json: the folder's Qwen2 config with the speech vocabulary and a separate (untied) head."""
     qwen = load_hparams(model_dir).llm.qwen
     base = json.loads((model_dir / "CosyVoice-BlankEN" / "config.json").read_text(encoding="utf-8"))
     for k in ("bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "dtype", "torch_dtype"):
@@ -95,17 +127,18 @@ def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
         rms_norm_eps=qwen.rms_norm_eps, rope_theta=qwen.rope_theta,
         max_position_embeddings=qwen.max_position_embeddings,
         cosyvoice2_export={"format": EXPORT_FORMAT, "llm_pt_sha256": source_sha256,
-                           "n_valid_tokens": N_SPEECH_ROWS, "eos_token": EOS_TOKEN, "pad_bias": PAD_BIAS},
+                           "n_valid_tokens": N_SPEECH_ROWS, "eos_token": EOS_TOKEN, "pad_bias": PAD_BIAS,
+                           "head_bias_file": HEAD_BIAS_FILE},
     )
     return base
 
 
 def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloat16") -> Path:
-    """Write (once) and return `cache_root/<sha256 of llm.pt, 16 hex>-<dtype>/` for vLLM.
+    """Write (once) and return `cache_root/<sha256 of llm.pt, 16 hex>-<dtype>-v<format>/` for vLLM.
 
-    Holds `config.json` (architectures ["CosyVoice2ForCausalLM"], vocab 6592) and
-    `model.safetensors` (see the module docstring for the tensor map). Idempotent: an existing
-    folder is returned as is; a concurrent export of the same key loses the rename race harmlessly.
+    Holds `config.json` (architectures ["Qwen2ForCausalLM"], vocab 6592), `model.safetensors` and
+    HEAD_BIAS_FILE (see the module docstring for the tensor map). Idempotent: an existing folder is
+    returned as is; a concurrent export of the same key loses the rename race harmlessly.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, got {dtype!r}")
@@ -116,8 +149,8 @@ def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloa
     if cache_root == model_dir or model_dir in cache_root.parents:
         raise ValueError(f"export cache {cache_root} is inside the model folder {model_dir}; choose another one")
     sha = file_sha256(llm_pt)
-    final = cache_root / f"{sha[:16]}-{dtype}"
-    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
+    final = cache_root / f"{sha[:16]}-{dtype}-v{EXPORT_FORMAT}"
+    if all((final / f).is_file() for f in ("config.json", "model.safetensors", HEAD_BIAS_FILE)):
         return final
 
     try:
@@ -132,6 +165,7 @@ def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloa
     tmp = cache_root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
+        save_head_bias(tensors.pop(HEAD_BIAS_KEY), tmp)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         try:

@@ -46,33 +46,26 @@ RASParams = SamplingConfig
 OFFICIAL_RAS = SamplingConfig()
 
 
-def _export_bias(export_dir: Path) -> Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(export_dir / "model.safetensors"), framework="pt") as f:
-        if "lm_head.bias" not in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            raise ValueError(f"{export_dir}/model.safetensors has no lm_head.bias: not a CosyVoice2 LM export")
-        return f.get_tensor("lm_head.bias")
-
-
 def load_export_lm(export_dir: Path, *, dtype: torch.dtype | None = None) -> nn.Module:
     """The export folder as transformers' `Qwen2ForCausalLM`, with CosyVoice2's `lm_head.bias` restored.
 
-    config.json says `CosyVoice2ForCausalLM` (vLLM's plugin class); transformers maps model_type
-    qwen2 to Qwen2ForCausalLM, whose lm_head has no bias, so it skips `lm_head.bias` (reported
-    UNEXPECTED): the head is swapped for a biased Linear holding the file's bias.
-    `dtype=None` keeps the export's dtype.
+    config.json says `Qwen2ForCausalLM`, whose lm_head has no bias; the export keeps the bias beside
+    the weights (`app.model.vllm_export.HEAD_BIAS_FILE`), so the head is swapped for a biased Linear
+    holding it (in the model's dtype). `dtype=None` keeps the export's dtype.
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from app.model.vllm_export import ARCHITECTURE, load_head_bias
+
     export_dir = Path(export_dir)
     config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") != "qwen2" or "CosyVoice2ForCausalLM" not in config.get("architectures", ()):
+    if config.get("architectures") != [ARCHITECTURE] or "cosyvoice2_export" not in config:
         raise ValueError(f"{export_dir} is not a CosyVoice2 LM export (app.model.vllm_export): "
                          f"model_type {config.get('model_type')!r}, architectures {config.get('architectures')}")
+    bias = load_head_bias(export_dir)
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the load report lists lm_head.bias as UNEXPECTED; handled below
+    hf_logging.set_verbosity_error()  # keep the load report off the console
     try:
         model = AutoModelForCausalLM.from_pretrained(str(export_dir), dtype=dtype or "auto")
     finally:
@@ -81,7 +74,7 @@ def load_export_lm(export_dir: Path, *, dtype: torch.dtype | None = None) -> nn.
     head = nn.Linear(old.in_features, old.out_features, bias=True, dtype=old.weight.dtype)
     with torch.no_grad():
         head.weight.copy_(old.weight)
-        head.bias.copy_(_export_bias(export_dir))
+        head.bias.copy_(bias)
     model.lm_head = head
     return model.eval()
 

@@ -6,10 +6,10 @@
 Runs in the separate `.venv-quant` (scripts/setup_quantize.sh; llm-compressor's pins clash with
 vLLM's). EXPORT_DIR is an `app.model.vllm_export` folder (bf16/fp16/fp32). Every Linear of the
 Qwen2 layers becomes 4-bit integer weights with one scale and zero point per group of G inputs
-(compressed-tensors `pack-quantized`, scheme W4A16_ASYM); embed_tokens, the norms and the biased
-lm_head stay in the export's dtype. OUT_DIR keeps the export's config.json (architectures
-CosyVoice2ForCausalLM, vocab 6592) plus `quantization_config`, so vLLM picks the quantized
-kernels by itself (CPUWNA16 on CPU, Machete/Marlin on Hopper). Calibration data come from the
+(compressed-tensors `pack-quantized`, scheme W4A16_ASYM); embed_tokens, the norms and the
+lm_head stay in the export's dtype, and the head's bias file is copied as it is. OUT_DIR keeps the
+export's config.json (architectures Qwen2ForCausalLM, vocab 6592) plus `quantization_config`, so
+vLLM picks the quantized kernels by itself (CPUWNA16 on CPU, Machete/Marlin on Hopper). Calibration data come from the
 model itself (app.tools.calibration). Prints a JSON report (also saved as quantize_report.json).
 """
 
@@ -162,20 +162,33 @@ def _write_config(export_dir: Path, out: Path, meta: dict) -> None:
 
 
 def _save(model: nn.Module, export_dir: Path, out_dir: Path, meta: dict) -> None:
-    """save_pretrained(save_compressed=True) into a temp folder, fix it up, then rename into place."""
+    """save_pretrained(save_compressed=True) into a temp folder, fix it up, then rename into place.
+
+    The head is saved bias-free (vLLM's stock Qwen2 head has no bias parameter and would refuse one);
+    the export's bias file goes beside it unchanged.
+    """
+    from app.model.vllm_export import HEAD_BIAS_FILE
+
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    biased = model.lm_head
+    head = nn.Linear(biased.in_features, biased.out_features, bias=False, dtype=biased.weight.dtype)
+    head.weight = biased.weight  # the same tensor (not quantized: the recipe ignores lm_head)
     try:
+        model.lm_head = head
         with contextlib.redirect_stdout(sys.stderr):
             model.save_pretrained(str(tmp), save_compressed=True)
         (tmp / "generation_config.json").unlink(missing_ok=True)  # vLLM would read sampling defaults from it
-        if "lm_head.bias" not in safetensors_bytes(tmp):
-            raise RuntimeError("the saved folder lost lm_head.bias; vLLM's CosyVoice2ForCausalLM needs it")
+        if "lm_head.bias" in safetensors_bytes(tmp) or "lm_head.weight" not in safetensors_bytes(tmp):
+            raise RuntimeError("the saved head is not the bias-free lm_head.weight vLLM's Qwen2 loads")
+        (tmp / HEAD_BIAS_FILE).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(export_dir / HEAD_BIAS_FILE, tmp / HEAD_BIAS_FILE)
         _write_config(export_dir, tmp, meta)
         if out_dir.exists():
             shutil.rmtree(out_dir)  # only with --force (quantize checked it)
         os.rename(tmp, out_dir)
     finally:
+        model.lm_head = biased
         shutil.rmtree(tmp, ignore_errors=True)
 
 

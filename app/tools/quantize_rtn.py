@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from app.model.vllm_export import HEAD_BIAS_FILE, HEAD_BIAS_KEY, load_head_bias
+
 NUM_BITS = 4
 QMIN, QMAX = -(1 << (NUM_BITS - 1)), (1 << (NUM_BITS - 1)) - 1  # signed int4 range [-8, 7]
 PACK = 32 // NUM_BITS  # values per int32
@@ -71,8 +73,9 @@ def unpack_int4(packed: torch.Tensor, n: int, dim: int) -> torch.Tensor:
 
 
 def dequantized_state_dict(qdir: Path) -> dict[str, torch.Tensor]:
-    """A W4A16 folder's tensors with every packed Linear back as a float32 `weight`."""
+    """A W4A16 folder's tensors with every packed Linear back as a float32 `weight`, plus the head bias."""
     got = load_file(qdir / "model.safetensors")
+    got[HEAD_BIAS_KEY] = load_head_bias(qdir)
     for key in [k for k in got if k.endswith(".weight_packed")]:
         base = key.removesuffix(".weight_packed")
         n_out, n_in = got.pop(base + ".weight_shape").tolist()
@@ -127,6 +130,8 @@ def quantize_folder(export_dir: Path, out_dir: Path, group_size: int = 128, forc
     try:
         save_file(out, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        (tmp / HEAD_BIAS_FILE).parent.mkdir(parents=True)
+        shutil.copyfile(export_dir / HEAD_BIAS_FILE, tmp / HEAD_BIAS_FILE)  # the head's bias, unchanged
         tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +160,7 @@ def token_agreement(model_dir: Path, qdir: Path, n_prompts: int = 4, n_tokens: i
     for k, v in dequantized_state_dict(qdir).items():
         if k.startswith("model.layers.") or k == "model.norm.weight":
             sd["llm.model." + k] = v.float()
-    sd["llm_decoder.bias"] = load_file(qdir / "model.safetensors")["lm_head.bias"][:N_SPEECH_ROWS].float()
+    sd["llm_decoder.bias"] = load_head_bias(qdir)[:N_SPEECH_ROWS]
     quant.load_state_dict(sd, strict=True)
     half = SpeechLM(hp.llm).eval()
     half.load_state_dict(ref.state_dict(), strict=True)
