@@ -102,7 +102,7 @@ def test_config_sections_and_labels():
 
 
 def test_download_progress_reaches_the_status():
-    from app.engine.service import _progress_class
+    from app.model.source import progress_class as _progress_class
 
     seen = []
     bar_cls = _progress_class(lambda done, total: seen.append((done, total)))

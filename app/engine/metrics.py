@@ -6,6 +6,8 @@ on its own: `memory_snapshot()` samples (app/engine/resources.py) when a panel t
 scrape calls it, never in a request path; callers within `min_sample_interval_s` share one sample.
 Listeners (`add_listener`) see every finished request's `RequestRecord`: the Prometheus exporter
 (app/server/prometheus.py) feeds its histograms that way, so this module needs no server packages.
+A record also says what the page shows about its request (seed, mode, voice, notes, chunks...):
+`record(request_id)` finds it while it is in the ring buffer, for the page's stats line and details.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.requests import RequestStats
+from app.engine.requests import RequestStats, SynthesisRequest
 from app.engine.resources import ResourceProbe
 
 log = logging.getLogger(__name__)
@@ -31,12 +33,24 @@ LATENCY_KEYS = ("ttfa_ms", "rtf", "queue_wait_s", "lm_s", "flow_s", "vocoder_s",
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One finished request as the panels show it; timings are None when it ended without stats."""
+    """One finished request as the panels and the page show it; timings are None when it ended without stats."""
 
     seq: int  # 1-based order among the requests this process finished
     t: float  # wall clock (time.time()) at the end
     outcome: str  # one of OUTCOMES
     queue_wait_s: float
+    # the request ("" / None for one refused before it had any, e.g. rejected by the admission)
+    request_id: str = ""
+    seed: int | None = None
+    mode: str = ""
+    stream: bool = True
+    speed: float = 1.0
+    voice: str = ""  # the saved voice's name; "" for a reference clip
+    notes: tuple[str, ...] = ()  # what the door changed or warns about (trimmed, cross-lingual fallback, ...)
+    reference_s: float = 0.0  # getting the voice's features (0 for a cached or saved voice)
+    n_samples: int = 0  # audio samples produced (24 kHz)
+    n_chunks: int = 0
+    n_segments: int = 0
     ttfa_ms: float | None = None
     rtf: float | None = None
     lm_s: float | None = None
@@ -83,19 +97,29 @@ class Metrics:
             self.n_started += 1
             self._active += 1
 
-    def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok") -> None:
-        """Count the request's end; `stats` is None for one that ended before its final chunk."""
+    def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok", *,
+                         request: SynthesisRequest | None = None, n_samples: int = 0, voice: str = "",
+                         notes: tuple[str, ...] = (), reference_s: float = 0.0) -> None:
+        """Count the request's end; `stats` is None for one that ended before its final chunk.
+
+        `request` and the rest describe it for the page (`record`): its id, seed and mode, the samples
+        it produced, the saved voice's name, the door's notes and the seconds spent on the reference.
+        """
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        timings = {}
+        fields: dict[str, Any] = dict(n_samples=n_samples, voice=voice, notes=tuple(notes), reference_s=reference_s)
+        if request is not None:
+            fields.update(request_id=request.request_id, seed=request.seed, mode=request.mode, stream=request.stream,
+                          speed=request.speed)
         if stats is not None:
-            timings = dict(ttfa_ms=stats.ttfa_ms, rtf=stats.rtf if np.isfinite(stats.rtf) else None, lm_s=stats.lm_s,
-                           flow_s=stats.flow_s, vocoder_s=stats.hift_s, audio_s=stats.audio_s, wall_s=stats.wall_s,
-                           n_tokens=stats.n_tokens, tokens_per_s=stats.tokens_per_s)
+            fields.update(ttfa_ms=stats.ttfa_ms, rtf=stats.rtf if np.isfinite(stats.rtf) else None, lm_s=stats.lm_s,
+                          flow_s=stats.flow_s, vocoder_s=stats.hift_s, audio_s=stats.audio_s, wall_s=stats.wall_s,
+                          n_tokens=stats.n_tokens, tokens_per_s=stats.tokens_per_s, n_chunks=stats.n_chunks,
+                          n_segments=stats.n_segments)
         with self._lock:
             self._n_finished += 1
             rec = RequestRecord(seq=self._n_finished, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s,
-                                **timings)
+                                **fields)
             if outcome != "rejected":  # a rejected request never started
                 self._active = max(0, self._active - 1)
             self.outcomes[outcome] += 1
@@ -120,6 +144,13 @@ class Metrics:
         with self._lock:
             recs = list(self._requests)
         return [asdict(r) for r in (recs[-n:] if n else recs)]
+
+    def record(self, request_id: str) -> RequestRecord | None:
+        """The finished request `request_id` while the ring buffer still holds it (None otherwise)."""
+        if not request_id:
+            return None
+        with self._lock:
+            return next((r for r in reversed(self._requests) if r.request_id == request_id), None)
 
     def percentiles(self, key: str, qs: tuple[float, ...] = (50, 95), n: int | None = None) -> dict[str, float | None]:
         """{"p50": ..., "p95": ...} of `key` over the last `n` requests that have it (None if none)."""

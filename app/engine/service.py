@@ -21,17 +21,16 @@ import contextlib
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from app.config import Config
+from app.engine.admission import Admission
 from app.engine.backends import make_backend
 from app.engine.metrics import Metrics
 from app.engine.pipeline import Synthesizer
@@ -39,14 +38,15 @@ from app.engine.requests import AudioChunk, SynthesisRequest
 from app.engine.voices import VoiceStore
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
-from app.model.loader import REQUIRED_FILES, CosyVoice2Model, check_model_dir, load_model
+from app.model.loader import CosyVoice2Model, load_model
+from app.model.source import model_fingerprint, resolve_model_dir
+
+if TYPE_CHECKING:
+    from app.engine.prepare import Prepared
 
 log = logging.getLogger(__name__)
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
-# only what the loader reads (no BlankEN safetensors, JIT/TensorRT/ONNX-estimator extras): ~3 GB
-DOWNLOAD_PATTERNS = [f for f in REQUIRED_FILES if "/" not in f] + ["CosyVoice-BlankEN/*.json",
-                                                                    "CosyVoice-BlankEN/*.txt"]
 VOICE_CACHE_SIZE = 32  # reference clips whose features stay in memory (keyed by content + transcript)
 WARMUP_TEXT = "Hello."
 OOM_ADVICE = "the GPU is out of memory: try a shorter text or fewer users"
@@ -54,10 +54,6 @@ OOM_ADVICE = "the GPU is out of memory: try a shorter text or fewer users"
 
 class NotReadyError(RuntimeError):
     """A request arrived before the model and engine were ready (or after they failed)."""
-
-
-class BusyError(RuntimeError):
-    """Every HTTP slot is running and the waiting line is full: try again later."""
 
 
 class EngineDeadError(NotReadyError):
@@ -85,70 +81,6 @@ def is_out_of_memory(e: BaseException) -> bool:
     return False
 
 
-def _progress_class(report: Callable[[int, int], None]) -> type:
-    """A huggingface_hub tqdm that also reports the snapshot's byte progress to `report(done, total)`."""
-    from huggingface_hub.utils import tqdm as hf_tqdm
-
-    class Progress(hf_tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self._bytes_bar = kwargs.get("name") == "huggingface_hub.snapshot_download"  # the reconstruct bar
-            self._done = int(kwargs.get("initial") or 0)
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            self._done += int(n or 0)
-            if self._bytes_bar and self.total:
-                report(self._done, int(self.total))
-            return super().update(n)
-
-    return Progress
-
-
-def download_model(repo_id: str, report: Callable[[int, int], None]) -> Path:
-    """The files the loader needs from `repo_id` (a cached snapshot first, then the Hub)."""
-    from huggingface_hub import snapshot_download
-
-    with contextlib.suppress(OSError, ValueError):  # not (fully) cached: download below
-        path = Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, local_files_only=True))
-        check_model_dir(path)
-        return path
-    return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, tqdm_class=_progress_class(report)))
-
-
-def random_model(folder: Path) -> Path:
-    """A tiny random model in `folder`, generated once (atomically: built beside it, then renamed)."""
-    with contextlib.suppress(ModelFolderError):
-        check_model_dir(folder)
-        return folder
-    from app.tools.make_model import make_model
-    from app.tools.model_sizes import TINY
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    try:
-        make_model(tmp / "m", TINY, seed=0)
-        shutil.rmtree(folder, ignore_errors=True)  # a broken leftover
-        (tmp / "m").rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """Identity of the voice-feature extractors (speech tokenizer, CAM++, text tokenizer) of a folder.
-
-    Size plus the first MiB of each file: cheap, and different for every model we know of.
-    """
-    h = hashlib.sha256()
-    for name in ("speech_tokenizer_v2.onnx", "campplus.onnx", "CosyVoice-BlankEN/vocab.json",
-                 "CosyVoice-BlankEN/tokenizer.json"):
-        f = model_dir / name
-        if f.is_file():
-            with f.open("rb") as fh:
-                h.update(f"{name}:{f.stat().st_size}:".encode() + fh.read(1 << 20))
-    return h.hexdigest()[:16]
-
-
 class StudioService:
     """One per process: owns the model, the LM backend, the `Synthesizer`, `VoiceStore` and `Metrics`."""
 
@@ -167,8 +99,7 @@ class StudioService:
         self.started_at = time.time()
         self.start_s: float | None = None
         self._voice_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
-        self._slots: asyncio.Semaphore | None = None  # HTTP API admission (created on the serving loop)
-        self.http_waiting = 0  # HTTP requests waiting for a slot
+        self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
     # --- start / stop ----------------------------------------------------------------------------
@@ -177,7 +108,8 @@ class StudioService:
         """Resolve, load, start the backend, warm up. Never raises: failures end in `status`/`error`."""
         t0 = time.perf_counter()
         try:
-            self.model_dir = await asyncio.to_thread(self._resolve_model_dir)
+            self.model_dir, self.random_model = await asyncio.to_thread(resolve_model_dir, self.cfg.model,
+                                                                        self._set_status)
             self.status = "loading model"
             m = self.cfg.model
             self.model = await asyncio.to_thread(
@@ -190,7 +122,10 @@ class StudioService:
             self.status = "warming up"
             await self._warm_up()
         except Exception as e:  # shown on the page and in /health; the process keeps serving the page
-            log.exception("start failed")
+            if isinstance(e, ModelFolderError):  # the user's folder: the message says what is wrong
+                log.error("start failed: %s", e)
+            else:
+                log.exception("start failed")
             self.error = str(e) or type(e).__name__
             self.status = f"error: {self.error}"
             return
@@ -199,25 +134,8 @@ class StudioService:
         self.status = "ready"
         log.info("ready in %.1f s (model %s, backend %s)", self.start_s, self.model_dir, self.backend.name)
 
-    def _resolve_model_dir(self) -> Path:
-        m = self.cfg.model
-        if m.dir:  # given explicitly: use it or fail, never fall back silently
-            path = Path(m.dir).expanduser().resolve()
-            check_model_dir(path)
-            return path
-        if m.download:
-            self.status = f"looking for {m.repo_id} (cache, then the Hugging Face Hub)"
-            try:
-                return download_model(m.repo_id, self._report_download)
-            except Exception as e:  # offline, DNS, HTTP errors, HF_HUB_OFFLINE=1: all mean "use the fallback"
-                log.warning("cannot download %s (%s): falling back to a generated tiny random model",
-                            m.repo_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
-        self.status = "generating a tiny random model (no weights available; output will be noise)"
-        self.random_model = True
-        return random_model(Path(m.random_model_dir).expanduser().resolve())
-
-    def _report_download(self, done: int, total: int) -> None:
-        self.status = f"downloading {self.cfg.model.repo_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"
+    def _set_status(self, status: str) -> None:
+        self.status = status
 
     async def _warm_up(self) -> None:
         """One short request through every stage (first-call costs are paid before users arrive)."""
@@ -245,31 +163,6 @@ class StudioService:
             raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
         return self.synth
 
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[float]:
-        """One of `server.concurrency_limit` HTTP-API slots (the page has Gradio's own queue).
-
-        Waits in line behind the running requests; with `server.queue_max_size` already waiting it
-        raises `BusyError` at once instead. Yields the seconds it waited.
-        """
-        srv = self.cfg.server
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(srv.concurrency_limit)
-        if self._slots.locked() and self.http_waiting >= srv.queue_max_size:
-            self.metrics.request_finished(None, 0.0, "rejected")
-            raise BusyError(f"the server is busy ({srv.concurrency_limit} requests running, {self.http_waiting} "
-                            "waiting); try again in a few seconds")
-        t0 = time.monotonic()
-        self.http_waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.http_waiting -= 1
-        try:
-            yield time.monotonic() - t0
-        finally:
-            self._slots.release()
-
     async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
         """Features of a reference clip (file path or its bytes), cached by content and transcript.
 
@@ -293,8 +186,10 @@ class StudioService:
         fault = getattr(self.backend, "fault", None)
         return fault() if fault is not None else None
 
-    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0) -> AsyncIterator[AudioChunk]:
-        """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request).
+    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0,
+                     prepared: Prepared | None = None) -> AsyncIterator[AudioChunk]:
+        """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request); its
+        `RequestRecord` (found by `req.request_id`) also keeps `prepared`'s voice name, notes and reference time.
 
         Raises `EngineDeadError` at once while the engine is down, and `GpuOutOfMemoryError` (after
         freeing the CUDA cache) when the request runs out of memory.
@@ -303,11 +198,12 @@ class StudioService:
         if fault := self.engine_fault():
             raise EngineDeadError(_engine_message(fault))
         self.metrics.request_started()
-        stats, outcome = None, "error"
+        stats, outcome, n_samples = None, "error", 0
         try:
             async with contextlib.aclosing(synth.stream(req)) as chunks:
                 async for chunk in chunks:
                     stats = chunk.stats or stats
+                    n_samples += chunk.samples.size
                     yield chunk
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
@@ -324,7 +220,9 @@ class StudioService:
                 raise GpuOutOfMemoryError(OOM_ADVICE) from e
             raise
         finally:
-            self.metrics.request_finished(stats, queue_wait_s, outcome)
+            about = {} if prepared is None else dict(voice=prepared.voice_name, notes=prepared.notes,
+                                                     reference_s=prepared.reference_s)
+            self.metrics.request_finished(stats, queue_wait_s, outcome, request=req, n_samples=n_samples, **about)
 
     # --- facts -----------------------------------------------------------------------------------
 
@@ -364,7 +262,7 @@ class StudioService:
         b = self.backend
         return {"ready": self.ready and fault is None, "status": fault or self.status, "error": self.error or None,
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
-                "http_waiting": self.http_waiting,
+                "http_waiting": self.admission.waiting,
                 "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(),
                 "faults": {"out_of_memory": self.n_out_of_memory, "engine_deaths": getattr(b, "n_deaths", 0),
                            "engine_restarts": getattr(b, "n_restarts", 0)},

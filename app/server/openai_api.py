@@ -24,18 +24,18 @@ from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Resp
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.audio import AudioError
 from app.engine import inputs
 from app.engine.inputs import InputError
-from app.engine.requests import SynthesisRequest
+from app.engine.prepare import NO_TRANSCRIPT_NOTE, Prepared, SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError, check_name
-from app.model.frontend import PromptAudioError, VoiceFeatures
 from app.server.auth import bearer_auth
 from app.server.errors import ApiError, error_response
 from app.server.speech import RETRY_AFTER_S, speech_response
 
 MODEL_ID = "cosyvoice2"
+# prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
+V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice"}
 UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
 BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [server] max_upload_mb by this (form fields, boundaries)
 
@@ -115,12 +115,13 @@ def api_router(service: StudioService) -> APIRouter:
         except NotReadyError as e:
             raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
 
-    async def load_voice(name: str) -> VoiceFeatures:
+    async def prepare_or_raise(x: SpeechInputs) -> Prepared:
         try:
-            return await asyncio.to_thread(service.voices.load, name)
-        except VoiceError as e:
-            raise ApiError(400, f"{e}; list the saved voices with GET /v1/voices", param="voice",
-                           code="voice_not_found") from e
+            return await prepare(service, x)
+        except NotReadyError as e:
+            raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+        except InputError as e:
+            raise ApiError(400, str(e), param=V1_PARAMS.get(e.param, e.param), code=e.code) from e
 
     @router.post("/audio/speech", response_class=Response,
                  responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
@@ -133,26 +134,15 @@ def api_router(service: StudioService) -> APIRouter:
         if body.response_format not in ("wav", "pcm"):
             raise ApiError(400, f"response_format {body.response_format!r} is not supported: use 'wav' or 'pcm'",
                            param="response_format", code="unsupported_value")
-        instructions = (body.instructions or "").strip()
-        mode = body.mode or ("instruct" if instructions else "zero_shot")
-        try:
-            text = inputs.check_text(body.input, cfg.server.max_text_chars, param="input")
-            mode = inputs.check_mode(mode)
-            instruct_text = inputs.check_instruct(instructions, mode)
-            stream = body.speed == 1.0  # speed needs the whole utterance (as upstream)
-            speed = inputs.check_speed(body.speed, stream)
-            seed = inputs.check_seed(body.seed)
-            fixed_tokens = inputs.check_fixed_tokens(body.fixed_tokens)
-        except InputError as e:
-            raise _input_error(e) from e
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-        voice = await load_voice(name)
-        notes = {}
-        if mode == "zero_shot" and not voice.prompt_text.strip():
-            mode, notes["X-Mode-Note"] = "cross_lingual", "voice has no transcript: cross-lingual mode"
-        req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed,
-                               speed=speed, stream=stream, fixed_tokens=fixed_tokens)
-        return await speech_response(service, req, body.response_format, headers={"X-Mode": mode, **notes})
+        prepared = await prepare_or_raise(SpeechInputs(
+            text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
+            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens))
+        req = prepared.request
+        notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
+            if NO_TRANSCRIPT_NOTE in prepared.notes else {}
+        return await speech_response(service, req, body.response_format, headers={"X-Mode": req.mode, **notes},
+                                     prepared=prepared)
 
     @router.post("/voices", status_code=201)
     async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
@@ -164,7 +154,7 @@ def api_router(service: StudioService) -> APIRouter:
         require_ready()
         try:
             name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
-            transcript = inputs.check_transcript(transcript)
+            transcript = inputs.check_transcript(transcript)  # before the upload is read
         except VoiceError as e:
             raise ApiError(400, str(e), param="name", code="invalid_value") from e
         except InputError as e:
@@ -174,10 +164,10 @@ def api_router(service: StudioService) -> APIRouter:
                            param="name", code="voice_exists")
         data = await _read_upload(audio, cfg.server.max_upload_mb)
         try:
-            features = await service.voice_from_audio(data, transcript)
+            features = await reference_voice(service, data, transcript)
             info = await asyncio.to_thread(service.voices.save, name, features)
-        except (AudioError, PromptAudioError) as e:
-            raise ApiError(400, str(e), param="audio", code="invalid_audio") from e
+        except InputError as e:
+            raise ApiError(400, str(e), param="audio", code=e.code) from e
         except VoiceError as e:
             raise ApiError(409 if "exists" in str(e) else 400, str(e), param="name", code="invalid_voice") from e
         # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well

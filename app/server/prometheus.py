@@ -105,7 +105,7 @@ class _LiveCollector:
                                 value=c["active_streams"])
         svc = self.service
         snap = self.metrics.memory_snapshot(svc.backend if svc is not None else None)
-        yield from _snapshot_families(snap, http_waiting=svc.http_waiting if svc is not None else None)
+        yield from _snapshot_families(snap, http_waiting=svc.admission.waiting if svc is not None else None)
         if svc is not None:
             yield from _service_families(svc)
 

@@ -1,6 +1,6 @@
 """Streaming a synthesis over HTTP: admission, first chunk, then the body as it is produced.
 
-`speech_response(service, req, fmt)` takes an HTTP slot (`StudioService.admit`), starts the
+`speech_response(service, req, fmt)` takes a slot of the process's one admission (app/engine/admission.py), starts the
 request and waits for its first audio chunk *before* answering, so every failure that happens
 before audio (not ready, busy, nothing speakable, prompt too long) is a proper status code with an
 OpenAI-shaped body. Then the response streams: `pcm` = raw 16-bit little-endian mono at 24 kHz;
@@ -23,9 +23,11 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
+from app.engine.admission import BusyError
 from app.engine.pipeline import EmptyTextError
+from app.engine.prepare import Prepared
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import BusyError, EngineDeadError, GpuOutOfMemoryError, NotReadyError, StudioService
+from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError, StudioService
 from app.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -89,17 +91,22 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 
 
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
-                          headers: dict[str, str] | None = None) -> StreamingResponse:
-    """The streamed response for `req` in format `fmt` ("wav" | "pcm"); `ApiError` before any audio."""
+                          headers: dict[str, str] | None = None, *,
+                          prepared: Prepared | None = None) -> StreamingResponse:
+    """The streamed response for `req` in format `fmt` ("wav" | "pcm"); `ApiError` before any audio.
+
+    `prepared`: `prepare()`'s result that made `req`; its voice name, notes and reference time go into
+    the request's metrics record (what the page's stats line and details show).
+    """
     if fmt not in MEDIA_TYPES:
         raise ApiError(400, f"response_format {fmt!r} is not supported: use one of {', '.join(MEDIA_TYPES)}",
                        param="response_format", code="unsupported_format")
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
-        queue_s = await stack.enter_async_context(service.admit())
+        queue_s = await stack.enter_async_context(service.admission.admit())
         t_start = time.perf_counter()
-        chunks = service.stream(req, queue_wait_s=queue_s)
+        chunks = service.stream(req, queue_wait_s=queue_s, prepared=prepared)
         stack.push_async_callback(chunks.aclose)  # closing aborts the LM request
         head = await _first_audio(chunks)
     except BaseException as e:

@@ -4,7 +4,9 @@
 parameters are the API's (text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed,
 stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed scale (never float
 arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
-per-request stats line and the details. Stop cancels the event: Gradio cancels the task and closes
+per-request stats line and the details, built from the request's metrics record by `stats_line` and
+`request_details` (the low-latency player's result uses the same two, through GET /studio/requests/{id}).
+Stop cancels the event: Gradio cancels the task and closes
 this generator, which closes `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
 """
 
@@ -14,25 +16,27 @@ import contextlib
 import secrets
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import numpy as np
 
-from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, wav_bytes
-from app.engine import inputs
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, wav_bytes
+from app.engine.admission import BusyError
 from app.engine.inputs import MAX_SEED, InputError
+from app.engine.metrics import RequestRecord
 from app.engine.pipeline import EmptyTextError
-from app.engine.requests import RequestStats, SynthesisRequest
+from app.engine.prepare import SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
-from app.model.frontend import PromptAudioError, VoiceFeatures
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
 # segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
 ARRIVAL_KEY = "studio_arrived_at"  # request-state key set by ArrivalStamp (time.monotonic())
+NO_FFMPEG_NOTE = "ffmpeg is not installed: live playback is off, the final WAV plays when done"
 
 
 class ArrivalStamp:
@@ -68,12 +72,32 @@ def _error(e: BaseException, *paths: str | None) -> gr.Error:
     return gr.Error(msg)
 
 
-def stats_line(stats: RequestStats, *, seed: int, mode: str, queue_s: float, frontend_s: float) -> str:
-    """The per-request line under the player: latency, speed and where the time went."""
-    return (f"**TTFA** {stats.ttfa_ms:.0f} ms · **RTF** {stats.rtf:.2f} · **{stats.tokens_per_s:.1f}** tokens/s · "
-            f"**audio** {stats.audio_s:.2f} s · LM {stats.lm_s:.2f} s · flow {stats.flow_s:.2f} s · "
-            f"vocoder {stats.hift_s:.2f} s · queue {queue_s:.2f} s · reference {frontend_s:.2f} s · "
-            f"mode {mode} · seed {seed}")
+def stats_line(rec: RequestRecord) -> str:
+    """The per-request line under the player: latency, speed and where the time went (both players)."""
+    rtf = rec.rtf if rec.rtf is not None else float("inf")
+    return (f"**TTFA** {rec.ttfa_ms or 0:.0f} ms · **RTF** {rtf:.2f} · **{rec.tokens_per_s or 0:.1f}** tokens/s · "
+            f"**audio** {rec.audio_s or 0:.2f} s · LM {rec.lm_s or 0:.2f} s · flow {rec.flow_s or 0:.2f} s · "
+            f"vocoder {rec.vocoder_s or 0:.2f} s · queue {rec.queue_wait_s:.2f} s · "
+            f"reference {rec.reference_s:.2f} s · mode {rec.mode} · seed {rec.seed}")
+
+
+def notes_markdown(notes: tuple[str, ...] | list[str]) -> str:
+    """The notes as a Markdown list below the stats line ("" for none)."""
+    return "\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""
+
+
+def request_details(rec: RequestRecord) -> dict[str, Any]:
+    """The details JSON of one finished request (the page's "details" output, both players)."""
+    def r(x: float | None, digits: int) -> float | None:
+        return None if x is None else round(x, digits)
+
+    return {"seed": rec.seed, "mode": rec.mode, "stream": rec.stream, "speed": rec.speed, "voice": rec.voice or None,
+            "request_id": rec.request_id, "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": rec.n_samples,
+            "audio_s": r(rec.audio_s, 3), "ttfa_ms": r(rec.ttfa_ms, 1), "rtf": r(rec.rtf, 3), "tokens": rec.n_tokens,
+            "tokens_per_s": r(rec.tokens_per_s, 1), "lm_s": r(rec.lm_s, 3), "flow_s": r(rec.flow_s, 3),
+            "vocoder_s": r(rec.vocoder_s, 3), "queue_wait_s": round(rec.queue_wait_s, 3),
+            "reference_s": round(rec.reference_s, 3), "chunks": rec.n_chunks, "segments": rec.n_segments,
+            "notes": list(rec.notes)}
 
 
 class Handlers:
@@ -85,64 +109,36 @@ class Handlers:
 
     # --- synthesis -----------------------------------------------------------------------------
 
-    async def _voice(self, voice: str | None, prompt_audio: str | None, prompt_text: str | None) -> VoiceFeatures:
-        if voice:
-            try:
-                return self.service.voices.load(voice)
-            except VoiceError as e:
-                raise gr.Error(f"{e}; pick one of the saved voices or upload a reference clip") from e
-        if not prompt_audio:
-            raise gr.Error("Upload or record a reference clip, or pick a saved voice.")
-        try:
-            return await self.service.voice_from_audio(prompt_audio, prompt_text or "")
-        except (AudioError, PromptAudioError, OSError) as e:
-            raise _error(e, prompt_audio) from e
-
     async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
                          instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
                          request: gr.Request = None):
         """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details)."""
         t_start = time.monotonic()
         queue_s = queue_wait_s(request, t_start)
-        try:
-            self.service.require_ready()
-        except NotReadyError as e:
-            raise gr.Error(str(e), title="Not ready") from e
         stream = bool(stream)
         try:
-            text = inputs.check_text(text, self.cfg.server.max_text_chars, param="text")
-            mode = inputs.check_mode(mode)
-            instruct_text = inputs.check_instruct(instruct_text, mode)
-            prompt_text = inputs.check_transcript(prompt_text)
-            speed = inputs.check_speed(speed, stream)
-            seed = inputs.check_seed(seed)
+            prepared = await prepare(self.service, SpeechInputs(
+                text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text,
+                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream))
+        except NotReadyError as e:
+            raise gr.Error(str(e), title="Not ready") from e
         except InputError as e:
             raise gr.Error(str(e)) from e
-        features = await self._voice(voice, prompt_audio, prompt_text)
-        frontend_s = time.monotonic() - t_start
-        notes = list(features.notes)  # the reference checks' notes: trimmed, clipped
-        for note in features.notes:
+        req = prepared.request
+        for note in prepared.notes:
             gr.Warning(note[0].upper() + note[1:])
-        if mode == "zero_shot" and not features.prompt_text.strip():
-            mode = "cross_lingual"
-            notes.append("no transcript: used cross-lingual mode (the voice without its words)")
-            gr.Warning("No transcript given: cross-lingual mode is used instead of zero-shot.")
         live = stream and live_playback()
-        if stream and not live:
-            notes.append("ffmpeg is not installed: live playback is off, the final WAV plays when done")
-        try:
-            req = SynthesisRequest(text=text, voice=features, mode=mode, instruct_text=instruct_text, seed=seed,
-                                   speed=speed, stream=stream)
-        except ValueError as e:
-            raise gr.Error(str(e)) from e
+        if stream and not live:  # shown with the stats, so it goes into the request's record
+            prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
 
         parts: list[np.ndarray] = []
-        stats: RequestStats | None = None
         n_samples = 0
         try:
-            async with contextlib.aclosing(self.service.stream(req, queue_wait_s=queue_s)) as chunks:
+            async with contextlib.AsyncExitStack() as stack:
+                queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
+                chunks = await stack.enter_async_context(contextlib.aclosing(
+                    self.service.stream(req, queue_wait_s=queue_s, prepared=prepared)))
                 async for chunk in chunks:
-                    stats = chunk.stats or stats
                     if not chunk.samples.size:
                         continue
                     parts.append(chunk.samples)
@@ -151,25 +147,21 @@ class Handlers:
                         progress = f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s"
                         for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
                             yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
+        except BusyError as e:
+            raise gr.Error(str(e), title="Busy") from e
         except EmptyTextError as e:
             raise gr.Error(str(e)) from e
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready") from e
         except ValueError as e:  # e.g. a prompt longer than the engine's max_model_len
             raise gr.Error(f"Synthesis failed: {e}") from e
-        assert stats is not None  # the stream always ends with a final chunk
+        # the stream has ended (its final chunk came), so its record is in the metrics: the same
+        # builders as the low-latency player's (GET /studio/requests/{id}, app/server/studio_stream.py)
+        rec = self.service.metrics.record(req.request_id)
+        assert rec is not None and rec.outcome == "ok", rec
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-        line = stats_line(stats, seed=seed, mode=mode, queue_s=queue_s, frontend_s=frontend_s)
-        if notes:
-            line += "\n\n" + "\n".join(f"- {n}" for n in notes)
-        details = {"seed": seed, "mode": mode, "stream": stream, "speed": speed, "voice": voice or None,
-                   "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.shape[0]),
-                   "audio_s": round(stats.audio_s, 3), "ttfa_ms": round(stats.ttfa_ms, 1), "rtf": round(stats.rtf, 3),
-                   "tokens": stats.n_tokens, "tokens_per_s": round(stats.tokens_per_s, 1),
-                   "lm_s": round(stats.lm_s, 3), "flow_s": round(stats.flow_s, 3), "vocoder_s": round(stats.hift_s, 3),
-                   "queue_wait_s": round(queue_s, 3), "reference_s": round(frontend_s, 3),
-                   "chunks": stats.n_chunks, "segments": stats.n_segments, "notes": notes}
-        yield (gr.skip() if live else None), wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ), line, details
+        line = stats_line(rec) + notes_markdown(rec.notes)
+        yield (gr.skip() if live else None), wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ), line, request_details(rec)
 
     @staticmethod
     def random_seed() -> int:
@@ -189,13 +181,9 @@ class Handlers:
         if not prompt_audio:
             raise gr.Error("Upload or record the reference clip to save first.")
         try:
-            prompt_text = inputs.check_transcript(prompt_text)
-        except InputError as e:
-            raise gr.Error(str(e)) from e
-        try:
-            features = await self.service.voice_from_audio(prompt_audio, prompt_text)
+            features = await reference_voice(self.service, prompt_audio, prompt_text)
             info = self.service.voices.save(name or "", features, overwrite=True)
-        except (AudioError, PromptAudioError, VoiceError, OSError) as e:
+        except (InputError, VoiceError, OSError) as e:
             raise _error(e, prompt_audio) from e
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
         notes = "".join(f"\n\n- {n}" for n in features.notes)

@@ -5,9 +5,10 @@ Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `dele
 
 Generate first runs a browser-only gate (player.GATE_JS): with the low-latency player (default) the
 request is played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the
-standard player (or streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio. After a
-low-latency stream the player clicks the hidden `player_done` button, whose event fills the final WAV,
-stats line and details from what the server kept for that request id.
+standard player (or streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio (also the
+fallback where the page's player cannot start). After a low-latency stream the page itself shows the
+final WAV (built from the PCM it played), the stats line and details (GET /studio/requests/{id}) in
+the player's result area, in place of `final_out`, `stats` and `details` (app/ui/player.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from app.engine.service import ASSETS_DIR, StudioService
 from app.ui.handlers import Handlers
 from app.ui.i18n import make_i18n
 from app.ui.panels import PANEL_TRANSLATIONS, build_panels
-from app.ui.player import GATE_JS, PLAYER_HTML, RESULT_JS, STOP_JS, player_js, player_store, result_outputs
+from app.ui.player import GATE_JS, PLAYER_HTML, STOP_JS, player_js
 
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
 
@@ -49,7 +50,6 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     cfg = service.cfg
     i18n = make_i18n(PANEL_TRANSLATIONS)
     h = Handlers(service)
-    store = player_store(service)
     with gr.Blocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP) as demo:
         gr.Markdown(f"# {cfg.ui.title}")
         gr.Markdown(i18n("intro"))
@@ -92,13 +92,12 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                     stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
             with gr.Column():
                 stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
-                gr.HTML(PLAYER_HTML, elem_id="player_box")
-                player_rid = gr.Textbox(visible=False)  # the request id comes from the player (RESULT_JS)
-                player_done = gr.Button(visible="hidden", elem_id="player_done")
+                # the low-latency player's line and result area (player.js fills it)
+                gr.HTML(PLAYER_HTML, elem_id="player_box", js_on_load=None)
                 final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                      buttons=["download"], elem_id="final_out")
                 stats = gr.Markdown(elem_id="stats")
-                with gr.Accordion(i18n("details"), open=False):
+                with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
                     details = gr.JSON(elem_id="details")
         rows, labels = example_rows()
         gr.Examples(rows, [text, prompt_audio, prompt_text, mode, instruct_text], cache_examples=False,
@@ -114,8 +113,6 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                              concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
         stop.click(None, None, None, cancels=[synth], api_visibility="private")
         stop.click(None, None, None, js=STOP_JS, queue=False, api_visibility="private")
-        player_done.click(lambda rid: result_outputs(store, rid), player_rid, outputs[1:], js=RESULT_JS,
-                          queue=False, api_visibility="private")
         dice.click(h.random_seed, None, seed, queue=False, api_visibility="private")
         stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, queue=False,
                       api_visibility="private")

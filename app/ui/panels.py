@@ -4,8 +4,8 @@
 panel_refresh_s`, 1 s; no queue, so panels never wait behind synthesis jobs) takes one memory sample through
 `service.metrics.memory_snapshot(backend)` and redraws from the metrics' ring buffers. Without
 a GPU the memory panels show CPU and RAM and say so. docs/panels.md says where each number comes from.
-The player table shows the low-latency player's client timings (click -> first byte, click -> first
-sound, reported by the page through POST /studio/timing) beside the server's TTFA of the same request.
+All of them are server-side; what a listener's browser adds (click -> first byte -> first sound) is on
+the low-latency player's line and in its request details.
 """
 
 from __future__ import annotations
@@ -18,26 +18,22 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
-from app.ui.player import player_store
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
 N_REQUESTS = 30  # requests in the latency plots
 N_TABLE = 8  # rows of the latency table, newest first
 STAGES = (("queue_wait_s", "queue wait"), ("lm_s", "LM"), ("flow_s", "flow"), ("vocoder_s", "vocoder"))
-TABLE_COLUMNS = ("#", "ended", "outcome", "TTFA ms", "RTF", "queue s", "LM s", "flow s", "vocoder s", "audio s",
-                 "tokens/s")
-PLAYER_COLUMNS = ("request", "ended", "server TTFA ms", "click → first byte ms", "click → first sound ms",
-                  "sound − TTFA ms", "queue ms", "reference ms", "audio s")
+TABLE_COLUMNS = ("#", "request", "ended", "outcome", "TTFA ms", "RTF", "queue s", "LM s", "flow s", "vocoder s",
+                 "audio s", "tokens/s")
+REQUEST_ID_CHARS = 8  # the table's "request": the start of the request id (X-Request-Id, the page's details)
 
 # for the layout's gr.I18n: merge these into its translations (component labels only)
 PANEL_TRANSLATIONS = {
     "en": {"panels_memory": "Memory", "panels_load": "Load", "panels_stages": "Per-stage time",
-           "panels_latency": "Latency", "panels_recent": "Recent requests", "panels_facts": "Engine",
-           "panels_player": "Low-latency player: where the time goes (client vs server)"},
+           "panels_latency": "Latency", "panels_recent": "Recent requests", "panels_facts": "Engine"},
     "zh": {"panels_memory": "内存", "panels_load": "负载", "panels_stages": "各阶段耗时", "panels_latency": "延迟",
-           "panels_recent": "最近的请求", "panels_facts": "引擎",
-           "panels_player": "低延迟播放器：时间花在哪里（客户端与服务器）"},
+           "panels_recent": "最近的请求", "panels_facts": "引擎"},
 }
 
 
@@ -62,12 +58,10 @@ def build_panels(service: Any, i18n: gr.I18n | None = None) -> None:
                                  x_title="request #", elem_id="latency_plot")
     table = gr.Dataframe(pd.DataFrame(columns=list(TABLE_COLUMNS)), label=label("panels_recent"),
                          interactive=False, elem_id="latency_table")
-    player = gr.Dataframe(pd.DataFrame(columns=list(PLAYER_COLUMNS)), label=label("panels_player"),
-                          interactive=False, elem_id="player_table")
     facts = gr.Markdown(elem_id="engine_facts", label=label("panels_facts"))
     ui = getattr(getattr(service, "cfg", None), "ui", None)
     timer = gr.Timer(getattr(ui, "panel_refresh_s", TICK_S))
-    timer.tick(lambda: refresh(service), None, [headline, memory, load, stages, latency, table, player, facts],
+    timer.tick(lambda: refresh(service), None, [headline, memory, load, stages, latency, table, facts],
                show_progress="hidden", queue=False, api_visibility="private")
 
 
@@ -88,7 +82,6 @@ def refresh(service: Any) -> tuple[Any, ...]:
         gr.BarPlot(value=stage_frame(recent), title="Seconds per stage (stacked) of the recent requests"),
         gr.ScatterPlot(value=latency_frame(recent), title="TTFA (s), RTF and queue wait (s) per request"),
         table_frame(recent),
-        player_frame(player_store(service).recent_timings(N_TABLE)),
         facts_text(service, snap),
     )
 
@@ -142,20 +135,11 @@ def table_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
     def num(x: float | None, digits: int) -> str:
         return "" if x is None else f"{x:.{digits}f}"
 
-    rows = [(r["seq"], time.strftime("%H:%M:%S", time.localtime(r["t"])), r["outcome"], num(r["ttfa_ms"], 0),
-             num(r["rtf"], 3), num(r["queue_wait_s"], 3), num(r["lm_s"], 3), num(r["flow_s"], 3),
-             num(r["vocoder_s"], 3), num(r["audio_s"], 2), num(r["tokens_per_s"], 1))
+    rows = [(r["seq"], r["request_id"][:REQUEST_ID_CHARS], time.strftime("%H:%M:%S", time.localtime(r["t"])),
+             r["outcome"], num(r["ttfa_ms"], 0), num(r["rtf"], 3), num(r["queue_wait_s"], 3), num(r["lm_s"], 3),
+             num(r["flow_s"], 3), num(r["vocoder_s"], 3), num(r["audio_s"], 2), num(r["tokens_per_s"], 1))
             for r in reversed(recent[-N_TABLE:])]
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-
-
-def player_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Client timings of recent low-latency requests (newest first) beside the server's numbers."""
-    out = [(r["request_id"][:8], time.strftime("%H:%M:%S", time.localtime(r["t"])), f"{r['server_ttfa_ms']:.0f}",
-            f"{r['first_byte_ms']:.0f}", f"{r['first_sound_ms']:.0f}",
-            f"{r['first_sound_ms'] - r['server_ttfa_ms']:+.0f}", f"{r['queue_ms']:.0f}", f"{r['reference_ms']:.0f}",
-            f"{r['audio_s']:.2f}") for r in rows]
-    return pd.DataFrame(out, columns=list(PLAYER_COLUMNS))
 
 
 def headline_text(service: Any, snap: dict[str, Any]) -> str:

@@ -12,6 +12,13 @@
      PREBUFFER_S ahead). Stop: the Worker aborts the fetch (the server sees the disconnect and aborts the
      vLLM request), the worklet drops its queue (or the nodes are stopped).
 
+     The result: the Worker also hands this page each read's bytes (the body as received, 48 kB per
+     second of audio); when the body has ended, showResult() puts them behind a 44-byte RIFF/WAVE header
+     in a Blob (the final WAV: exactly the PCM that played), shows it as an <audio controls> with a
+     download link named after the first words of the text, and fetches GET studio/requests/<X-Request-Id>
+     (the request's metrics record: the same stats line and details as the standard player's) into
+     #player_result, which the page shows in place of the standard outputs (RESULT_CSS, app/ui/player.py).
+
      Timings (this page's performance.now(), ms; the Worker's converted through timeOrigin): click (the
      Generate click event's timeStamp), request, headers, firstByte, firstSound, end. firstSound is when
      the first sample reaches the output device: its context time (the worklet's currentFrame when it
@@ -25,19 +32,44 @@
   const RATE_HZ = 24000;
   const PREBUFFER_S = 0.02;
   const PREBUFFER_FRAMES = Math.round(PREBUFFER_S * RATE_HZ);
-  const MAX_DEBUG_SAMPLES = RATE_HZ * 30;  // debug copies (scheduled samples, body bytes): the first 30 s
+  const MAX_DEBUG_SAMPLES = RATE_HZ * 30;  // debug copies of the scheduled samples (tests): the first 30 s
+  const NAME_WORDS = 6, NAME_CHARS = 40;  // the WAV's file name: at most this many words / characters of the text
   const CLICK_MAX_AGE_MS = 2000;  // a click older than this is not the one that started the request
 
   // the Worker and the AudioWorklet (player_worker.js, player_worklet.js; inlined by app/ui/player.py)
   // run from same-origin blob: URLs
   const WORKER_SRC = __WORKER_SRC__;
   const WORKLET_SRC = __WORKLET_SRC__;
+  const RESULT_CSS = __RESULT_CSS__;
   const blobUrl = (src) => URL.createObjectURL(new Blob([src], {type: 'text/javascript'}));
   const setLine = (text) => {
     const el = document.getElementById('studio_player_line');
     if (el) el.textContent = text;
   };
   const ms = (x) => (x === null || x === undefined || !isFinite(x)) ? '–' : `${Math.round(x)} ms`;
+  const byId = (id) => document.getElementById(id);
+  const setHtml = (id, html) => { const el = byId(id); if (el) el.innerHTML = html; };
+  const escapeHtml = (t) => String(t).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+  // the stats line's Markdown (app/ui/handlers.py stats_line): **bold** only
+  const markdownLine = (t) => escapeHtml(t).replace(/\*\*(.+?)\*\*/g, '<strong>$1</strong>');
+
+  // RIFF/WAVE header of 16-bit mono PCM at RATE_HZ with nBytes of samples
+  function wavHeader(nBytes) {
+    const h = new DataView(new ArrayBuffer(44));
+    const tag = (at, s) => { for (let i = 0; i < 4; i++) h.setUint8(at + i, s.charCodeAt(i)); };
+    tag(0, 'RIFF'); h.setUint32(4, 36 + nBytes, true); tag(8, 'WAVE');
+    tag(12, 'fmt '); h.setUint32(16, 16, true); h.setUint16(20, 1, true); h.setUint16(22, 1, true);
+    h.setUint32(24, RATE_HZ, true); h.setUint32(28, RATE_HZ * 2, true); h.setUint16(32, 2, true);
+    h.setUint16(34, 16, true); tag(36, 'data'); h.setUint32(40, nBytes, true);
+    return h.buffer;
+  }
+
+  // "hello-there-how-are-you.wav": the text's first words (letters and digits of any script)
+  function wavName(text) {
+    const words = (String(text || '').normalize('NFKC').toLowerCase().match(/[\p{L}\p{N}]+/gu) || []);
+    const stem = words.slice(0, NAME_WORDS).join('-').slice(0, NAME_CHARS).replace(/-+$/, '');
+    return `${stem || 'speech'}.wav`;
+  }
 
   class StudioPlayer {
     constructor() {
@@ -46,14 +78,17 @@
       this.clickAt = null;   // timeStamp of the latest Generate click
       this.nRuns = 0;
       this.scheduled = [];   // debug copies of the latest request (capped): Float32Array per read as handed
-      this.scheduledSamples = 0;  // to the audio side, and the body's bytes as received (Uint8Array per read)
-      this.received = [];
+      this.scheduledSamples = 0;  // to the audio side
+      this.wavUrl = null;    // object URL of the latest final WAV (revoked when the next request starts)
       this.mode = null;      // 'worklet' | 'buffers' once ready
       this.ctx = new AudioContext({sampleRate: RATE_HZ, latencyHint: 'interactive'});
       this.ready = this.init();
     }
 
     async init() {
+      const style = document.createElement('style');  // which result the page shows (body[data-studio-result])
+      style.textContent = RESULT_CSS;
+      document.head.appendChild(style);
       this.worker = new Worker(blobUrl(WORKER_SRC));
       this.worker.onmessage = (e) => this.onWorker(e.data);
       this.mode = 'buffers';
@@ -95,10 +130,10 @@
       return out;
     }
 
-    // the body's bytes as received, base64 (for tests)
+    // the latest request's body as received, base64 (for tests)
     receivedBase64() {
       let s = '';
-      for (const b of this.received) for (let i = 0; i < b.length; i += 0x8000)
+      for (const b of (this.last ? this.last.pcm : [])) for (let i = 0; i < b.length; i += 0x8000)
         s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
       return btoa(s);
     }
@@ -137,13 +172,14 @@
         id, seq: id, state: 'connecting', requestId: null, serverTtfaMs: null, server: null, seed: null,
         underruns: 0, samples: 0, buffers: 0, bytes: 0, playedFrames: null, firstStartS: null,
         contextState: null, error: null, aborted: false, flushed: false, sources: new Set(), nextFrame: null,
+        pcm: [], text: params.text, result: null,  // the body's bytes (Uint8Array per read); result: 'shown' | error
         t: {click, request: now, headers: null, firstByte: null, firstSound: null, end: null},
       };
       run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
       this.run = this.last = run;
       this.scheduled = [];
       this.scheduledSamples = 0;
-      this.received = [];
+      this.clearResult();
       setLine('Low-latency player: connecting…');
       this.resume();
       try {
@@ -178,8 +214,9 @@
         run.t.firstByte = this.fromWorker(m.at);
       } else if (m.type === 'pcm') {
         if (run.state === 'playing') this.schedule(run, m.samples);
+      } else if (m.type === 'bytes') {
+        run.pcm.push(m.raw);
       } else if (m.type === 'copy') {
-        this.received.push(m.raw);
         this.scheduled.push(m.samples);
         this.scheduledSamples += m.samples.length;
       } else if (m.type === 'end') {
@@ -244,23 +281,59 @@
       run.nextFrame += samples.length;
     }
 
-    // the body is complete: report the timing, let Gradio show the final WAV and stats
+    // the body is complete: show the final WAV and the request's stats
     async finish(run) {
       if (run.state !== 'playing' && run.state !== 'done') return;  // stopped or failed; 'done' may come first
       await run.soundKnown;  // the worklet reports its start after the body may have ended
-      if (run.requestId && run.t.firstSound !== null) {
-        try {
-          await fetch('studio/timing', {
-            method: 'POST', headers: {'Content-Type': 'application/json'}, keepalive: true,
-            body: JSON.stringify({request_id: run.requestId, first_byte_ms: run.t.firstByte - run.t.click,
-                                  first_sound_ms: run.t.firstSound - run.t.click})});
-        } catch (e) { /* the panel misses one row; playback is unaffected */ }
-      }
-      const button = document.getElementById('player_done');  // Gradio event: final WAV + stats line
-      if (button && this.last === run) button.click();
+      if (this.last === run) await this.showResult(run);
       if (this.mode === 'buffers') {
         const leftMs = (run.nextFrame / RATE_HZ - this.ctx.currentTime) * 1000;
         setTimeout(() => this.done(run), Math.max(0, leftMs));
+      }
+    }
+
+    // the page shows this player's result area (in place of the standard outputs), empty until the end
+    clearResult() {
+      document.body.dataset.studioResult = 'webaudio';
+      if (this.wavUrl) URL.revokeObjectURL(this.wavUrl);
+      this.wavUrl = null;
+      const label = (sel, id) => {  // the standard outputs' (translated) labels, where Gradio shows them
+        const text = document.querySelector(sel)?.textContent.trim();
+        if (text && byId(id)) byId(id).textContent = text;
+      };
+      label('#final_out [data-testid="block-label"]', 'player_final_label');
+      label('#details_box .label-wrap span', 'player_details_label');
+      for (const id of ['player_final', 'player_stats', 'player_details_json']) setHtml(id, '');
+    }
+
+    // the final WAV from the bytes that played, then the stats line and details of the server's record
+    async showResult(run) {
+      const nBytes = run.pcm.reduce((n, b) => n + b.length, 0) & ~1;  // an odd trailing byte is no sample
+      this.wavUrl = URL.createObjectURL(new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'}));
+      const name = wavName(run.text);
+      setHtml('player_final', `<audio controls preload="auto" src="${this.wavUrl}"></audio>` +
+              `<a href="${this.wavUrl}" download="${escapeHtml(name)}">⬇ ${escapeHtml(name)}</a> ` +
+              `<span>(${(nBytes / 2 / RATE_HZ).toFixed(2)} s, ${(nBytes / 1024).toFixed(0)} KiB)</span>`);
+      const since = (x) => (x === null ? null : x - run.t.click);
+      const client = `click → first byte ${ms(since(run.t.firstByte))} → first sound ${ms(since(run.t.firstSound))}`;
+      try {
+        const resp = await fetch(new URL(`studio/requests/${run.requestId}`, document.baseURI).href,
+                                 {cache: 'no-store'});
+        const body = await resp.json();
+        if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
+        if (this.last !== run) return;
+        const notes = body.notes.map((n) => `<li>${escapeHtml(n)}</li>`).join('');
+        setHtml('player_stats', `<p>${markdownLine(body.line)} · player <strong>low-latency</strong> · ${client}</p>` +
+                                (notes ? `<ul>${notes}</ul>` : ''));
+        const tenth = (x) => (x === null ? null : Math.round(x * 10) / 10);
+        const details = {...body.details, player: 'webaudio',  // and what this page measured
+                         client: {first_byte_ms: tenth(since(run.t.firstByte)),
+                                  first_sound_ms: tenth(since(run.t.firstSound))}};
+        setHtml('player_details_json', escapeHtml(JSON.stringify(details, null, 1)));
+        run.result = 'shown';
+      } catch (e) {
+        run.result = `the stats could not be read: ${e}`;
+        if (this.last === run) setHtml('player_stats', escapeHtml(`${client} · ${run.result}`));
       }
     }
 

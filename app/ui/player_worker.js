@@ -5,8 +5,9 @@
    (s16le mono 24 kHz) as it arrives, int16 -> float32 (x / 32768; an odd trailing byte is carried to the
    next read), post each read's samples to the sink (transferred: no copy, no main thread on the way).
    {type: 'abort', id}: AbortController.abort(); the server sees the disconnect and aborts the request.
-   To the page: headers, firstByte, copy (debug copies, the first debugSamples), end, aborted, error;
-   times are epoch ms (timeOrigin + now()), comparable across threads. */
+   To the page: headers, firstByte, bytes (each read as received, transferred: the final WAV's data),
+   copy (debug copies of the samples, the first debugSamples), end, aborted, error; times are epoch ms
+   (timeOrigin + now()), comparable across threads. */
 let sink = null;
 let job = null;
 const now = () => performance.timeOrigin + performance.now();  // epoch ms: comparable across threads
@@ -57,9 +58,10 @@ async function run(m) {
       bytes += value.length;
       total += n;
       reads += 1;
+      post('bytes', {raw: value}, [value.buffer]);  // converted above: this thread is done with it
       if (copy) {
         debug += copy.length;
-        post('copy', {raw: value, samples: copy}, [copy.buffer]);
+        post('copy', {samples: copy}, [copy.buffer]);
       }
     }
     if (sink) sink.postMessage({type: 'end', id: m.id});
