@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -35,13 +35,29 @@ class LMRequest:
     ignore_eos: bool = False  # fixed-length mode (benchmarks on random weights): no stop id ends it
 
 
+@dataclass(frozen=True)
+class BackendHealth:
+    """A backend's live state for /health, /metrics and the panels."""
+
+    unfinished: int  # LM requests it still tracks (0 once every stream ended or was aborted)
+    fault: str | None = None  # why it cannot serve now ("engine died: ..."), None while it can
+    deaths: int = 0  # engine deaths seen
+    restarts: int = 0  # engine restarts made
+
+
 class SpeechTokenSource(Protocol):
-    """What the pipeline needs from an LM backend."""
+    """What the pipeline and the service need from an LM backend."""
 
     name: str
 
     def stream(self, req: LMRequest) -> AsyncIterator[list[int]]:
         """New speech-token ids (< 6561) as they are sampled; ends at a stop token or max_tokens."""
+        ...
+
+    def health(self) -> BackendHealth: ...
+
+    def facts(self) -> dict[str, Any]:
+        """What runs (backend name, dtype, engine arguments, ...), for panels and logs."""
         ...
 
     async def aclose(self) -> None: ...
@@ -71,6 +87,12 @@ class TorchLMBackend:
     def n_active(self) -> int:
         """Decode workers still running (a cancelled one stops at its next token)."""
         return len(self._workers)
+
+    def health(self) -> BackendHealth:
+        return BackendHealth(unfinished=self.n_active)
+
+    def facts(self) -> dict[str, Any]:
+        return {"backend": self.name}
 
     async def drain(self) -> None:
         """Wait until every decode worker has returned."""

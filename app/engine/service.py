@@ -183,8 +183,7 @@ class StudioService:
 
     def engine_fault(self) -> str | None:
         """Why the LM engine cannot serve now ("engine died: ..."), None when it can (or is not started)."""
-        fault = getattr(self.backend, "fault", None)
-        return fault() if fault is not None else None
+        return self.backend.health().fault if self.backend is not None else None
 
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0,
                      prepared: Prepared | None = None) -> AsyncIterator[AudioChunk]:
@@ -228,12 +227,7 @@ class StudioService:
 
     def lm_unfinished(self) -> int | None:
         """LM requests the backend still tracks (vLLM: the engine's unfinished requests)."""
-        b = self.backend
-        if b is None:
-            return None
-        if hasattr(b, "n_unfinished"):
-            return int(b.n_unfinished())
-        return int(getattr(b, "n_active", 0))
+        return self.backend.health().unfinished if self.backend is not None else None
 
     def facts(self) -> dict[str, Any]:
         """What runs: model folder, device and dtypes, backend facts (engine args, quantization, ...)."""
@@ -244,14 +238,17 @@ class StudioService:
         if self.model is not None:
             facts["device"] = str(self.model.device)
         if self.backend is not None:
-            backend_facts = self.backend.facts() if hasattr(self.backend, "facts") else {"backend": self.backend.name}
-            facts.update(backend_facts)
+            facts.update(self.backend.facts())
         if self.synth is not None:
             e = self.cfg.engine
             graphs = self.synth.flow_graphs  # CUDA graphs of the flow estimator, when on
+            cache, budget = self.synth.prompt_cache, self.synth.flow_budget
             facts["token2wav"] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
                                   "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
-                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
+                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames},
+                                  "flow_incremental": None if cache is None else {
+                                      "prompt_cache": vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes},
+                                      "state_bytes": budget.held_bytes, "refused_streams": budget.refused}}
         if self.start_s is not None:
             facts["service_start_s"] = round(self.start_s, 1)
         return facts
@@ -259,11 +256,11 @@ class StudioService:
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""
         fault = self.engine_fault() if self.ready else None
-        b = self.backend
+        h = self.backend.health() if self.backend is not None else None
         return {"ready": self.ready and fault is None, "status": fault or self.status, "error": self.error or None,
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
                 "http_waiting": self.admission.waiting,
                 "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(),
-                "faults": {"out_of_memory": self.n_out_of_memory, "engine_deaths": getattr(b, "n_deaths", 0),
-                           "engine_restarts": getattr(b, "n_restarts", 0)},
+                "faults": {"out_of_memory": self.n_out_of_memory, "engine_deaths": h.deaths if h else 0,
+                           "engine_restarts": h.restarts if h else 0},
                 "facts": self.facts()}

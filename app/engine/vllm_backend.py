@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from app.config import Config, SamplingConfig, VLLMConfig
-from app.engine.lm_backend import LMRequest
+from app.engine.lm_backend import BackendHealth, LMRequest
 from app.engine.vllm_start import (
     EngineDiedError,
     EngineStartError,
@@ -283,6 +283,10 @@ class VLLMBackend:
             "cpu_env": {k: os.environ[k] for k in cpu_env(self.cfg) if k in os.environ},
             "start_s": round(self.start_s, 2),
         }
+
+    def health(self) -> BackendHealth:
+        return BackendHealth(unfinished=self.n_unfinished(), fault=self.fault(), deaths=self.n_deaths,
+                             restarts=self.n_restarts)
 
     def facts(self) -> dict[str, Any]:
         """What runs, for panels and logs: backend, dtype, quantization, engine arguments, start time."""

@@ -153,11 +153,11 @@ def _service_families(svc: StudioService) -> Iterator[Metric]:
     ready = svc.ready and svc.engine_fault() is None  # a dead (restarting) engine is not ready
     yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
                             value=1 if ready else 0)
-    b = svc.backend
+    h = svc.backend.health() if svc.backend is not None else None
     faults = CounterMetricFamily("cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
                                  "vLLM engine deaths and restarts.", labels=["kind"])
-    for kind, n in (("out_of_memory", svc.n_out_of_memory), ("engine_death", getattr(b, "n_deaths", 0)),
-                    ("engine_restart", getattr(b, "n_restarts", 0))):
+    for kind, n in (("out_of_memory", svc.n_out_of_memory), ("engine_death", h.deaths if h else 0),
+                    ("engine_restart", h.restarts if h else 0)):
         faults.add_metric([kind], n)
     yield faults
     unfinished = svc.lm_unfinished()
