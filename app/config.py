@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,20 +49,29 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
+    """RAS settings; None (the default) = the checkpoint's cosyvoice2.yaml (`resolved`), TOML only overrides."""
+
+    top_p: float | None = None
+    top_k: int | None = None
+    win_size: int | None = None
+    tau_r: float | None = None
     min_len_ratio: float = 2.0  # min speech tokens per tts-text token
     max_len_ratio: float = 20.0  # max speech tokens per tts-text token
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.top_p <= 1.0:
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 1 or self.win_size < 1:
+        if (self.top_k is not None and self.top_k < 1) or (self.win_size is not None and self.win_size < 1):
             raise ConfigError("sampling.top_k and sampling.win_size must be >= 1")
+        if self.tau_r is not None and self.tau_r <= 0.0:
+            raise ConfigError("sampling.tau_r must be > 0")
         if not 0.0 <= self.min_len_ratio <= self.max_len_ratio:
             raise ConfigError("sampling: need 0 <= min_len_ratio <= max_len_ratio")
+
+    def resolved(self, defaults: object) -> SamplingConfig:
+        """These settings with every unset RAS field taken from `defaults` (the checkpoint's LLMDims)."""
+        return replace(self, **{k: getattr(defaults, k) for k in ("top_p", "top_k", "win_size", "tau_r")
+                                if getattr(self, k) is None})
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,25 @@ class VLLMConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one request may ask for; beyond it the input is refused with a message (app/engine/prepare.py)."""
+
+    max_text_chars: int = 2000  # the text to speak
+    max_transcript_chars: int = 1000  # a reference's transcript (a 30 s reference has ~150 words)
+    max_instruct_chars: int = 500  # an instruct-mode instruction
+    max_upload_mb: int = 20  # a reference upload (30 s of 48 kHz stereo WAV is ~6 MB)
+    max_fixed_tokens: int = 1500  # benchmark mode: 60 s at 25 tokens/s (prompt + this must fit max_model_len)
+
+    def __post_init__(self) -> None:
+        for k in ("max_text_chars", "max_transcript_chars", "max_instruct_chars", "max_upload_mb", "max_fixed_tokens"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"limits.{k} must be >= 1")
+
+
+LIMITS = LimitsConfig()  # the defaults, for checks called without a config (tests, tools)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """The HTTP server and the Gradio queue (flags and GRADIO_SERVER_* override host/port in app.py)."""
 
@@ -170,8 +198,6 @@ class ServerConfig:
     port: int = 7860
     queue_max_size: int = 64  # requests waiting beyond the running ones; more get "queue is full"
     concurrency_limit: int = 16  # synthesis requests running at once; vLLM batches them (<= max_num_seqs)
-    max_text_chars: int = 2000  # longer texts are refused with a message
-    max_upload_mb: int = 20  # reference uploads (30 s of 48 kHz stereo WAV is ~6 MB)
     voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
     api_key: str = ""  # bearer token the /v1 API requires ("" = open); COSYVOICE_API_KEY overrides it
     auth: str = ""  # "user:password[,user2:password2]" for the page and /studio ("" = open); COSYVOICE_AUTH
@@ -181,7 +207,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ConfigError(f"server.port must be in 1..65535, got {self.port}")
-        for k in ("queue_max_size", "concurrency_limit", "max_text_chars", "max_upload_mb"):
+        for k in ("queue_max_size", "concurrency_limit"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"server.{k} must be >= 1")
         if not self.host or not self.voices_dir:
@@ -227,6 +253,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     ui: UIConfig = field(default_factory=UIConfig)
 
 
@@ -256,6 +283,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 _SECTIONS: dict[str, type] = {
     "ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig, "StreamingConfig": StreamingConfig,
     "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig, "ServerConfig": ServerConfig, "UIConfig": UIConfig,
+    "LimitsConfig": LimitsConfig,
 }
 
 

@@ -222,6 +222,12 @@ def test_saved_voice_by_name(client, server):
     assert listed["name"] == "test-voice_1" and listed["prompt_text"]
     d = check_wav(synth(client, prompt_audio=None, prompt_text="", voice="test-voice_1"))
     assert d["voice"] == "test-voice_1" and d["mode"] == "zero_shot"  # the stored transcript is used
+    with pytest.raises(AppError, match=r"exists already.*Replace"):  # a taken name is not overwritten silently
+        client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
+    assert client.predict(api_name="/list_voices")[0]["prompt_text"]  # still the first one's transcript
+    msg, _ = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
+                            replace=True, api_name="/save_voice")
+    assert "Saved voice" in msg
     with pytest.raises(AppError, match="invalid voice name"):
         client.predict(name="../evil", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
     assert not list(server[1].parent.glob("evil*"))

@@ -34,7 +34,7 @@ STATUS: dict[str, collections.Counter] = collections.defaultdict(collections.Cou
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
-    sets = {"server.max_upload_mb": "1", "sampling.max_len_ratio": "4"}
+    sets = {"limits.max_upload_mb": "1", "sampling.max_len_ratio": "4"}
     with run_studio(tiny_model_dir, tmp, sets) as (base, _):
         save_voice(base, VOICE, "The quick brown fox jumps over the lazy dog.")
         yield base

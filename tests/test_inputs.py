@@ -29,8 +29,8 @@ from app.engine.inputs import MAX_SEED, InputError
 
 TRANSCRIPT = "Hello there, how are you today?"
 SHORT = "Hi there."
-LIMIT = 2000  # [server] max_text_chars (default)
-UPLOAD_MB = 1  # the server's [server] max_upload_mb here, so the oversized case stays small
+LIMIT = 2000  # [limits] max_text_chars (default)
+UPLOAD_MB = 1  # the server's [limits] max_upload_mb here, so the oversized case stays small
 FFMPEG = shutil.which("ffmpeg")
 
 
@@ -298,7 +298,7 @@ def test_special_tokens_never_reach_the_lm_input(model, audio, monkeypatch):
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inputs")
-    with (run_studio(tiny_model_dir, tmp, {"server.max_upload_mb": str(UPLOAD_MB)}) as (base, _),
+    with (run_studio(tiny_model_dir, tmp, {"limits.max_upload_mb": str(UPLOAD_MB)}) as (base, _),
           httpx.Client(base_url=base, timeout=120) as http):
         save_voice(base, "ref", "The quick brown fox jumps over the lazy dog.")
         yield base, http

@@ -78,7 +78,7 @@ def test_auth_and_error_shapes_without_engine(app_not_ready):
 def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai")
     with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "2", "server.queue_max_size": "1",
-                                          "server.max_upload_mb": "2"}) as (base, _):
+                                          "limits.max_upload_mb": "2"}) as (base, _):
         yield base, tmp / "voices"
 
 
@@ -116,6 +116,10 @@ def test_voices_crud_and_shared_store(server, voice):
     with EN_WAV.open("rb") as f:
         r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", f)}, data={"name": made}, timeout=60)
     assert r.status_code == 409 and error_of(r)["code"] == "voice_exists"
+    with EN_WAV.open("rb") as f:  # asked for: the taken name is replaced (the new transcript is kept)
+        r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", f)},
+                       data={"name": made, "transcript": "Replaced.", "overwrite": "true"}, timeout=60)
+    assert r.status_code == 201 and r.json()["id"] == made and r.json()["prompt_text"] == "Replaced.", r.text
     r = httpx.delete(f"{base}/v1/voices/{made}")
     assert r.json() == {"id": made, "object": "voice", "deleted": True}
     assert httpx.delete(f"{base}/v1/voices/{made}").status_code == 404

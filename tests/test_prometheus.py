@@ -268,6 +268,22 @@ def promql_metric_names(expr: str) -> set[str]:
     return names
 
 
+def test_refused_inputs_are_counted_by_reason(server):
+    """Inputs refused with a message (here: empty text, an unknown voice) count in /metrics by reason."""
+    _, _, before = scrape(server)
+    for body in ({"input": "  ", "voice": "nobody"}, {"input": "Hello there.", "voice": "nobody-at-all"}):
+        r = httpx.post(f"{server}/v1/audio/speech", json={"model": "cosyvoice2", **body}, timeout=60)
+        assert r.status_code == 400, r.text
+    _, types, after = scrape(server)
+    assert types["cosyvoice_refused_inputs"] == "counter"
+
+    def count(reason: str, samples: dict) -> float:
+        return samples.get(("cosyvoice_refused_inputs_total", frozenset({("reason", reason)})), 0.0)
+
+    assert count("invalid_value", after) - count("invalid_value", before) == 1  # the empty text
+    assert count("voice_not_found", after) - count("voice_not_found", before) == 1
+
+
 def test_promql_metric_names():
     q = 'histogram_quantile(0.95, sum by (le, stage) (rate(cosyvoice_stage_seconds_bucket{job=~"$job", le="1.0"}[5m])))'
     assert promql_metric_names(q) == {"cosyvoice_stage_seconds_bucket"}

@@ -2,7 +2,8 @@
 
 Each check returns the cleaned value or raises `InputError` with a message that says what to do.
 The page turns it into a `gr.Error`, the HTTP API into an OpenAI-shaped 400 naming the field
-(`InputError.param`). Limits are named constants here or settings in `[server]`.
+(`InputError.param`). Size limits are the `[limits]` section (app/config.py: LimitsConfig); a check
+called without one uses its defaults.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ import re
 import secrets
 import unicodedata
 
+from app.config import LIMITS
 from app.engine.requests import MODES
 
 MAX_SEED = 2**31 - 1
-MAX_INSTRUCT_CHARS = 500
-MAX_TRANSCRIPT_CHARS = 1000  # a 30 s reference has ~150 words; more is not its transcript
 SPEED_RANGE = (0.5, 2.0)
-MAX_FIXED_TOKENS = 1500  # benchmark mode: 60 s of speech at 25 tokens/s (prompt + this must fit max_model_len)
 ENDOFPROMPT = "<|endofprompt|>"
 # the tokenizer's special tokens (<|endofprompt|>, <|im_start|>, ...): typed into the text, the
 # transcript or the instruction they would steer the LM (end the prompt early, fake an instruction),
@@ -86,23 +85,23 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def check_instruct(instruct_text: object, mode: str) -> str:
+def check_instruct(instruct_text: object, mode: str, limit: int = LIMITS.max_instruct_chars) -> str:
     """The instruction without special tokens (the pipeline appends <|endofprompt|>); needed in instruct mode."""
     instruct_text = clean_text(str(instruct_text or ""))
     if mode == "instruct" and not speakable(instruct_text):
         raise InputError("Instruct mode needs an instruction, e.g. 'Speak slowly and calmly.'", "instruct_text")
-    if len(instruct_text) > MAX_INSTRUCT_CHARS:
-        raise InputError(f"The instruction has {len(instruct_text)} characters; the limit is {MAX_INSTRUCT_CHARS}.",
+    if len(instruct_text) > limit:
+        raise InputError(f"The instruction has {len(instruct_text)} characters; the limit is {limit}.",
                          "instruct_text")
     return instruct_text
 
 
-def check_transcript(prompt_text: object) -> str:
+def check_transcript(prompt_text: object, limit: int = LIMITS.max_transcript_chars) -> str:
     """The reference's transcript; "" (cross-lingual fallback) when it has nothing speakable."""
     prompt_text = clean_text(str(prompt_text or ""))
-    if len(prompt_text) > MAX_TRANSCRIPT_CHARS:
+    if len(prompt_text) > limit:
         raise InputError(f"The transcript has {len(prompt_text)} characters; a reference clip's transcript has at "
-                         f"most {MAX_TRANSCRIPT_CHARS}. Give the words spoken in the clip.", "prompt_text")
+                         f"most {limit}. Give the words spoken in the clip.", "prompt_text")
     return prompt_text if speakable(prompt_text) else ""
 
 
@@ -142,10 +141,10 @@ def check_speed(speed: object, stream: bool) -> float:
     return value
 
 
-def check_fixed_tokens(n: object) -> int:
+def check_fixed_tokens(n: object, limit: int = LIMITS.max_fixed_tokens) -> int:
     """Benchmark mode: exactly `n` speech tokens per text segment (stop tokens ignored); 0 = off."""
     if n is None:
         return 0
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_FIXED_TOKENS:
-        raise InputError(f"fixed_tokens must be an integer in 0..{MAX_FIXED_TOKENS} (0 = off).", "fixed_tokens")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= limit:
+        raise InputError(f"fixed_tokens must be an integer in 0..{limit} (0 = off).", "fixed_tokens")
     return n

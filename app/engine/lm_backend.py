@@ -100,7 +100,7 @@ class TorchLMBackend:
             await asyncio.wait(set(self._workers))
 
     def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
-        s = req.sampling
+        s = req.sampling.resolved(self.llm.dims)  # the pipeline resolves; direct callers get the yaml's too
         sampler = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
         if req.ignore_eos:
             sampler = partial(_without_stop_tokens, sampler)

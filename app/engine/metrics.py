@@ -77,6 +77,7 @@ class Metrics:
         self._n_finished = 0
         self.n_started = 0
         self.outcomes: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # inputs refused before a request started, by reason (InputError.code)
         self.audio_s_total = 0.0  # audio produced by requests that finished ok
         self.tokens_total = 0  # speech tokens produced by the LM
         self._listeners: list[Callable[[RequestRecord], None]] = []
@@ -159,11 +160,17 @@ class Metrics:
         values = [r[key] for r in self.recent(n) if r[key] is not None]
         return {f"p{q:g}": (float(np.percentile(values, q)) if values else None) for q in qs}
 
+    def input_refused(self, reason: str) -> None:
+        """An input was refused with a message (empty text, unknown voice, bad audio, ...); `reason` is its code."""
+        with self._lock:
+            self.refused[reason] += 1
+
     def counters(self) -> dict[str, Any]:
         with self._lock:
             return {"started": self.n_started, "active_streams": self._active,
                     "outcomes": {k: self.outcomes.get(k, 0) for k in OUTCOMES},
-                    "audio_s_total": self.audio_s_total, "tokens_total": self.tokens_total}
+                    "refused_inputs": dict(self.refused), "audio_s_total": self.audio_s_total,
+                    "tokens_total": self.tokens_total}
 
     # --- memory ------------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class Synthesizer:
 
     def __init__(self, model: CosyVoice2Model, lm: SpeechTokenSource, cfg: Config) -> None:
         self.model, self.lm, self.cfg = model, lm, cfg
+        self.sampling = cfg.sampling.resolved(model.hparams.llm)  # RAS: the checkpoint's yaml unless overridden
         s = cfg.streaming
         fd = model.hparams.flow
         self.stream_opts = StreamOptions(
@@ -80,7 +81,7 @@ class Synthesizer:
             prompt_ids, prompt_speech = fe.text_ids(instruct), empty
         with torch.inference_mode():
             lm_input = llm.build_lm_input(text_ids, prompt_ids, prompt_speech)
-        s = self.cfg.sampling
+        s = self.sampling
         if req.fixed_tokens:  # benchmark mode: a set output length whatever the (random) weights sample
             min_tokens = max_tokens = req.fixed_tokens
         else:

@@ -73,7 +73,7 @@ async def load_voice(service, name: str) -> VoiceFeatures:
 
 async def reference_voice(service, reference: str | Path | bytes, transcript: object) -> VoiceFeatures:
     """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong."""
-    transcript = inputs.check_transcript(transcript)
+    transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
     try:
         return await service.voice_from_audio(reference, transcript)
     except (AudioError, PromptAudioError, OSError) as e:
@@ -81,19 +81,28 @@ async def reference_voice(service, reference: str | Path | bytes, transcript: ob
 
 
 async def prepare(service, x: SpeechInputs) -> Prepared:
-    """Check `x`, resolve its voice and build the request. Raises `InputError` (with `param`/`code`),
-    or `NotReadyError` before the model is ready."""
+    """Check `x`, resolve its voice and build the request. Raises `InputError` (with `param`/`code`,
+    counted in the service's metrics by code), or `NotReadyError` before the model is ready."""
     service.require_ready()
-    text = inputs.check_text(x.text, service.cfg.server.max_text_chars, param="text")
+    try:
+        return await _prepare(service, x)
+    except InputError as e:
+        service.metrics.input_refused(e.code)
+        raise
+
+
+async def _prepare(service, x: SpeechInputs) -> Prepared:
+    lim = service.cfg.limits
+    text = inputs.check_text(x.text, lim.max_text_chars, param="text")
     # an instruction given (even one that cleans to nothing, which check_instruct then refuses) means instruct
     given = str(x.instruct_text or "").strip()
     mode = inputs.check_mode(x.mode if x.mode else ("instruct" if given else "zero_shot"))
-    instruct_text = inputs.check_instruct(given, mode)
+    instruct_text = inputs.check_instruct(given, mode, lim.max_instruct_chars)
     speed_value = 1.0 if x.speed is None else x.speed
     stream = bool(x.stream) if x.stream is not None else speed_value == 1.0
     speed = inputs.check_speed(speed_value, stream)
     seed = inputs.check_seed(x.seed)
-    fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens)
+    fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
     if x.voice:
         voice = await load_voice(service, x.voice)
@@ -101,7 +110,7 @@ async def prepare(service, x: SpeechInputs) -> Prepared:
         reference = x.reference() if callable(x.reference) else x.reference
         voice = await reference_voice(service, reference, x.transcript)
     else:
-        inputs.check_transcript(x.transcript)  # a transcript over the limit says so even without a clip
+        inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
         raise InputError(NO_REFERENCE, "reference", code="missing_reference")
     reference_s = time.perf_counter() - t0
     notes = list(voice.notes)

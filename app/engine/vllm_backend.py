@@ -140,8 +140,10 @@ class VLLMBackend:
         if req.ignore_eos:  # fixed length: stop ids masked before RAS sees the logits (as the torch backend)
             common["allowed_token_ids"] = list(range(SPEECH_TOKEN_SIZE))
         if self._ras:  # the logits processor turns logits into the RAS distribution; plain draw after it
-            ras = {"top_p": s.top_p, "top_k": s.top_k, "win_size": s.win_size, "tau_r": s.tau_r,
-                   "min_tokens": req.min_tokens, "eos": EOS_TOKEN, "n_valid": N_SPEECH_ROWS}
+            # unset fields (a caller that did not resolve the config) take RASParams' defaults, the official yaml's
+            ras = {k: v for k, v in (("top_p", s.top_p), ("top_k", s.top_k), ("win_size", s.win_size),
+                                     ("tau_r", s.tau_r)) if v is not None}
+            ras.update(min_tokens=req.min_tokens, eos=EOS_TOKEN, n_valid=N_SPEECH_ROWS)
             return SamplingParams(**common, extra_args={"cosyvoice_ras": ras})
         # fallback without RAS: vLLM's nucleus; min_tokens bans all three stop ids, not only eos
         return SamplingParams(**common, top_p=s.top_p, top_k=s.top_k, min_tokens=min(req.min_tokens, max_tokens))

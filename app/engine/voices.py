@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from app.audio import TOKEN_RATE_HZ
+from app.config import LIMITS
 from app.model.frontend import VoiceFeatures
 
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
 NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
-MAX_PROMPT_TEXT_CHARS = 1000
 
 
 class VoiceError(ValueError):
@@ -128,8 +128,8 @@ class VoiceStore:
     def save(self, name: str, voice: VoiceFeatures, *, overwrite: bool = False) -> VoiceInfo:
         """Store `voice` under `name` (atomically); `VoiceError` if the name is invalid or taken."""
         name = check_name(name)
-        if len(voice.prompt_text) > MAX_PROMPT_TEXT_CHARS:
-            raise VoiceError(f"the transcript is longer than {MAX_PROMPT_TEXT_CHARS} characters")
+        if len(voice.prompt_text) > LIMITS.max_transcript_chars:  # the default: features come through prepare()
+            raise VoiceError(f"the transcript is longer than {LIMITS.max_transcript_chars} characters")
         npz, meta = self._paths(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
                          prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2), created=time.time(),

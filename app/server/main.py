@@ -63,7 +63,7 @@ def build_server(cfg: Config):
     add_studio_routes(api, service)
     demo, i18n = build_demo(service)
     app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
-                              max_file_size=f"{cfg.server.max_upload_mb}mb", ssr_mode=False,
+                              max_file_size=f"{cfg.limits.max_upload_mb}mb", ssr_mode=False,
                               footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
                               auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
     gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")

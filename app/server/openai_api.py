@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile
@@ -37,7 +38,7 @@ MODEL_ID = "cosyvoice2"
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
 V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice"}
 UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
-BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [server] max_upload_mb by this (form fields, boundaries)
+BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
 
 
 class VoiceRef(BaseModel):
@@ -50,7 +51,7 @@ class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(MODEL_ID, max_length=128, description="any name: this server has one model")
-    input: str = Field(max_length=100_000, description="the text to speak (limit: [server] max_text_chars)")
+    input: str = Field(max_length=100_000, description="the text to speak (limit: [limits] max_text_chars)")
     voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
         "wav", description="wav (streamed, unknown-length header) or pcm (s16le mono 24 kHz); others refused")
@@ -75,7 +76,7 @@ def capped_route(max_mb: int) -> type[APIRoute]:
     body without one (chunked) is cut off as soon as it passes the limit.
     """
     limit = max_mb * 1024 * 1024 + BODY_SLACK_BYTES
-    message = (f"the request body is larger than {max_mb} MB ([server] max_upload_mb); send a shorter clip "
+    message = (f"the request body is larger than {max_mb} MB ([limits] max_upload_mb); send a shorter clip "
                "(1-30 s is enough)")
 
     class CappedRoute(APIRoute):
@@ -107,7 +108,7 @@ def api_router(service: StudioService) -> APIRouter:
     """The /v1 routes bound to the process's service (auth from `[server] api_key`)."""
     cfg = service.cfg
     router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"],
-                       route_class=capped_route(cfg.server.max_upload_mb))
+                       route_class=capped_route(cfg.limits.max_upload_mb))
 
     def require_ready() -> None:
         try:
@@ -149,8 +150,11 @@ def api_router(service: StudioService) -> APIRouter:
                                                                        "ogg/mp3, webm/m4a with ffmpeg; 1-30 s "
                                                                        "of one speaker)")],
                            transcript: Annotated[str, Form(max_length=10_000)] = "",
-                           name: Annotated[str | None, Form(max_length=200)] = None) -> dict:
-        """Compute and store a voice's features from a reference recording and its transcript."""
+                           name: Annotated[str | None, Form(max_length=200)] = None,
+                           overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
+                           ) -> dict:
+        """Compute and store a voice's features from a reference recording and its transcript (409 when the
+        name is taken, unless `overwrite`)."""
         require_ready()
         try:
             name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
@@ -159,13 +163,13 @@ def api_router(service: StudioService) -> APIRouter:
             raise ApiError(400, str(e), param="name", code="invalid_value") from e
         except InputError as e:
             raise ApiError(400, str(e), param="transcript", code="invalid_value") from e
-        if name in service.voices.names():
-            raise ApiError(409, f"a voice named {name!r} exists already; delete it first or choose another name",
-                           param="name", code="voice_exists")
-        data = await _read_upload(audio, cfg.server.max_upload_mb)
+        if name in service.voices.names() and not overwrite:
+            raise ApiError(409, f"a voice named {name!r} exists already; delete it first, choose another name, or "
+                           "send overwrite=true", param="name", code="voice_exists")
+        data = await _read_upload(audio, cfg.limits.max_upload_mb)
         try:
             features = await reference_voice(service, data, transcript)
-            info = await asyncio.to_thread(service.voices.save, name, features)
+            info = await asyncio.to_thread(partial(service.voices.save, overwrite=overwrite), name, features)
         except InputError as e:
             raise ApiError(400, str(e), param="audio", code=e.code) from e
         except VoiceError as e:
@@ -215,7 +219,7 @@ async def _read_upload(upload: UploadFile, max_mb: int) -> bytes:
     while piece := await upload.read(UPLOAD_READ_BYTES):
         size += len(piece)
         if size > limit:
-            raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([server] max_upload_mb); send a "
+            raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([limits] max_upload_mb); send a "
                            "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
         parts.append(piece)
     if not size:

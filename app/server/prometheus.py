@@ -97,6 +97,12 @@ class _LiveCollector:
         for outcome in OUTCOMES:
             requests.add_metric([outcome], c["outcomes"][outcome])
         yield requests
+        refused = CounterMetricFamily("cosyvoice_refused_inputs", "Inputs refused with a message before synthesis "
+                                      "started, by reason (invalid_value, voice_not_found, invalid_audio, ...).",
+                                      labels=["reason"])
+        for reason, n in sorted(c["refused_inputs"].items()):
+            refused.add_metric([reason], n)
+        yield refused
         yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
                                   "finished ok.", value=c["audio_s_total"])
         yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from app.tools.calibration import RASParams, calibration_samples, load_export_lm, text_prefixes
+from app.tools.calibration import OFFICIAL_RAS, RASParams, calibration_samples, load_export_lm, text_prefixes
 
 SCHEME = "W4A16_ASYM"  # 4-bit weights, 16-bit activations, asymmetric (int zero points)
 DEFAULT_GROUP_SIZE = 128  # the W4A16_ASYM preset's group
@@ -206,7 +206,7 @@ def quantize(export_dir: Path, out_dir: Path, *, model_dir: Path | None = None, 
     export_cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     n_valid = int(export_cfg.get("cosyvoice2_export", {}).get("n_valid_tokens", 6564))
     warnings = check_shapes(model, group_size)
-    ras, prefixes = RASParams(), None
+    ras, prefixes = OFFICIAL_RAS, None
     if model_dir is not None:
         from app.model.hparams import load_hparams
         from app.model.vllm_export import file_sha256

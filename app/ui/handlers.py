@@ -169,8 +169,10 @@ class Handlers:
 
     # --- saved voices --------------------------------------------------------------------------
 
-    async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str) -> tuple[str, str]:
-        """Compute the reference's features and store them under `name` (replacing a voice of that name).
+    async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str,
+                         replace: bool = False) -> tuple[str, str]:
+        """Compute the reference's features and store them under `name`; a voice of that name is replaced
+        only with `replace` (the page's "Replace a saved voice of that name" box), else refused.
 
         Returns (message, the saved name).
         """
@@ -182,8 +184,13 @@ class Handlers:
             raise gr.Error("Upload or record the reference clip to save first.")
         try:
             features = await reference_voice(self.service, prompt_audio, prompt_text)
-            info = self.service.voices.save(name or "", features, overwrite=True)
-        except (InputError, VoiceError, OSError) as e:
+            info = self.service.voices.save(name or "", features, overwrite=bool(replace))
+        except VoiceError as e:
+            if "exists already" in str(e):
+                raise gr.Error(f"{e}. Tick \"Replace a saved voice of that name\" to overwrite it.",
+                               title="Name taken") from e
+            raise _error(e, prompt_audio) from e
+        except (InputError, OSError) as e:
             raise _error(e, prompt_audio) from e
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
         notes = "".join(f"\n\n- {n}" for n in features.notes)

@@ -24,6 +24,13 @@ from app.ui.panels import PANEL_TRANSLATIONS, build_panels
 from app.ui.player import GATE_JS, PLAYER_HTML, STOP_JS, player_js
 
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
+# the page asks before deleting a saved voice (a refusal throws, which ends the event); API clients are not asked
+CONFIRM_DELETE_JS = """(voice) => {
+  if (voice && !window.confirm('Delete the saved voice "' + voice + '"? This cannot be undone.')) {
+    throw new Error('deletion cancelled');
+  }
+  return [voice];
+}"""
 
 
 def example_rows() -> tuple[list[list], list[str]]:
@@ -58,7 +65,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         with gr.Row():
             with gr.Column():
                 text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
-                                  max_length=cfg.server.max_text_chars, elem_id="text")
+                                  max_length=cfg.limits.max_text_chars, elem_id="text")
                 with gr.Group():
                     prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
                                             label=i18n("prompt_audio"), elem_id="prompt_audio")
@@ -75,6 +82,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                                         elem_id="voice")
                     with gr.Row():
                         voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
+                        replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
                         save = gr.Button(i18n("save_voice"), elem_id="save_voice")
                         delete = gr.Button(i18n("delete_voice"), elem_id="delete_voice")
                     voice_msg = gr.Markdown(elem_id="voice_msg")
@@ -118,9 +126,10 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                       api_visibility="private")
         mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, queue=False,
                     api_visibility="private")
-        save.click(h.save_voice, [voice_name, prompt_audio, prompt_text], [voice_msg, voice], api_name="save_voice",
+        save.click(h.save_voice, [voice_name, prompt_audio, prompt_text, replace_voice], [voice_msg, voice],
+                   api_name="save_voice",
                    ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
-        delete.click(h.delete_voice, voice, [voice_msg, voice], api_name="delete_voice",
+        delete.click(h.delete_voice, voice, [voice_msg, voice], api_name="delete_voice", js=CONFIRM_DELETE_JS,
                      ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
         gr.api(h.list_voices, api_name="list_voices")
         timer = gr.Timer(cfg.ui.status_refresh_s)
