@@ -20,7 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FILES = ["tests/test_features.py", "tests/test_frontend.py", "tests/test_llm.py", "tests/test_flow.py",
          "tests/test_hift.py", "tests/test_token2wav.py", "tests/test_text.py", "tests/test_make_model_parts.py",
-         "tests/test_pipeline.py"]
+         "tests/test_pipeline.py", "tests/test_flow_incremental.py", "tests/test_incremental_pipeline.py",
+         "tests/test_config.py"]
 SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
     "MKL AVX2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},

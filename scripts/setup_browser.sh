@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Browser-test prerequisites (tests/test_browser.py): Debian's chromium, ffmpeg (Gradio encodes
-# streamed audio with it), nginx (tests/test_proxy.py) and the `playwright` Python package in .venv. Idempotent; needs root for
+# streamed audio with it), nginx (tests/test_proxy.py), Prometheus' promtool (tests/test_prometheus.py) and the
+# `playwright` Python package in .venv. Idempotent; needs root for
 # apt-get (CI and this machine kind run as root). NEVER `playwright install`: that downloads a
 # browser build of its own, which fails offline; the test drives /usr/bin/chromium instead.
 # Use: bash scripts/setup_browser.sh   (after scripts/setup_cpu.sh made .venv)
@@ -10,6 +11,7 @@ missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v ffmpeg >/dev/null || missing+=(ffmpeg)
 [ -x /usr/sbin/nginx ] || missing+=(nginx-light)  # tests/test_proxy.py: the studio behind a reverse proxy
+command -v promtool >/dev/null || missing+=(prometheus)  # tests/test_prometheus.py: promtool checks the dashboard's PromQL
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -79,13 +79,18 @@ def run_studio(model_dir: Path, tmp: Path, sets: dict[str, str] | None = None,
                 time.sleep(0.5)
             yield base, tmp
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
-                proc.wait()
+            stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, 30 s for a clean shutdown, then SIGKILL to the whole session (the vLLM engine too)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
+        proc.wait()
 
 
 def save_voice(base: str, name: str, transcript: str = EXAMPLE_TRANSCRIPT) -> dict:

@@ -18,6 +18,13 @@ import time
 
 import pytest
 import torch
+from tolerances import (
+    FLOW_MEL_ATOL,
+    INCREMENTAL_ATOL,
+    INCREMENTAL_F64_ATOL,
+    WAVE_MAX_ATOL,
+    WAVE_RMS_ATOL,
+)
 
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.incremental import FlowState, build_voice_prefix, prompt_only_chunks, state_bytes
@@ -27,10 +34,9 @@ from app.model.hparams import load_hparams
 from app.model.loader import load_strict
 from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch, flow_step
 
-MEL_ATOL = 1e-3  # fixture README §6: flow mel
-FP32_TIGHT = 2e-5  # measured 2.1e-6 (re-solve's own rounding across GEMM/attention shapes)
-FP64_TIGHT = 1e-12  # measured 0.0
-AUDIO_MAX, AUDIO_RMS = 5e-2, 5e-3  # README §6: stream chunks / e2e audio
+MEL_ATOL = FLOW_MEL_ATOL
+FP32_TIGHT, FP64_TIGHT = INCREMENTAL_ATOL, INCREMENTAL_F64_ATOL
+AUDIO_MAX, AUDIO_RMS = WAVE_MAX_ATOL, WAVE_RMS_ATOL
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, free_port
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, free_port, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 # spaces-config-reference (2026-08): every key a Space's README front matter may hold
@@ -195,13 +194,7 @@ def space(tiny_model_dir, tmp_path_factory):
             print(f"\nSpace-shaped start: ready in {time.monotonic() - t0:.1f} s")
             yield base, app_dir, home, snapshot, log_path
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
-                proc.wait()
+            stop_server(proc)
 
 
 @pytest.mark.slow

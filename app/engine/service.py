@@ -245,10 +245,11 @@ class StudioService:
             cache, budget = self.synth.prompt_cache, self.synth.flow_budget
             facts["token2wav"] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
                                   "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
-                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames},
-                                  "flow_incremental": None if cache is None else {
-                                      "prompt_cache": vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes},
-                                      "state_bytes": budget.held_bytes, "refused_streams": budget.refused}}
+                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
+            if cache is not None:  # engine.flow_incremental on
+                facts["token2wav"]["flow_incremental"] = {
+                    "prompt_cache": vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes},
+                    "state_bytes": budget.held_bytes, "refused_streams": budget.refused}
         if self.start_s is not None:
             facts["service_start_s"] = round(self.start_s, 1)
         return facts
