@@ -208,7 +208,6 @@ def test_processor_validation_and_loading() -> None:
 
 def test_processor_adds_the_head_bias_to_every_row(tiny_model_dir, tmp_path) -> None:
     """Every row gets the export's float32 lm_head bias, RAS or not, before RAS sees it."""
-    pytest.importorskip("vllm")
     from vllm.v1.sample.logits_processor import BatchUpdateBuilder
 
     from app.engine.vllm_ras import RASLogitsProcessor

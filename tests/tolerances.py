@@ -60,24 +60,24 @@ NOISE_ATOL = 1e-5
 _measured: dict[str, dict[str, float]] = {}
 
 
+def _record(what: str, kind: str, value: float, bound: float) -> None:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    key = f"{test} {what}{' agreement' if kind == 'min' else ''}".replace("  ", " ").rstrip()
+    seen = _measured.setdefault(key, {kind: value})
+    seen[kind] = (min if kind == "min" else max)(seen[kind], value)
+    seen["at_least" if kind == "min" else "bound"] = bound
+
+
 def within(value: float, bound: float, what: str = "") -> bool:
     """`value <= bound`; records `value` under the running test's id (+ `what`) for the report."""
-    value = float(value)
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-    key = f"{test} {what}".rstrip()
-    seen = _measured.setdefault(key, {"max": value, "bound": bound})
-    seen["max"], seen["bound"] = max(seen["max"], value), bound
-    return value <= bound
+    _record(what, "max", float(value), bound)
+    return float(value) <= bound
 
 
 def at_least(value: float, bound: float, what: str = "") -> bool:
     """`value >= bound` (agreement rates), recorded like `within` (the smallest value seen)."""
-    value = float(value)
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-    key = f"{test} {what} agreement".replace("  ", " ")
-    seen = _measured.setdefault(key, {"min": value, "at_least": bound})
-    seen["min"], seen["at_least"] = min(seen["min"], value), bound
-    return value >= bound
+    _record(what, "min", float(value), bound)
+    return float(value) >= bound
 
 
 def write_report(path: str | Path) -> None:

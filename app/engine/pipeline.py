@@ -19,6 +19,7 @@ import torch
 from app.audio import MEL_FRAMES_PER_TOKEN
 from app.config import Config
 from app.engine.flow_budget import FlowBudget
+from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.t2w_scheduler import Token2WavScheduler
@@ -29,8 +30,6 @@ from app.model.flow.prompt_cache import PromptCache
 from app.model.frontend import VoiceFeatures
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, StreamOptions, Token2WavStream, flow_batch, flow_step
-
-ENDOFPROMPT = "<|endofprompt|>"
 
 
 class EmptyTextError(ValueError):
@@ -120,12 +119,12 @@ class Synthesizer:
             mel = flow_batch(flow, [t2w.flow_item(tokens, plan)], graphs=self.flow_graphs)[0]
         return u.finish_chunk(plan, mel, time.perf_counter() - t0)
 
-    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0) -> AsyncIterator[AudioChunk]:
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""
         segments = self.model.frontend.split_text(req.text)
         if not segments:
             raise EmptyTextError("the text has nothing speakable after normalisation; type some words")
-        u = Utterance(req, segments, queue_wait_s=queue_wait_s, n_workers=self.cfg.engine.token2wav_workers)
+        u = Utterance(req, segments, n_workers=self.cfg.engine.token2wav_workers)
         device = self.model.device
         prompt = req.voice.flow_prompt(device)
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request

@@ -9,6 +9,7 @@ before planning the next), so nothing per-request lives on a shared object.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 import zlib
@@ -39,17 +40,12 @@ class Segment:
 class Utterance:
     """One request from its start to its final chunk (see the module docstring)."""
 
-    def __init__(self, request: SynthesisRequest, segments: list[str], *, queue_wait_s: float = 0.0,
-                 n_workers: int = 1) -> None:
+    def __init__(self, request: SynthesisRequest, segments: list[str], *, n_workers: int = 1) -> None:
         self.request = request
         self.segments = segments
-        self.queue_wait_s = queue_wait_s  # seconds it waited for admission before it started
         # a request sticks to one token->wave worker (its CUDA stream): from its id, no shared counter
         self.worker = zlib.crc32(request.request_id.encode()) % max(1, n_workers)
         self.segment: Segment | None = None
-        # the voice as the flow's prompt cache knows it (exact match checked on every hit)
-        v = request.voice
-        self.voice_key = hashlib.sha1(v.speech_tokens.numpy().tobytes() + v.embedding.numpy().tobytes()).hexdigest()
         self.chunk_index = 0
         # timings (seconds, time.perf_counter clock)
         self.t0 = time.perf_counter()
@@ -58,6 +54,13 @@ class Utterance:
         self.n_tokens = self.n_samples = self.n_chunks = 0
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
         self.chunk_frames: list[int] = []  # per chunk: mel frames the flow emitted
+
+    @functools.cached_property
+    def voice_key(self) -> str:
+        """The voice as the flow's prompt cache knows it (an exact match is checked on every hit); hashed
+        on first use, i.e. only with the incremental flow."""
+        v = self.request.voice
+        return hashlib.sha1(v.speech_tokens.numpy().tobytes() + v.embedding.numpy().tobytes()).hexdigest()
 
     @property
     def is_last_segment(self) -> bool:
