@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.engine.vllm_ras import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
+from app.model.ras_batch import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
 from app.model.sampling import ras_distribution
 
 VOCAB, N_VALID, EOS = 6592, 6564, 6561

@@ -5,7 +5,7 @@ allocator, RSS and CPU of this process and its children (the vLLM engine), vLLM'
 rate-limits and keeps them. Sources (docs/panels.md has the details): NVML (`pynvml` from
 nvidia-ml-py) for device and per-process GPU memory, vLLM's in-process Prometheus gauge
 `vllm:kv_cache_usage_perc` for KV-cache usage, torch's CUDA allocator for this process, and psutil
-(else /proc) for CPU % and RSS. Nothing here imports torch, pynvml or prometheus_client at import time.
+for CPU % and RSS. Nothing here imports torch, pynvml or prometheus_client at import time.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,10 +155,8 @@ def _role(pid: int, me: int, title: str) -> str:
 
 def _process_tree(root: int) -> dict[int, tuple[str, int, float]]:
     """{pid: (name and command line, RSS bytes, user+system CPU seconds)} of `root` and its descendants."""
-    try:
-        import psutil
-    except ImportError:
-        return _proc_tree(root)
+    import psutil  # a dependency of vLLM, pinned in both requirements files
+
     try:
         top = psutil.Process(root)
         procs = [top, *top.children(recursive=True)]
@@ -176,50 +173,9 @@ def _process_tree(root: int) -> dict[int, tuple[str, int, float]]:
     return out
 
 
-def _proc_tree(root: int) -> dict[int, tuple[str, int, float]]:
-    """The same from /proc (Linux without psutil); {} where /proc is absent."""
-    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    stats: dict[int, list[str]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            raw = (d / "stat").read_text()
-        except OSError:
-            continue
-        name = raw[raw.index("(") + 1 : raw.rindex(")")]
-        stats[int(d.name)] = [name, *raw[raw.rindex(")") + 2 :].split()]  # fields from 3 (state) on
-    children: dict[int, list[int]] = {}
-    for pid, f in stats.items():
-        children.setdefault(int(f[2]), []).append(pid)  # f[2] is field 4, ppid
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in stats:
-            continue
-        f = stats[pid]
-        try:
-            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            cmd = ""
-        # fields 14/15 utime/stime (ticks) and 24 rss (pages) are f[12], f[13], f[22]
-        out[pid] = (f"{f[0]} {cmd[:200]}", int(f[22]) * page, (int(f[12]) + int(f[13])) / tick)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def _system_ram() -> tuple[int, int]:
     """(used, total) bytes of the machine's RAM; used = total - available."""
-    try:
-        import psutil
+    import psutil
 
-        vm = psutil.virtual_memory()
-        return vm.total - vm.available, vm.total
-    except ImportError:
-        pass
-    info = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            info[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return info.get("MemTotal", 0) - info.get("MemAvailable", 0), info.get("MemTotal", 0)
+    vm = psutil.virtual_memory()
+    return vm.total - vm.available, vm.total
