@@ -111,6 +111,9 @@ class EngineConfig:
     flow_incremental: bool = False  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
     flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
+    hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
+    hift_graphs: bool = False  # CUDA: replay captured graphs of the batched HiFT step (app/model/hift_graphs.py)
+    hift_max_graphs: int = 32  # HiFT graphs kept (least recently used dropped)
 
     def __post_init__(self) -> None:
         if min(self.flow_state_gib, self.prompt_cache_gib) < 0:
@@ -118,9 +121,9 @@ class EngineConfig:
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
-               self.flow_max_graphs) < 1:
-            raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames and "
-                              "flow_max_graphs must be >= 1")
+               self.flow_max_graphs, self.hift_max_graphs) < 1:
+            raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames, "
+                              "flow_max_graphs and hift_max_graphs must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,51 @@ class UIConfig:
 
 
 @dataclass(frozen=True)
+class AsrConfig:
+    """Whisper transcription of a reference clip whose transcript is blank (app/engine/asr.py)."""
+
+    enabled: bool = True  # False: a blank transcript means cross-lingual mode, as without a model
+    model_id: str = "openai/whisper-large-v3-turbo"  # a Hub repo (downloaded on first use, cached) or a folder
+    device: str = "auto"  # "auto" = cuda when there is one, else cpu | "cpu" | "cuda" | "cuda:N"
+    download: bool = True  # False: only a local folder or the Hugging Face cache, never the network
+    language: str = ""  # "" = detected per clip; else a Whisper language code ("en", "zh", ...)
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise ConfigError("asr.model_id must not be empty (set asr.enabled = false to turn transcription off)")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"asr.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """`python -m app.cluster` only (app/cluster/, Ray Serve): replicas of the whole engine; app.py ignores it."""
+
+    address: str = ""  # Ray cluster to join ("auto" = the one `ray start` runs on this host); "" = a local Ray
+    min_replicas: int = 1  # autoscaling bounds; equal = a fixed count (`--replicas N` sets both)
+    max_replicas: int = 1
+    target_ongoing_requests: float = 12.0  # per replica: Serve adds replicas above this average
+    max_ongoing_requests: int = 0  # per replica; 0 = server.concurrency_limit + server.queue_max_size
+    upscale_delay_s: float = 30.0  # load must stay above the target this long before a replica is added
+    downscale_delay_s: float = 600.0  # and below it this long before one is removed (a replica starts slowly)
+    num_gpus: float = 1.0  # per replica: one replica = one engine + token2wav on one GPU (0 on CPU)
+    num_cpus: float = 1.0  # per replica (Ray's scheduling resource, not a thread count)
+    request_retries: int = 2  # a request whose replica died before it answered goes to another this often
+    replica_timeout_s: float = 10.0  # /health and /metrics wait this long for each replica's answer
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ConfigError(f"cluster.min_replicas must be >= 1 and <= cluster.max_replicas, got "
+                              f"{self.min_replicas} and {self.max_replicas}")
+        if self.target_ongoing_requests <= 0 or self.max_ongoing_requests < 0:
+            raise ConfigError("cluster.target_ongoing_requests must be > 0, cluster.max_ongoing_requests >= 0")
+        if min(self.num_gpus, self.num_cpus, self.upscale_delay_s, self.downscale_delay_s) < 0:
+            raise ConfigError("cluster.num_gpus, num_cpus, upscale_delay_s and downscale_delay_s must be >= 0")
+        if self.request_retries < 0 or self.replica_timeout_s <= 0:
+            raise ConfigError("cluster.request_retries must be >= 0, cluster.replica_timeout_s > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -255,6 +303,8 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     ui: UIConfig = field(default_factory=UIConfig)
+    asr: AsrConfig = field(default_factory=AsrConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +333,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 _SECTIONS: dict[str, type] = {
     "ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig, "StreamingConfig": StreamingConfig,
     "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig, "ServerConfig": ServerConfig, "UIConfig": UIConfig,
-    "LimitsConfig": LimitsConfig,
+    "LimitsConfig": LimitsConfig, "AsrConfig": AsrConfig, "ClusterConfig": ClusterConfig,
 }
 
 

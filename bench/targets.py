@@ -170,8 +170,10 @@ class InProcess:
             return rep.RequestResult(index=i, ok=False, error=f"{type(e).__name__}: {e}"[:300])
         extra = {} if stats is None else dict(
             n_tokens=stats.n_tokens, server_ttfa_ms=stats.ttfa_ms, lm_s=stats.lm_s, flow_s=stats.flow_s,
-            hift_s=stats.hift_s, flow_ms_per_frame=[round(ms / n, 4) for ms, n in
-                                                   zip(stats.chunk_flow_ms, stats.chunk_frames, strict=True) if n])
+            hift_s=stats.hift_s, first_token_ms=stats.first_token_ms, first_hop_ms=stats.first_hop_ms,
+            first_flow_ms=stats.chunk_flow_ms[0] if stats.chunk_flow_ms else None,
+            flow_ms_per_frame=[round(ms / n, 4) for ms, n in zip(stats.chunk_flow_ms, stats.chunk_frames, strict=True)
+                               if n])
         return rep.result_from_arrivals(i, arrivals, wall_s, frontend_s=frontend_s, **extra)
 
     async def aclose(self) -> None:

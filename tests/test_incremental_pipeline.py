@@ -4,6 +4,8 @@ the per-voice prompt cache reused across requests, interleaved streams, and the 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from test_pipeline import collect, make_synth
 from tolerances import WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.engine.requests import SynthesisRequest
+from app.model.token2wav import IncrementalItem
 
 pytestmark = pytest.mark.parity
 TEXTS = ("Hello there, how are you today?", "A second request running at the same time, with more words in it.")
@@ -65,3 +68,40 @@ def test_no_room_falls_back_to_the_resolve(parity_model_dir, voice):
     got, synth = run(parity_model_dir, voice, TEXTS[:1], flow_incremental=True, flow_state_gib=0.0)
     assert_same_audio(got, want)
     assert synth.flow_budget.refused >= 1 and synth.flow_budget.held_bytes == 0
+
+
+def test_concurrent_hops_share_one_estimator_call(parity_model_dir, voice):
+    """engine.flow_batch 16: two requests' first incremental hops, held until both wait, run as one
+    batched flow call (IncrementalItem jobs of the token->wave scheduler); the audio is the re-solve's."""
+    want, _ = run(parity_model_dir, voice, TEXTS)
+    synth = make_synth(parity_model_dir, nsf_noise=False, flow_batch=16, engine={"flow_incremental": True})
+    t2w, calls = synth._t2w, []
+    flow_fn = t2w.flow_fn
+
+    def counting(items):  # the scheduler's real flow_fn (flow_batch), sizes of incremental calls noted
+        if isinstance(items[0], IncrementalItem):
+            calls.append(len(items))
+        return flow_fn(items)
+
+    t2w.flow_fn = counting
+
+    async def both():
+        gate = threading.Event()  # hold the worker until both first hops wait, so they share a call
+        blocker = asyncio.ensure_future(t2w.run(gate.wait, deadline=float("-inf")))
+        reqs = [SynthesisRequest(text=t, voice=voice, seed=5 + i, stream=True) for i, t in enumerate(TEXTS)]
+        runs = [asyncio.ensure_future(collect(synth, r)) for r in reqs]
+        deadline = time.monotonic() + 300
+        while t2w.queued() < 2:
+            assert time.monotonic() < deadline, "the two first hops never waited together"
+            await asyncio.sleep(0.01)
+        gate.set()
+        await blocker
+        return await asyncio.gather(*runs)
+
+    try:
+        outs = asyncio.run(both())
+    finally:
+        asyncio.run(synth.aclose())
+    assert calls and calls[0] == 2, calls  # the first hops shared one estimator call
+    assert_same_audio([np.concatenate([c.samples for c in chunks]) for chunks in outs], want)
+    assert synth.prompt_cache.stats.misses == 1 and synth.flow_budget.held_bytes == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
@@ -53,6 +54,7 @@ def test_chunk_contract(tiny, stream):
     stats = chunks[-1].stats
     audio = np.concatenate([c.samples for c in chunks])
     assert stats is not None and stats.n_tokens > 0 and stats.ttfa_ms > 0
+    assert 0 < stats.first_token_ms <= stats.first_hop_ms <= stats.ttfa_ms  # the first-audio path, in order
     assert audio.dtype == np.float32 and np.isfinite(audio).all() and np.abs(audio).max() <= 0.99 + 1e-6
     assert abs(stats.audio_s - audio.shape[0] / 24000) < 1e-9
     if not stream:
@@ -239,3 +241,69 @@ def test_e2e_parity_with_official(parity, parity_model_dir, golden, manifest, st
     ref = g[f"{kind}_speech"].reshape(-1)
     err = np.abs(audio - ref)
     assert within(err.max(), WAVE_MAX_ATOL, "max") and within(np.sqrt((err**2).mean()), WAVE_RMS_ATOL, "rms")
+
+
+class _Recorder:
+    """The real torch backend, with a log of when each segment's LM stream started and what it gave."""
+
+    def __init__(self, inner: TorchLMBackend) -> None:
+        self.inner, self.started, self.tokens = inner, {}, {}
+
+    def stream(self, req):
+        async def gen():
+            self.started[req.seed] = time.perf_counter()
+            got = self.tokens.setdefault(req.seed, [])
+            async for new in self.inner.stream(req):
+                got.extend(new)
+                yield new
+        return gen()
+
+    def health(self):
+        return self.inner.health()
+
+    def facts(self):
+        return self.inner.facts()
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+def test_next_segment_lm_starts_while_this_one_is_vocoded(tiny):
+    """Segment k+1's LM request starts once segment k's LM has finished, before segment k's last
+    chunk is out (the join does not wait for the vocoder); each segment gets the same tokens as its
+    LM request alone; stopping early aborts the LM that was started ahead (no decode thread left)."""
+    synth, voice = tiny
+    rec = _Recorder(synth.lm)
+    synth.lm = rec
+    text = ("This is the first sentence of a longer paragraph that keeps going for a while. " * 3).strip()
+    req = SynthesisRequest(text=text, voice=voice, seed=40, stream=True, fixed_tokens=0)
+
+    async def run():
+        out = []
+        async for c in synth.stream(req):
+            out.append((c.segment, c.is_final, time.perf_counter()))
+        return out
+
+    async def alone(lm_req):
+        return [t async for new in rec.inner.stream(lm_req) for t in new]
+
+    async def stop_after_first_segment():
+        async with contextlib.aclosing(synth.stream(dataclasses.replace(req, seed=80))) as chunks:
+            async for c in chunks:
+                if c.segment == 1:
+                    break
+        await rec.inner.drain()
+
+    try:
+        chunks = asyncio.run(run())
+        segments = synth.model.frontend.split_text(text)
+        assert len(segments) >= 2 and max(s for s, _, _ in chunks) == len(segments) - 1
+        for k in range(len(segments) - 1):
+            last_chunk_of_k = max(t for s, _, t in chunks if s == k)
+            assert rec.started[req.seed + k + 1] < last_chunk_of_k, k
+        for k, seg_text in enumerate(segments):
+            assert rec.tokens[req.seed + k] == asyncio.run(alone(synth.lm_request(req, seg_text, k))), k
+        asyncio.run(stop_after_first_segment())
+        assert rec.inner.n_active == 0
+    finally:
+        synth.lm = rec.inner

@@ -1,9 +1,10 @@
 """The memory all streams' incremental flow states may hold together (`engine.flow_state_gib`).
 
-A stream asks before each incremental hop with what its state holds now; the hop may at most double
-that (the state's buffers grow by doubling), so it is admitted only if the total stays within the
-budget after such a doubling. A stream refused once drops its state and re-solves from then on: the
-same mel, at the re-solve's cost (app/model/token2wav.py). Thread-safe: token->wave workers ask.
+A stream asks before each incremental hop with the bytes its state may hold after the hop (its buffers
+grown by the hop's frames, app/model/flow/incremental.py `bytes_after`); the hop is admitted only if
+the total stays within the budget, and the stream then counts for that much until `update` sets what
+it really holds. A stream refused once drops its state and re-solves from then on: the same mel, at the
+re-solve's cost (app/engine/pipeline.py). Thread-safe: the event loop asks, token->wave workers may update.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 class FlowBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._held: dict[int, int] = {}  # id(stream) -> bytes its state holds
+        self._held: dict[int, int] = {}  # id(stream) -> bytes its state holds (or was admitted to hold)
         self._lock = threading.Lock()
         self.refused = 0  # streams that fell back to the re-solve
 
@@ -23,13 +24,13 @@ class FlowBudget:
         with self._lock:
             return sum(self._held.values())
 
-    def admit(self, stream: object, now_bytes: int, first_bytes: int) -> bool:
-        """May `stream` (holding `now_bytes`; a first hop needs about `first_bytes`) run its next hop?"""
+    def admit(self, stream: object, need_bytes: int) -> bool:
+        """May `stream` run a hop after which its state holds at most `need_bytes`?"""
         with self._lock:
             others = sum(v for k, v in self._held.items() if k != id(stream))
-            ok = others + max(2 * now_bytes, first_bytes) <= self.max_bytes
+            ok = others + need_bytes <= self.max_bytes
             if ok:
-                self._held[id(stream)] = now_bytes
+                self._held[id(stream)] = need_bytes
             else:
                 self._held.pop(id(stream), None)
                 self.refused += 1

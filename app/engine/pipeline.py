@@ -9,27 +9,29 @@ threads, earliest deadline first), so the event loop stays free and requests int
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 
-from app.audio import MEL_FRAMES_PER_TOKEN
 from app.config import Config
 from app.engine.flow_budget import FlowBudget
 from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.t2w_scheduler import Token2WavScheduler
-from app.engine.utterance import Segment, Utterance
+from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import state_bytes
+from app.model.flow.incremental import FlowState, bytes_after
 from app.model.flow.prompt_cache import PromptCache
 from app.model.frontend import VoiceFeatures
+from app.model.hift_graphs import HiftGraphs
 from app.model.loader import CosyVoice2Model
-from app.model.token2wav import ChunkPlan, StreamOptions, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import ChunkPlan, IncrementalItem, StreamOptions, Token2WavStream, flow_batch
 
 
 class EmptyTextError(ValueError):
@@ -56,8 +58,15 @@ class Synthesizer:
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
                                            max_graphs=e.flow_max_graphs) \
             if e.flow_cuda_graphs and torch.device(model.device).type == "cuda" else None
+        # batched HiFT after each flow call (CUDA graphs of its step only on CUDA, where there is something to capture)
+        self.hift_graphs = HiftGraphs(max_graphs=e.hift_max_graphs) \
+            if e.hift_graphs and torch.device(model.device).type == "cuda" else None
+        self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
+        finish_batch = partial(vocode_chunks, model.hift, graphs=self.hift_graphs, sizes=self.hift_batch_sizes) \
+            if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs))
+                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs),
+                                       finish_batch=finish_batch)
 
     # --- voices ------------------------------------------------------------------------------
 
@@ -95,29 +104,31 @@ class Synthesizer:
         seg = u.segment
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
-        if seg.t2w.opts.incremental and plan.streaming and not seg.resolve:
-            return await self._t2w.run(partial(self._incremental_chunk, u, tokens, plan), deadline=u.deadline(),
-                                       key=u.worker)
-        item = seg.t2w.flow_item(tokens, plan)
-        return await self._t2w.run_flow(item, partial(u.finish_chunk, plan), deadline=u.deadline(), key=u.worker)
-
-    def _incremental_chunk(self, u: Utterance, tokens: torch.Tensor, plan: ChunkPlan) -> np.ndarray:
-        """One streaming hop through the incremental flow, then HiFT (on a token->wave worker)."""
-        t0 = time.perf_counter()
-        seg, flow = u.segment, self.model.flow
         t2w = seg.t2w
-        first_bytes = state_bytes(flow, MEL_FRAMES_PER_TOKEN * (t2w.n_prompt + plan.n_tokens))
-        if self.flow_budget.admit(t2w, t2w.flow_state_bytes, first_bytes):
-            if self.prompt_cache is not None and t2w.voice_prefix is None and not t2w.flow_state_bytes:
-                p = t2w.prompt
-                t2w.voice_prefix = self.prompt_cache.get(u.voice_key, flow, p.tokens, p.mel, p.embedding)
-            mel = flow_step(flow, t2w.flow_state, tokens, plan)
-            self.flow_budget.update(t2w, t2w.flow_state_bytes)
-        else:  # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
+        if t2w.opts.incremental and plan.streaming and not seg.resolve:
+            # the hop is a flow job of its own batch key: concurrent streams' hops share one estimator call
+            need = bytes_after(self.model.flow, t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens)
+            if self.flow_budget.admit(t2w, need):
+                item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key), tokens[:, : plan.n_tokens],
+                                       plan.finalize, plan.token_offset)
+                try:
+                    return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(),
+                                                    key=u.worker)
+                finally:  # this stream's job is over (done, failed or cancelled): count what it holds
+                    self.flow_budget.update(t2w, t2w.flow_state_bytes)
+            # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
             seg.resolve = True
             t2w.drop_flow_state()
-            mel = flow_batch(flow, [t2w.flow_item(tokens, plan)], graphs=self.flow_graphs)[0]
-        return u.finish_chunk(plan, mel, time.perf_counter() - t0)
+        item = t2w.flow_item(tokens, plan)
+        return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
+
+    def _flow_state(self, t2w: Token2WavStream, voice_key) -> FlowState:
+        """The stream's incremental state, started from its voice's prefix (on a token->wave worker:
+        a prompt cache miss builds the prefix there)."""
+        if self.prompt_cache is not None and t2w.voice_prefix is None and t2w.flow_state_or_none is None:
+            p = t2w.prompt
+            t2w.voice_prefix = self.prompt_cache.get(voice_key, self.model.flow, p.tokens, p.mel, p.embedding)
+        return t2w.flow_state
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""
@@ -128,34 +139,51 @@ class Synthesizer:
         device = self.model.device
         prompt = req.voice.flow_prompt(device)
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request
-        for seg_i, text in enumerate(segments):
-            t2w = Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
-                                  stream=req.stream, speed=req.speed, generator=hift_gen)
-            u.segment = seg = Segment(seg_i, text, t2w, self.lm.stream(self.lm_request(req, text, seg_i)), [])
-            try:
-                while not t2w.done:
-                    plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)
-                    if plan is None:
-                        t = time.perf_counter()
-                        try:
-                            new = await anext(seg.lm)
-                        except StopAsyncIteration:
-                            new, seg.lm_finished = [], True
-                        u.add_tokens(new, time.perf_counter() - t)
-                        continue
-                    if plan.finalize and not seg.tokens:  # the LM stopped at once: nothing to vocode
-                        t2w.done = True
-                        samples = np.zeros(0, dtype=np.float32)
-                    else:
-                        samples = await self._run_t2w(u, plan)
-                    is_final = u.is_last_segment and plan.finalize
-                    index = u.chunk_index
-                    u.emitted(samples.shape[0])
-                    yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final,
-                                     stats=u.stats() if is_final else None)
-            finally:
-                await seg.lm.aclose()  # aborts the LM request if we stopped early
-                self.flow_budget.release(t2w)
+        try:
+            for seg_i, text in enumerate(segments):
+                async with contextlib.aclosing(self._segment(u, seg_i, text, prompt, hift_gen)) as chunks:
+                    async for chunk in chunks:  # closed at once when the caller stops early (aborts the LM)
+                        yield chunk
+        finally:  # a next segment's LM started early (see `_segment`) and never reached
+            await u.drop_next_lm()
+
+    async def _segment(self, u: Utterance, seg_i: int, text: str, prompt, hift_gen) -> AsyncIterator[AudioChunk]:
+        """Segment `seg_i`'s chunks. Once its LM has finished, the next segment's LM request starts
+        (`Utterance.start_next_lm`): its prefill and first hop run while this segment's last chunks are
+        vocoded, so the join does not stall. Same requests and seeds as one after the other."""
+        req, t2w = u.request, Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
+                                             stream=u.request.stream, speed=u.request.speed, generator=hift_gen)
+        lm, first = u.take_next_lm()
+        u.segment = seg = Segment(seg_i, text, t2w, lm or self.lm.stream(self.lm_request(req, text, seg_i)), [])
+        try:
+            while not t2w.done:
+                plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)
+                if plan is None:
+                    t = time.perf_counter()
+                    try:
+                        new = await (first if first is not None else anext(seg.lm))
+                    except StopAsyncIteration:
+                        new, seg.lm_finished = [], True
+                        if seg_i + 1 < len(u.segments):
+                            nxt = u.segments[seg_i + 1]
+                            u.start_next_lm(self.lm.stream(self.lm_request(req, nxt, seg_i + 1)))
+                    first = None
+                    u.add_tokens(new, time.perf_counter() - t)
+                    continue
+                u.planned()
+                if plan.finalize and not seg.tokens:  # the LM stopped at once: nothing to vocode
+                    t2w.done = True
+                    samples = np.zeros(0, dtype=np.float32)
+                else:
+                    samples = await self._run_t2w(u, plan)
+                is_final = u.is_last_segment and plan.finalize
+                index = u.chunk_index
+                u.emitted(samples.shape[0])
+                yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final,
+                                 stats=u.stats() if is_final else None)
+        finally:
+            await seg.lm.aclose()  # aborts the LM request if we stopped early
+            self.flow_budget.release(t2w)
 
     async def synthesize(self, req: SynthesisRequest) -> tuple[np.ndarray, RequestStats]:
         """Whole utterance at once: ([N] float32 at 24 kHz, stats)."""
@@ -165,6 +193,18 @@ class Synthesizer:
             stats = chunk.stats or stats
         assert stats is not None
         return np.concatenate(parts) if parts else np.zeros(0, np.float32), stats
+
+    def facts(self) -> dict[str, Any]:
+        """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
+        e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
+        facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
+                                 "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
+                                     "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
+        if cache is not None:  # engine.flow_incremental on
+            prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
+            facts["flow_incremental"] = {"prompt_cache": prompt,
+                                         "state_bytes": budget.held_bytes, "refused_streams": budget.refused}
+        return facts
 
     async def aclose(self) -> None:
         await self.lm.aclose()

@@ -61,6 +61,10 @@ class RequestStats:
     # per chunk, in order: wall ms of its flow call (the whole call when batched) and mel frames it emitted
     chunk_flow_ms: tuple[float, ...] = ()
     chunk_frames: tuple[int, ...] = ()
+    # the first-audio path: request start -> the LM's first token, -> the first chunk's tokens all in
+    # (ttfa_ms - first_hop_ms is the token->wave queue wait + the first flow call + its HiFT)
+    first_token_ms: float | None = None
+    first_hop_ms: float | None = None
 
     @property
     def rtf(self) -> float:

@@ -12,7 +12,9 @@ Batching (`run_flow`, `max_batch` > 1): when a worker takes a flow job it also t
 `max_batch - 1` other queued flow jobs that can share its call (same `batch_key`), most urgent
 first, runs one batched flow call (`flow_fn`) for all of them (one launch sequence for B streams
 instead of B), then each job's own `finish` (HiFT, per-request caches) in deadline order, handing
-each result back as soon as it is ready.
+each result back as soon as it is ready. With `finish_batch`, the call's jobs finish together
+instead: `finish_batch(finishes, outs, flow_s)` yields (job index, result, error) as each is ready
+(the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -56,10 +58,13 @@ class Token2WavScheduler:
     """`await run(fn, ...)` / `await run_flow(item, finish, ...)` on worker threads, earliest deadline first."""
 
     def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu", *,
-                 flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1) -> None:
+                 flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1,
+                 finish_batch: Callable[[list[Any], list[Any], float], Iterator[tuple[int, Any, BaseException | None]]]
+                 | None = None) -> None:
         if n_workers < 1 or max_batch < 1:
             raise ValueError("n_workers and max_batch must be >= 1")
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
+        self.finish_batch = finish_batch
         self.device = torch.device(device)
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._cv = threading.Condition()
@@ -144,8 +149,32 @@ class Token2WavScheduler:
                     continue
                 flow_s = time.perf_counter() - t0
                 self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
-                for j, out in zip(jobs, outs, strict=True):
-                    self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
+                ok = [not isinstance(out, BaseException) for out in outs]  # an error output fails its job alone
+                for j, out, good in zip(jobs, outs, ok, strict=True):
+                    if not good:
+                        self._hand_back(j, None, out)
+                jobs = [j for j, g in zip(jobs, ok, strict=True) if g]
+                outs = [o for o, g in zip(outs, ok, strict=True) if g]
+                if not jobs:
+                    continue
+                if self.finish_batch is None:
+                    for j, out in zip(jobs, outs, strict=True):
+                        self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
+                else:
+                    self._finish_together(jobs, outs, flow_s)
+
+    def _finish_together(self, jobs: list[_Job], outs: list[Any], flow_s: float) -> None:
+        """`finish_batch` over one flow call's jobs; a job it never answered gets its error (or a bug report)."""
+        left = dict(enumerate(jobs))
+        try:
+            for i, result, error in self.finish_batch([j.finish for j in jobs], outs, flow_s):
+                self._hand_back(left.pop(i), result, error)
+        except BaseException as e:  # handed to every job still waiting
+            for j in left.values():
+                self._hand_back(j, None, e)
+            return
+        for j in left.values():
+            self._hand_back(j, None, RuntimeError("finish_batch returned no result for this job"))
 
     def _call(self, job: _Job, fn: Callable[[], Any]) -> None:
         result, error = None, None

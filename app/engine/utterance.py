@@ -3,17 +3,21 @@
 The `Synthesizer` makes one per request and drives it; it dies with the request. It holds the
 request, its text segments, the segment being spoken (its token list, LM stream, token->wave
 stream), the worker the request sticks to, and its timings. Token->wave worker threads touch it
-only through `finish_chunk` (one job of this request runs at a time: the pipeline awaits each chunk
-before planning the next), so nothing per-request lives on a shared object.
+only through `finish_chunk` / `vocode_chunks` (one job of this request runs at a time: the pipeline
+awaits each chunk before planning the next), so nothing per-request lives on a shared object.
+`vocode_chunks` runs the HiFT of the chunks of one batched flow call together, one call per mel
+length (app/model/hift_batch.py), each request's caches and noise generator kept its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import hashlib
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +25,7 @@ import torch
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import RequestStats, SynthesisRequest
+from app.model.hift_batch import length_buckets, vocode_rows
 from app.model.token2wav import ChunkPlan, Token2WavStream
 
 
@@ -46,10 +51,13 @@ class Utterance:
         # a request sticks to one token->wave worker (its CUDA stream): from its id, no shared counter
         self.worker = zlib.crc32(request.request_id.encode()) % max(1, n_workers)
         self.segment: Segment | None = None
+        self._next_lm: tuple[AsyncIterator[list[int]], asyncio.Future] | None = None  # see start_next_lm
         self.chunk_index = 0
         # timings (seconds, time.perf_counter clock)
         self.t0 = time.perf_counter()
         self.first_audio: float | None = None
+        self.first_token: float | None = None  # the LM's first token arrived
+        self.first_hop: float | None = None  # the first chunk's tokens were all in (its flow job is queued)
         self.lm_s = self.flow_s = self.hift_s = 0.0
         self.n_tokens = self.n_samples = self.n_chunks = 0
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
@@ -73,12 +81,40 @@ class Utterance:
             return self.t0
         return self.first_audio + self.n_samples / OUTPUT_SAMPLE_RATE_HZ
 
+    def start_next_lm(self, lm: AsyncIterator[list[int]]) -> None:
+        """Start the next segment's LM stream now: a task takes its first tokens (the engine then keeps
+        decoding ahead, its deltas buffered) while this segment's last chunks are vocoded."""
+        self._next_lm = (lm, asyncio.ensure_future(anext(lm)))
+
+    def take_next_lm(self) -> tuple[AsyncIterator[list[int]] | None, asyncio.Future | None]:
+        """(the LM stream `start_next_lm` began, the task of its first tokens), or (None, None)."""
+        lm, first = self._next_lm or (None, None)
+        self._next_lm = None
+        return lm, first
+
+    async def drop_next_lm(self) -> None:
+        """The request ended before reaching the segment whose LM was started: abort that LM request."""
+        lm, first = self.take_next_lm()
+        if first is not None:
+            first.cancel()  # a no-op when it is done
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await first  # (also retrieves its exception, if it had one)
+        if lm is not None:
+            await lm.aclose()
+
     def add_tokens(self, new: list[int], waited_s: float) -> None:
         seg = self.segment
         assert seg is not None
         seg.tokens.extend(new)
         self.n_tokens += len(new)
         self.lm_s += waited_s
+        if self.first_token is None and new:
+            self.first_token = time.perf_counter()
+
+    def planned(self) -> None:
+        """A chunk's tokens are in and its token->wave job is about to be queued."""
+        if self.first_hop is None:
+            self.first_hop = time.perf_counter()
 
     def finish_chunk(self, plan: ChunkPlan, mel: torch.Tensor, flow_s: float) -> np.ndarray:
         """HiFT for `plan` on its flow output (on a token->wave worker): the chunk's samples, [N] float32.
@@ -89,10 +125,14 @@ class Utterance:
         assert seg is not None
         t = time.perf_counter()
         wave = seg.t2w.finish(mel, plan)
-        self.hift_s += time.perf_counter() - t
+        return self.chunk_done(wave, int(mel.shape[2]), flow_s, time.perf_counter() - t)
+
+    def chunk_done(self, wave: torch.Tensor, n_frames: int, flow_s: float, hift_s: float) -> np.ndarray:
+        """Count a chunk's stage times (s) and its `n_frames` flow frames; its samples as [N] float32."""
+        self.hift_s += hift_s
         self.flow_s += flow_s
         self.chunk_flow_ms.append(flow_s * 1e3)
-        self.chunk_frames.append(int(mel.shape[2]))
+        self.chunk_frames.append(n_frames)
         return wave.cpu().numpy().astype(np.float32, copy=False)
 
     def emitted(self, n_samples: int) -> None:
@@ -110,4 +150,70 @@ class Utterance:
             ttfa_ms=(first - self.t0) * 1e3, wall_s=now - self.t0, audio_s=self.n_samples / OUTPUT_SAMPLE_RATE_HZ,
             n_tokens=self.n_tokens, n_segments=len(self.segments), n_chunks=self.n_chunks, lm_s=self.lm_s,
             flow_s=self.flow_s, hift_s=self.hift_s, chunk_flow_ms=tuple(self.chunk_flow_ms),
-            chunk_frames=tuple(self.chunk_frames))
+            chunk_frames=tuple(self.chunk_frames), first_token_ms=self._since_t0(self.first_token),
+            first_hop_ms=self._since_t0(self.first_hop))
+
+    def _since_t0(self, t: float | None) -> float | None:
+        return None if t is None else (t - self.t0) * 1e3
+
+
+@dataclass(frozen=True)
+class ChunkFinish:
+    """A flow job's finish: HiFT of `plan` for `utterance`, alone (`__call__`) or with the other jobs of its
+    flow call (`vocode_chunks`)."""
+
+    utterance: Utterance
+    plan: ChunkPlan
+
+    def __call__(self, mel: torch.Tensor, flow_s: float) -> np.ndarray:
+        return self.utterance.finish_chunk(self.plan, mel, flow_s)
+
+
+def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float, graphs=None,
+                  sizes: dict[int, int] | None = None) -> Iterator[tuple[int, np.ndarray | None, Exception | None]]:
+    """HiFT of one flow call's chunks (`mels[i]` [1, 80, T_i] for `finishes[i]`), one batched call per
+    HiFT input length, the most urgent job's length first; yields (index, samples, error) per chunk as
+    its bucket is done. A request's hift_s is its own row's work plus its bucket's call (the time it
+    waited); a bucket whose call fails runs its rows one by one, so one bad row fails alone.
+    `graphs`: a HiftGraphs (CUDA) or None; `sizes` counts the calls by rows."""
+    if len(finishes) == 1 and graphs is None:  # alone: the job's own path (Token2WavStream.finish), same numbers
+        if sizes is not None:
+            sizes[1] = sizes.get(1, 0) + 1
+        try:
+            yield 0, finishes[0](mels[0], flow_s), None
+        except Exception as e:
+            yield 0, None, e
+        return
+    rows, prep_s = {}, {}
+    for i, (f, mel) in enumerate(zip(finishes, mels, strict=True)):
+        t = time.perf_counter()
+        try:
+            rows[i] = f.utterance.segment.t2w.hift_row(mel, f.plan)  # draws this stream's noise
+        except Exception as e:
+            yield i, None, e
+            continue
+        prep_s[i] = time.perf_counter() - t
+    live = list(rows)
+    groups = [[live[b] for b in bucket] for bucket in length_buckets([rows[i] for i in live])]
+    while groups:
+        idx = groups.pop(0)
+        t = time.perf_counter()
+        try:
+            outs = vocode_rows(hift, [rows[i] for i in idx], graphs)
+        except Exception as e:
+            if len(idx) > 1:
+                groups[:0] = [[i] for i in idx]  # each row alone (its noise is drawn: same numbers)
+            else:
+                yield idx[0], None, e
+            continue
+        call_s = time.perf_counter() - t
+        if sizes is not None:
+            sizes[len(idx)] = sizes.get(len(idx), 0) + 1
+        for i, (wav, source) in zip(idx, outs, strict=True):
+            f = finishes[i]
+            try:
+                hift_s = prep_s[i] + call_s
+                wave = f.utterance.segment.t2w.finish_vocoded(rows[i], wav, source, f.plan, hift_s)
+                yield i, f.utterance.chunk_done(wave, int(mels[i].shape[2]), flow_s, hift_s), None
+            except Exception as e:
+                yield i, None, e

@@ -146,9 +146,10 @@ class HiFTGenerator(nn.Module):
         dtype = self.f0_predictor.classifier.weight.dtype
         return self.f0_predictor(mel.to(dtype)).float()
 
-    def source(self, f0: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """f0 [B, T] Hz -> NSF excitation [B, 1, 480 T] (noise per `nsf_noise`, drawn from `generator`)."""
-        return self.m_source(f0, noise=self.nsf_noise, generator=generator)
+    def source(self, f0: Tensor, generator: torch.Generator | None = None, eps: Tensor | None = None) -> Tensor:
+        """f0 [B, T] Hz -> NSF excitation [B, 1, 480 T] (noise per `nsf_noise`: `eps` [B, 9, 480 T] if
+        given, else drawn from `generator`)."""
+        return self.m_source(f0, noise=self.nsf_noise, generator=generator, eps=eps)
 
     def _window(self, like: Tensor) -> Tensor:
         """Periodic Hann (= scipy get_window('hann', n_fft, fftbins=True)), made in fp64 and rounded.
@@ -175,6 +176,12 @@ class HiFTGenerator(nn.Module):
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         """mel [B, 80, T] + excitation [B, 1, 480 T] -> waveform [B, 480 T] clamped to ±audio_limit."""
+        return self.spec_to_wave(self.decode_spec(mel, source))
+
+    def decode_spec(self, mel: Tensor, source: Tensor) -> Tensor:
+        """`decode` up to its iSTFT: conv_post's output [B, n_fft + 2, 120 T + 1] (log-magnitudes, then
+        pre-sine phases). Split off because torch.istft checks its window envelope on the host, which a
+        CUDA graph cannot capture (app/model/hift_batch.py graphs this part only)."""
         self._check_mel(mel)
         expected = mel.shape[-1] * self.upsample_factor
         if source.ndim != 3 or source.shape[1] != 1 or source.shape[-1] != expected:
@@ -193,7 +200,10 @@ class HiFTGenerator(nn.Module):
             for j in range(1, self.n_kernels):
                 acc = acc + self.resblocks[i * self.n_kernels + j](x)
             x = acc / self.n_kernels
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here (official quirk)
+        return self.conv_post(F.leaky_relu(x))  # default slope 0.01 here (official quirk)
+
+    def spec_to_wave(self, x: Tensor) -> Tensor:
+        """conv_post output [B, n_fft + 2, F] -> waveform [B, hop (F - 1)] clamped to ±audio_limit."""
         n_bins = self.n_fft // 2 + 1
         # phase = sin(.) as in the official code (a redundant squashing kept for parity)
         wav = self._istft(torch.exp(x[:, :n_bins]), torch.sin(x[:, n_bins:]))  # [B, 480 T]

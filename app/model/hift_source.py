@@ -88,12 +88,24 @@ class HarmonicSource(nn.Module):
         self.voiced_threshold = voiced_threshold  # Hz; f0 <= this is unvoiced (10)
         self.l_linear = nn.Linear(self.n_harmonics, 1)  # merges the harmonics into one excitation
 
-    def forward(self, f0: Tensor, *, noise: bool = True, generator: torch.Generator | None = None) -> Tensor:
+    def draw_noise(self, n_rows: int, n_frames: int, generator: torch.Generator | None,
+                   device: torch.device) -> Tensor:
+        """The Gaussian draws `forward` makes for f0 [n_rows, n_frames]: [n_rows, H, n_frames * upsample]
+        float32 on `device`. Drawn ahead of time they let a batch of streams use each stream's own
+        generator (app/model/hift_batch.py), and keep the draw out of a captured CUDA graph."""
+        g = generator if generator is not None else _fresh_generator(device)
+        eps = torch.randn((n_rows, self.n_harmonics, n_frames * self.upsample), generator=g, device=g.device,
+                          dtype=torch.float32)
+        return eps.to(device)
+
+    def forward(self, f0: Tensor, *, noise: bool = True, generator: torch.Generator | None = None,
+                eps: Tensor | None = None) -> Tensor:
         """f0 [B, T] Hz -> source [B, 1, T * upsample].
 
         noise=False sets the additive noise to zero (the parity fixture's deterministic patch).
-        With noise, the Gaussian draws come from `generator` (a fresh OS-seeded one if None; a CPU
-        generator gives the same audio on every device).
+        With noise, the Gaussian draws are `eps` [B, H, T * upsample] if given (`draw_noise`), else drawn
+        from `generator` (a fresh OS-seeded one if None; a CPU generator gives the same audio on every
+        device).
         """
         phase = harmonic_phase(f0, self.n_harmonics, self.sampling_rate, self.upsample)  # [B, H, L]
         sines = torch.sin(phase) * self.sine_amp
@@ -101,8 +113,8 @@ class HarmonicSource(nn.Module):
         uv = uv.repeat_interleave(self.upsample, dim=-1)[:, None, :]  # [B, 1, L]
         x = sines * uv  # unvoiced samples carry noise only
         if noise:
-            g = generator if generator is not None else _fresh_generator(f0.device)
-            eps = torch.randn(x.shape, generator=g, device=g.device, dtype=torch.float32)
+            if eps is None:
+                eps = self.draw_noise(x.shape[0], f0.shape[-1], generator, f0.device)
             amp = uv * self.noise_std + (1 - uv) * (self.sine_amp / 3)  # unvoiced noise peaks ~sine_amp
             x = x + amp * eps.to(device=x.device, dtype=x.dtype)
         w = self.l_linear.weight

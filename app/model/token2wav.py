@@ -5,13 +5,16 @@ the first hop is `first_hop_tokens` plus the pad that puts its end on a 25-token
 the (prompt + generated) sequence; each hop needs `pre_lookahead` extra tokens; hops then grow
 x`hop_growth` up to `max_hop_tokens` (each rounded up to end on a chunk edge: a no-op in the
 official schedule); the last chunk is `finalize=True` with full attention.
-HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail.
+HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail;
+`hift_row` / `emit` split a chunk's HiFT around a call that may hold other streams' rows
+(app/model/hift_batch.py), `vocode` runs it alone.
 
 Options: `incremental` runs the streaming hops through the cached flow (app/model/flow/incremental.py:
 only the frames after the last committed chunk, same mel as the re-solve up to float rounding; the
 per-stream `FlowState` lives here); `chunk_causal_final` makes the final call chunk-causal
 (streaming=True) so it is incremental too, at a measured deviation (docs/precision.md). The engine
-calls `flow_step` for one stream's hop.
+submits each hop as an `IncrementalItem` to `flow_batch`, so concurrent streams' hops share one
+estimator call (app/model/flow/batch.py); `flow_step` runs one stream's hop alone.
 
 Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
 so it never leaks into the next request (upstream mutates the shared model and every later
@@ -23,14 +26,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from app.audio import MEL_FRAMES_PER_TOKEN
+from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import FlowState, VoicePrefix, incremental_inference
+from app.model.hift_batch import HiftRow, make_row, vocode_rows
 
 MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
 SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * 480  # 3840: NSF source phase continuity (160 ms)
@@ -103,8 +110,20 @@ class FlowItem:
         return self.streaming, self.finalize
 
 
+@dataclass(frozen=True)
+class IncrementalItem:
+    """One stream's streaming hop through the incremental flow, for `flow_batch`: hops of any
+    streams share a call (one batch key), each from its own state."""
+
+    state: Callable[[], FlowState]  # the stream's state, made on first use (on the worker thread)
+    tokens: Tensor  # [1, n] generated tokens of the hop's prefix
+    finalize: bool  # a chunk-causal final call
+    token_offset: int  # mel is kept from this token on
+    batch_key: ClassVar[str] = "incremental"
+
+
 @torch.inference_mode()
-def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
+def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None) -> list[Tensor | ValueError]:
     """New mel frames [1, 80, T_i] (float32) for each item, computed in one batched flow call.
 
     Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
@@ -112,7 +131,15 @@ def flow_batch(flow, items: list[FlowItem], graphs=None) -> list[Tensor]:
     (tests/test_token2wav.py). One item runs the batch-1 path (`flow.inference`) unchanged.
     `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager);
     a batch's rows are padded to a power of two there, so 5 row counts cover a batch of 16.
+    `IncrementalItem`s (all of them, or none) run `incremental_batch` (app/model/flow/batch.py, eager):
+    an item whose call is refused gets its ValueError as its output, the others still run.
     """
+    if isinstance(items[0], IncrementalItem):
+        if not all(isinstance(it, IncrementalItem) for it in items):
+            raise ValueError("flow_batch cannot mix incremental hops and re-solve calls")
+        return incremental_batch(flow, [it.state() for it in items], [it.tokens for it in items],
+                                 finalize=[it.finalize for it in items],
+                                 token_offsets=[it.token_offset for it in items])
     device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
     if len(items) == 1:
         it = items[0]
@@ -225,6 +252,11 @@ class Token2WavStream:
         return self._flow_state
 
     @property
+    def flow_state_or_none(self) -> FlowState | None:
+        """The incremental state if one was made (None before the first hop and after the final)."""
+        return self._flow_state
+
+    @property
     def flow_state_bytes(self) -> int:
         """Bytes the incremental flow state holds now (0 before its first hop and after the final)."""
         return self._flow_state.nbytes if self._flow_state is not None else 0
@@ -242,11 +274,24 @@ class Token2WavStream:
     @torch.inference_mode()
     def vocode(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
         """HiFT stage of `plan`: returns the samples to emit, [N] float32; updates the caches."""
+        row = self.hift_row(mel, plan)
+        return self.emit(row, *vocode_rows(self.hift, [row])[0], plan)
+
+    @torch.inference_mode()
+    def hift_row(self, mel: Tensor, plan: ChunkPlan) -> HiftRow:
+        """`plan`'s HiFT input from its flow output `mel` [1, 80, T]: the mel cache prepended (and the
+        speed change of a final), the source cache, and this stream's NSF noise (drawn now)."""
         if self._mel_cache is not None:
             mel = torch.cat([self._mel_cache, mel], dim=2)
         if plan.finalize and self.speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / self.speed), mode="linear")
-        wav, source = self.hift.inference(mel, self._source_cache, generator=self.generator)
+        return make_row(self.hift, mel, self._source_cache, self.generator)
+
+    @torch.inference_mode()
+    def emit(self, row: HiftRow, wav: Tensor, source: Tensor, plan: ChunkPlan) -> Tensor:
+        """The samples to emit, [N] float32, from `row`'s HiFT output (wav [1, 480 T], source
+        [1, 1, 480 T], maybe computed with other streams' rows); cross-fades and updates the caches."""
+        mel = row.mel
         wav = wav.float()
         if self._speech_tail is not None:
             fade_in, fade_out = _crossfade_windows(self.opts.crossfade, CROSSFADE_SAMPLES, wav.device)
@@ -273,6 +318,14 @@ class Token2WavStream:
         t0 = time.perf_counter()
         wave = self.vocode(mel, plan)
         self.hift_s += time.perf_counter() - t0
+        self.advance(plan)
+        return wave
+
+    def finish_vocoded(self, row: HiftRow, wav: Tensor, source: Tensor, plan: ChunkPlan, hift_s: float) -> Tensor:
+        """`finish` for a `row` (`hift_row`) whose HiFT ran in a batched call (`vocode_rows`) that took
+        `hift_s` wall seconds: emit its samples [N] float32, then advance."""
+        wave = self.emit(row, wav, source, plan)
+        self.hift_s += hift_s
         self.advance(plan)
         return wave
 

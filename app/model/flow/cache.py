@@ -18,19 +18,33 @@ from torch import Tensor, nn
 from app.model.flow.encoder import position_rows
 from app.model.flow.estimator import MASK_BIAS
 
+GROWTH = 0.25  # a full buffer grows by a quarter of its capacity (at least what the call needs)
+
+
+def next_capacity(capacity: int, n: int, quantum: int, growth: float = GROWTH) -> int:
+    """Capacity after a reserve of n positions: unchanged if n fits, else max(n, capacity·(1+growth))
+    rounded up to whole `quantum`s (chunks). growth=1.0 is capacity doubling (the earlier rule: up to
+    2x the committed positions held; 0.25 holds at most 1.25x + one chunk)."""
+    if n <= capacity:
+        return capacity
+    want = max(n, capacity + int(capacity * growth))
+    return -(-want // quantum) * quantum
+
 
 class Growable:
-    """A tensor `data` [*lead, capacity, d] that grows along dim -2 by capacity doubling.
+    """A tensor `data` [*lead, capacity, d] that grows along dim -2 (`next_capacity`: +25 % in whole chunks).
 
     `length` counts the valid positions. A buffer made by `share()` aliases another's data
     (`shared`): it is copied before its first write (copy-on-extend), so the original, e.g. a
     voice prefix that many streams read, is never mutated.
     """
 
-    def __init__(self, lead: tuple[int, ...], d: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, lead: tuple[int, ...], d: int, dtype: torch.dtype, device: torch.device,
+                 quantum: int = 1) -> None:
         self.data = torch.empty(*lead, 0, d, dtype=dtype, device=device)
         self.length = 0
         self.shared = False
+        self.quantum = quantum  # capacity is a multiple of this (the stage's chunk)
 
     @property
     def capacity(self) -> int:
@@ -38,28 +52,30 @@ class Growable:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        """Bytes this buffer owns (0 while it only aliases another's data)."""
+        return 0 if self.shared else self.data.numel() * self.data.element_size()
 
     def reserve(self, n: int) -> None:
         """Room for positions 0..n-1 in data this buffer owns (keeps 0..length-1)."""
         if n <= self.capacity and not self.shared:
             return
-        cap = n if self.shared else max(n, 2 * self.capacity)
+        cap = next_capacity(0 if self.shared else self.capacity, n, self.quantum)
         data = self.data.new_empty(*self.data.shape[:-2], cap, self.data.shape[-1])
         data[..., : self.length, :] = self.data[..., : self.length, :]
         self.data, self.shared = data, False
 
+    def _alias(self, data: Tensor, shared: bool) -> Growable:
+        other = Growable.__new__(Growable)
+        other.data, other.length, other.shared, other.quantum = data, self.length, shared, self.quantum
+        return other
+
     def share(self) -> Growable:
         """A read-only-until-written alias of this buffer's valid part."""
-        other = Growable.__new__(Growable)
-        other.data, other.length, other.shared = self.data, self.length, True
-        return other
+        return self._alias(self.data, True)
 
     def trimmed(self) -> Growable:
         """A copy holding exactly the valid positions (capacity = length)."""
-        other = Growable.__new__(Growable)
-        other.data, other.length, other.shared = self.data[..., : self.length, :].clone(), self.length, False
-        return other
+        return self._alias(self.data[..., : self.length, :].clone(), False)
 
 
 @dataclass
@@ -89,9 +105,9 @@ class StageState:
 
 
 def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype: torch.dtype,
-              device: torch.device, *, positions: bool) -> StageState:
-    kv = Growable((2, layers, slots, rows, heads), d_head, dtype, device)
-    pos = Growable((layers, heads), d_head, dtype, device) if positions else None
+              device: torch.device, *, positions: bool, chunk: int = 1) -> StageState:
+    kv = Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk)
+    pos = Growable((layers, heads), d_head, dtype, device, chunk) if positions else None
     return StageState(kv, pos)
 
 
@@ -135,19 +151,26 @@ class StageCall:
     def left_context(self, x: Tensor, n_ctx: int) -> Tensor:
         """x [rows, C, n] new inputs of the next causal conv -> [rows, C, n_ctx + n] with the inputs
         of the n_ctx positions before `start` (zeros at the sequence start); stages the new tail."""
+        xx = torch.cat([self.committed_tail(x, n_ctx), x], dim=-1)
+        c = self.commit - self.start  # the tail at `commit` is xx[..., c : c + n_ctx]
+        self.stage_tail(xx[..., c : c + n_ctx].clone())  # clone: do not keep all of xx alive
+        return xx
+
+    def committed_tail(self, x: Tensor, n_ctx: int) -> Tensor:
+        """The next causal conv's inputs at the n_ctx positions before `start`: [rows, C, n_ctx]
+        (zeros at the sequence start; x [rows, C, n] gives rows, channels and dtype)."""
         committed = self.state.tails[self.slot] if self.slot < len(self.state.tails) else []
         i = self._conv
-        tail = committed[i] if i < len(committed) else x.new_zeros(*x.shape[:-1], n_ctx)
-        xx = torch.cat([tail, x], dim=-1)
-        c = self.commit - self.start  # the tail at `commit` is xx[..., c : c + n_ctx]
-        staged = self._tails[self.slot]
-        new_tail = xx[..., c : c + n_ctx].clone()  # clone: do not keep all of xx alive
+        return committed[i] if i < len(committed) else x.new_zeros(*x.shape[:-1], n_ctx)
+
+    def stage_tail(self, new_tail: Tensor) -> None:
+        """The next causal conv's inputs at the n_ctx positions before `commit`; moves to the next conv."""
+        staged, i = self._tails[self.slot], self._conv
         if i < len(staged):
             staged[i] = new_tail
         else:
             staged.append(new_tail)
         self._conv += 1
-        return xx
 
     def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v [rows, H, n, d] of the new positions -> all keys/values [rows, H, end, d] (views)."""

@@ -30,8 +30,10 @@ Memory (storage dtype = the flow's): per committed mel frame, estimator K+V =
 (num_blocks/2 + num_up_blocks) × 3 (K, V, linear_pos rows) × D × bytes = 43 kB fp32 per frame. Conv
 tails are fixed per stream (31 convs × 2 frames × channels × 20, ~1.3 MB fp32). `state_bytes`
 computes the formula from a flow's dims. Storage is one growable tensor per stage,
-[2 (K/V), layers, evaluations, rows, heads, T, d_head] with capacity doubling, so a later batched
-pass can gather [rows, heads, T, d] per (layer, evaluation) without lists of small tensors.
+[2 (K/V), layers, evaluations, rows, heads, T, d_head], grown by a quarter in whole chunks
+(app/model/flow/cache.py `next_capacity`: at most 1.25x the committed frames + one chunk; capacity
+doubling held up to 2x), so the batched pass (app/model/flow/batch.py) gathers [rows, heads, T, d]
+per (layer, evaluation) without lists of small tensors.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from app.model.flow.cache import StageCall, StageState, new_stage
+from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
 from app.model.flow.flow import CausalFlow, cosine_time_grid
 
 CFG_ROWS = 2  # every Euler evaluation runs a conditional and an unconditional row
@@ -59,6 +61,14 @@ def state_bytes(flow: CausalFlow, n_frames: int) -> int:
     est = layers * 2 * e.num_heads * e.attention_head_dim * flow.dims.n_timesteps * CFG_ROWS  # K and V
     per_token = enc.num_blocks * 3 * enc.output_size + 2 * enc.num_up_blocks * 3 * enc.output_size  # K, V, pos rows
     return (n_frames * est + n_frames // 2 * per_token) * size
+
+
+def bytes_after(flow: CausalFlow, state: FlowState | None, n_tokens: int) -> int:
+    """Upper bound on the bytes `state` (None: a new one) holds after a call that encodes up to
+    `n_tokens` prompt + generated tokens: its buffers grown by `next_capacity` (conv tails excluded)."""
+    chunk = flow.dims.estimator.static_chunk_size
+    capacity = 0 if state is None or state.est.kv.shared else state.est.kv.capacity
+    return state_bytes(flow, next_capacity(capacity, 2 * n_tokens, chunk))
 
 
 class FlowState:
@@ -90,10 +100,14 @@ class FlowState:
             return
         enc, e, D = flow.dims.encoder, flow.dims.estimator, flow.dims.encoder.output_size
         H = enc.attention_heads
-        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True)
-        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True)
+        chunk = enc.static_chunk_size  # tokens; x2 at the frame rate (the estimator's chunk)
+        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
+                             chunk=chunk)
+        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
+                            chunk=2 * chunk)
         self.est = new_stage(e.n_blocks * (e.num_mid_blocks + 2), flow.dims.n_timesteps, CFG_ROWS,
-                             e.num_heads, e.attention_head_dim, self.dtype, self.device, positions=False)
+                             e.num_heads, e.attention_head_dim, self.dtype, self.device, positions=False,
+                             chunk=e.static_chunk_size)
         self.token_ids = self.prompt_tokens[:, :0]
 
     @property
@@ -153,6 +167,37 @@ def incremental_inference(flow: CausalFlow, state: FlowState, token: Tensor, *, 
     Computes frames from the committed edge on and commits the call's whole chunks.
     Returns fp32 mel [1, 80, 2(N - 3·(not finalize) - token_offset)].
     """
+    hop = prepare_hop(flow, state, token, finalize=finalize, token_offset=token_offset)
+    mel = _solve_new(flow, hop.est_call, hop.mu, state.spks, hop.cond)
+    return hop.commit(mel)
+
+
+class Hop:
+    """One stream's incremental call after its encoder pass, before the estimator solve (`prepare_hop`).
+
+    mu, cond: [1, 80, n] of the call's new frames; est_call: the estimator stage's `StageCall`.
+    `commit(mel)` commits the call's whole chunks and returns the frames asked for.
+    """
+
+    def __init__(self, state: FlowState, calls: tuple[StageCall, StageCall, StageCall], mu: Tensor,
+                 cond: Tensor, tokens: Tensor, n_keep: int, first: int, finalize: bool) -> None:
+        self.state, self.calls, self.mu, self.cond = state, calls, mu, cond
+        self.est_call = calls[2]
+        self._tokens, self._n_keep, self._first, self._finalize = tokens, n_keep, first, finalize
+
+    def commit(self, mel: Tensor) -> Tensor:
+        """mel: fp32 [1, 80, n] of the new frames -> the frames from the asked offset on (commits)."""
+        for call in self.calls:
+            call.finish()
+        self.state.token_ids = self._tokens[:, : self._n_keep].clone()
+        self.state.finished = self._finalize
+        return mel[:, :, self._first - self.est_call.start:]
+
+
+def prepare_hop(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: bool,
+                token_offset: int) -> Hop:
+    """Checks one call (arguments as `incremental_inference`) and runs its encoder on the new tokens;
+    the state changes only in `Hop.commit` (a refused call raises ValueError and leaves it as it was)."""
     if state.finished:
         raise ValueError("this flow state already ran its final call")
     n_prompt = state.prompt_tokens.shape[1]
@@ -164,13 +209,21 @@ def incremental_inference(flow: CausalFlow, state: FlowState, token: Tensor, *, 
     if first < state.n_frames:
         raise ValueError(f"token_offset {token_offset} is before the committed edge "
                          f"({state.n_tokens - n_prompt} generated tokens): those frames are not recomputed")
-    mel, start = _advance(flow, state, tokens, finalize=finalize)
-    return mel[:, :, first - start:]
+    return _encode_new(flow, state, tokens, finalize=finalize, first=first)
 
 
 def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool) -> tuple[Tensor, int]:
     """Frames from the committed edge to the end of a streaming call on `tokens` [1, L] (prompt +
     generated); commits whole chunks. Returns (fp32 mel [1, 80, n], its first absolute frame)."""
+    hop = _encode_new(flow, state, tokens, finalize=finalize, first=None)
+    mel = _solve_new(flow, hop.est_call, hop.mu, state.spks, hop.cond)
+    return hop.commit(mel), hop.est_call.start
+
+
+def _encode_new(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
+                first: int | None) -> Hop:
+    """The encoder pass of a streaming call on `tokens` [1, L] (prompt + generated) from the committed
+    edge; `first`: the first frame the caller wants back (None: all new frames)."""
     if state.finished:
         raise ValueError("this flow state already ran its final call")
     dims = flow.dims
@@ -204,13 +257,8 @@ def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bo
     e = dims.estimator
     assert (up * commit) % e.static_chunk_size == 0 or finalize, "encoder and estimator chunks disagree"
     est_call = StageCall(state.est, f0, f1, up * commit, e.static_chunk_size, e.num_decoding_left_chunks)
-    mel = _solve_new(flow, est_call, mu, state.spks, cond)
-
-    for call in (tok_call, frm_call, est_call):
-        call.finish()
-    state.token_ids = tokens[:, : commit + n_ctx].clone()
-    state.finished = finalize
-    return mel, f0
+    return Hop(state, (tok_call, frm_call, est_call), mu, cond, tokens, commit + n_ctx,
+               f0 if first is None else first, finalize)
 
 
 def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:

@@ -1,0 +1,181 @@
+"""Cross-stream batching of incremental hops (app/model/flow/batch.py) and the states' memory bound.
+
+Interleaved streams with different voices, tokens and schedules (so different committed edges, new
+frame counts and key lengths share one call) give, per hop, what each stream gives alone through
+`flow_step`, and the re-solve's mel (`flow_batch` of FlowItems). Measured on this 2-core CPU (torch
+2.13, parity fixture v1): see the printed max differences (fp32 batched vs alone, vs re-solve; fp64).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_flow_incremental import err, other_voice, unaligned_opts
+from tolerances import FLOW_MEL_ATOL, HALF_INCREMENTAL_ATOL, INCREMENTAL_ATOL, INCREMENTAL_F64_ATOL, within
+
+from app.model.flow import CausalFlow, load_flow
+from app.model.flow.batch import incremental_batch
+from app.model.flow.cache import next_capacity
+from app.model.flow.incremental import build_voice_prefix, bytes_after, state_bytes
+from app.model.hparams import load_hparams
+from app.model.token2wav import FlowPrompt, IncrementalItem, StreamOptions, Token2WavStream, flow_batch, flow_step
+
+pytestmark = pytest.mark.parity
+
+
+@pytest.fixture(scope="module")
+def flow(parity_model_dir) -> CausalFlow:
+    return load_flow(parity_model_dir / "flow.pt", load_hparams(parity_model_dir).flow)
+
+
+@pytest.fixture(scope="module")
+def prompt(golden) -> FlowPrompt:
+    f = golden("flow")
+    return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(), mel=torch.from_numpy(f["prompt_feat"]),
+                      embedding=torch.from_numpy(f["embedding"]))
+
+
+@pytest.fixture(scope="module")
+def tokens(golden) -> torch.Tensor:
+    return torch.from_numpy(golden("stream")["tokens"]).long()
+
+
+def _jobs(flow, prompt, tokens):
+    """(voice, tokens, options, voice prefix) of three streams that never line up: the official
+    schedule with a prefix, the unaligned one on reversed tokens, a shorter second voice with 25-token
+    hops and a chunk-causal final."""
+    chunk = flow.dims.encoder.static_chunk_size
+    b = other_voice(prompt)
+    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding)
+    return [(prompt, tokens, StreamOptions(incremental=True), prefix),
+            (prompt, tokens.flip(1), unaligned_opts(prompt, chunk, incremental=True), None),
+            (b, tokens[:, : 2 * tokens.shape[1] // 3],
+             StreamOptions(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, incremental=True,
+                           chunk_causal_final=True), None)]
+
+
+def _alone(flow, jobs) -> list[list[torch.Tensor]]:
+    out = []
+    for p, tok, opts, prefix in jobs:
+        s, mels = Token2WavStream(flow, None, p, opts, stream=True, voice_prefix=prefix), []
+        while not s.done:
+            plan = s.next_plan(tok.shape[1], lm_finished=True)
+            mels.append(flow_step(flow, s.flow_state, tok, plan) if plan.streaming else None)
+            s.advance(plan)
+        out.append(mels)
+    return out
+
+
+def _together(flow, jobs) -> tuple[list[list[torch.Tensor]], list[list[float]], list[int]]:
+    """Every round, the streaming hops of all unfinished streams in one `flow_batch` of IncrementalItems;
+    returns (mels per stream, max |diff| vs the re-solve per hop, batch sizes)."""
+    streams = [Token2WavStream(flow, None, p, opts, stream=True, voice_prefix=prefix) for p, _, opts, prefix in jobs]
+    mels, vs_resolve, sizes = [[] for _ in jobs], [[] for _ in jobs], []
+    while not all(s.done for s in streams):
+        live = [(i, s, s.next_plan(jobs[i][1].shape[1], lm_finished=True)) for i, s in enumerate(streams) if not s.done]
+        hops = [(i, s, plan) for i, s, plan in live if plan.streaming]
+        items = [IncrementalItem(lambda s=s: s.flow_state, jobs[i][1][:, : plan.n_tokens], plan.finalize,
+                                 plan.token_offset) for i, s, plan in hops]
+        outs = flow_batch(flow, items) if items else []
+        sizes.append(len(items))
+        for (i, s, plan), mel in zip(hops, outs, strict=True):
+            ref = flow_batch(flow, [s.flow_item(jobs[i][1], plan)])[0]
+            mels[i].append(mel)
+            vs_resolve[i].append(err(mel, ref))
+        for i, s, plan in live:
+            if not plan.streaming:
+                mels[i].append(None)
+            s.advance(plan)
+    return mels, vs_resolve, sizes
+
+
+def test_batched_hops_equal_alone_and_resolve(flow, prompt, tokens):
+    jobs = _jobs(flow, prompt, tokens)
+    alone = _alone(flow, jobs)
+    together, vs_resolve, sizes = _together(flow, jobs)
+    assert max(sizes) == 3 and len(set(sizes)) > 1, sizes  # all three share calls, then fewer remain
+    vs_alone = []
+    for a, b in zip(alone, together, strict=True):
+        assert len(a) == len(b)
+        vs_alone += [err(x, y) for x, y in zip(a, b, strict=True) if x is not None]
+    worst = max(max(d) for d in vs_resolve)
+    print(f"batched hops (batch sizes {sizes}): max |batched - alone| {max(vs_alone):.2e}, "
+          f"max |batched - re-solve| {worst:.2e}")
+    assert within(max(vs_alone), min(FLOW_MEL_ATOL, INCREMENTAL_ATOL), "vs alone")
+    assert within(worst, min(FLOW_MEL_ATOL, INCREMENTAL_ATOL), "vs re-solve")
+
+
+def test_batched_hops_float64(flow, prompt, tokens):
+    flow64 = copy.deepcopy(flow).double()
+    jobs = _jobs(flow64, prompt, tokens)
+    alone = _alone(flow64, jobs)
+    together, vs_resolve, _ = _together(flow64, jobs)
+    d = max(err(x, y) for a, b in zip(alone, together, strict=True) for x, y in zip(a, b, strict=True)
+            if x is not None)
+    print(f"float64 batched hops: vs alone {d:.2e}, vs re-solve {max(max(v) for v in vs_resolve):.2e}")
+    assert within(d, INCREMENTAL_F64_ATOL, "vs alone") and within(max(max(v) for v in vs_resolve),
+                                                                   INCREMENTAL_F64_ATOL, "vs re-solve")
+
+
+def test_batched_hops_float16(flow, prompt, tokens):
+    """fp16 (configs/fast.toml's flow): batched rows stay finite (MASK_BIAS is -inf in fp16 and padded
+    queries keep a visible key) and agree with each stream alone and with the fp16 re-solve to within
+    a few fp16 steps at the mel's magnitude (the fp16 path's own spread across call shapes)."""
+    half = copy.deepcopy(flow).half()
+    jobs = _jobs(half, prompt, tokens)
+    alone = _alone(half, jobs)
+    together, vs_resolve, _ = _together(half, jobs)
+    pairs = [(x, y) for a, b in zip(alone, together, strict=True) for x, y in zip(a, b, strict=True) if x is not None]
+    d = max(err(x, y) for x, y in pairs)
+    rms = max(float((x - y).pow(2).mean().sqrt()) for x, y in pairs)
+    assert all(torch.isfinite(m).all() for ms in together for m in ms if m is not None)
+    worst = max(max(v) for v in vs_resolve)
+    print(f"float16 batched hops: vs alone max {d:.2e} (RMS {rms:.2e}), vs re-solve {worst:.2e}")
+    assert within(d, HALF_INCREMENTAL_ATOL, "vs alone") and within(worst, HALF_INCREMENTAL_ATOL, "vs re-solve")
+
+
+def test_a_refused_hop_fails_alone(flow, prompt, tokens):
+    """One stream's bad call (tokens that do not extend its state) comes back as its ValueError, its
+    state untouched; the other stream of the same call gets its mel."""
+    opts = StreamOptions(incremental=True)
+    a, b = (Token2WavStream(flow, None, prompt, opts, stream=True) for _ in range(2))
+    plan = a.next_plan(tokens.shape[1], lm_finished=False)
+    flow_step(flow, a.flow_state, tokens, plan)
+    a.advance(plan)
+    n_before = a.flow_state.n_tokens
+    nxt = a.next_plan(tokens.shape[1], lm_finished=False)
+    first = b.next_plan(tokens.shape[1], lm_finished=False)
+    outs = incremental_batch(flow, [a.flow_state, b.flow_state], [tokens.flip(1)[:, : nxt.n_tokens],
+                             tokens[:, : first.n_tokens]], finalize=[False, False], token_offsets=[nxt.token_offset, 0])
+    assert isinstance(outs[0], ValueError) and "extend" in str(outs[0])
+    assert a.flow_state.n_tokens == n_before
+    assert err(outs[1], flow_batch(flow, [b.flow_item(tokens, first)])[0]) <= INCREMENTAL_ATOL
+
+
+def test_state_memory_bound_and_dtype(flow, prompt, tokens):
+    """Buffers grow by a quarter in whole chunks (<= 1.25x the committed frames + one chunk, doubling
+    held up to 2x); bytes_after bounds what a hop leaves; fp16 flows keep fp16 states. Prints bytes per
+    committed frame on this flow and, from the formula, on the full CosyVoice2 sizes."""
+    chunk = flow.dims.estimator.static_chunk_size
+    assert next_capacity(0, 130, chunk) == 150 and next_capacity(400, 410, chunk) == 500
+    assert next_capacity(400, 380, chunk) == 400 and next_capacity(400, 700, chunk) == 700
+    for dtype in (torch.float32, torch.float16):
+        f = copy.deepcopy(flow).to(dtype)
+        s = Token2WavStream(f, None, prompt, StreamOptions(incremental=True), stream=True)
+        per_frame = []
+        while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
+            need = bytes_after(f, s.flow_state_or_none, s.n_prompt + plan.n_tokens)
+            s.flow_mel(tokens, plan)
+            st = s.flow_state
+            assert st.est.kv.data.dtype == dtype
+            kv = st.est.kv
+            assert kv.capacity <= 1.25 * kv.length + chunk, (kv.capacity, kv.length)
+            assert st.nbytes - sum(t.numel() * t.element_size() for g in st.stages for sl in g.tails for t in sl) \
+                <= need
+            per_frame.append(st.nbytes / st.n_frames)
+            s.advance(plan)
+        exact = state_bytes(f, 2) / 2
+        print(f"{dtype}: bytes per committed frame after each hop {[round(b) for b in per_frame]} "
+              f"(K/V + positions alone: {exact:.0f})")
