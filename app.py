@@ -11,6 +11,8 @@ configs/cpu.toml.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 
 from app.cli import add_config_args, config_from_cli
@@ -24,12 +26,22 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from app.server.main import build_server
+    from app.server.studio_stream import end_page_streams, quiet_access_log
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_access_log()
     cfg = config_from_cli(parse_args(argv))
-    # open pages keep an SSE connection: do not wait for them forever on Ctrl+C / SIGTERM
-    uvicorn.run(build_server(cfg), host=cfg.server.host, port=cfg.server.port, log_level="info",
-                timeout_graceful_shutdown=5)
+    server_app = build_server(cfg)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:  # Ctrl+C / SIGTERM: open pages' streams end at once
+            super().handle_exit(sig, frame)
+            with contextlib.suppress(RuntimeError):  # the loop has already stopped
+                asyncio.get_running_loop().call_soon_threadsafe(end_page_streams, server_app)
+
+    # open pages keep SSE connections: ended at the signal; 5 s at most in case one does not end
+    Server(uvicorn.Config(server_app, host=cfg.server.host, port=cfg.server.port, log_level="info",
+                          timeout_graceful_shutdown=5)).run()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PARITY_DIR = REPO.parent / "shared" / "fixtures" / "parity_v1"
+# tests never download (a blank transcript would fetch Whisper, a missing model folder CosyVoice2) and
+# see the offline path on every machine, CI included; the servers they start inherit this
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def parity_dir() -> Path:

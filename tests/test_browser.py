@@ -93,7 +93,8 @@ def test_generate_plays_and_panels_update(studio):
             page.goto(url)
             page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
                                    timeout=60_000)
-            # the panels tick before any request: no-GPU note on this machine, engine facts
+            # the panels tick before any request: no-GPU note on this machine, engine facts (collapsed at first)
+            page.locator("#engine_facts_box .label-wrap").click()
             page.wait_for_function("() => document.querySelector('#engine_facts')?.innerText.includes('vllm')",
                                    timeout=30_000)
 

@@ -132,7 +132,7 @@ def _basic(user: str, password: str) -> dict[str, str]:
 
 def test_login_guards_page_studio_and_api(locked_app):
     c = locked_app
-    speech = {"model": "m", "input": "hi", "voice": "x"}
+    speech = {"model": "cosyvoice2", "input": "hi", "voice": "x"}
     for path, body in (("/studio/speech", {"text": "hi"}), ("/v1/audio/speech", speech)):
         r = c.post(path, json=body, headers={"X-Forwarded-For": f"10.1.0.{len(path)}"})
         assert r.status_code == 401 and error_of(r)["code"] == "login_required", path
@@ -151,7 +151,7 @@ def test_login_guards_page_studio_and_api(locked_app):
 def test_rate_limit_per_client(locked_app):
     c = locked_app
     auth = _basic("alice", "s3cret:pw")
-    body = {"model": "m", "input": "hi", "voice": "x"}
+    body = {"model": "cosyvoice2", "input": "hi", "voice": "x"}
     me = {**auth, "X-Forwarded-For": "spoofed, 198.51.100.1"}
     codes = [c.post("/v1/audio/speech", json=body, headers=me).status_code for _ in range(5)]
     assert codes == [503] * 4 + [429]  # 4 per minute pass (to "not ready"), the 5th is refused

@@ -441,7 +441,11 @@ def test_reference_audio_by_http_api(server, audio, case):
     else:
         assert r.status_code == 201, r.text
         voice = r.json()
-        assert [bool(re.search(note, w)) for w in voice["warnings"]] == ([True] if note else [])
+        # no Whisper here (no Hub): a blank transcript says why it was not transcribed, before the other notes
+        asr = [w for w in voice["warnings"] if w.startswith("automatic transcription is unavailable")]
+        assert len(asr) == (0 if transcript else 1), voice["warnings"]
+        rest = [w for w in voice["warnings"] if w not in asr]
+        assert [bool(re.search(note, w)) for w in rest] == ([True] if note else [])
         r = speech(http, voice=voice["id"])
         assert r.status_code == 200 and r.headers["x-mode"] == ("zero_shot" if transcript else "cross_lingual")
         assert http.delete(f"/v1/voices/{voice['id']}").status_code == 200

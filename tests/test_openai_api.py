@@ -59,7 +59,7 @@ def test_auth_and_error_shapes_without_engine(app_not_ready):
     auth = {"Authorization": "Bearer s3cret"}
     r = c.post("/v1/audio/speech", json=body, headers=auth)
     assert r.status_code == 503 and r.headers["retry-after"] and error_of(r)["code"] == "not_ready"
-    r = c.post("/v1/audio/speech", json={"model": "m", "voice": "x"}, headers=auth)  # no input
+    r = c.post("/v1/audio/speech", json={"model": "tts-1", "voice": "x"}, headers=auth)  # no input
     assert r.status_code == 400 and error_of(r)["param"] == "input"
     r = c.post("/v1/audio/speech", content=b"{not json", headers={**auth, "Content-Type": "application/json"})
     assert r.status_code == 400 and "JSON" in error_of(r)["message"]

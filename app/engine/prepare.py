@@ -3,9 +3,9 @@
 A door decodes its own wire format into `SpeechInputs`, calls `prepare`, and maps the errors to its
 own shape (a `gr.Error`, an OpenAI-shaped HTTP error). `prepare` owns everything in between: every
 input check (app/engine/inputs.py), the voice (a saved one by name, or a reference clip's features,
-cached), the fallbacks (no transcript -> cross-lingual; no mode -> instruct when there is an
-instruction), and builds the one `SynthesisRequest`. What it changed or warns about comes back as
-`notes`, for the door to show.
+cached), the fallbacks (a blank transcript -> Whisper's (app/engine/asr.py), or cross-lingual where it
+is unavailable; no mode -> instruct when there is an instruction), and builds the one `SynthesisRequest`.
+What it changed or warns about comes back as `notes`, for the door to show.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.audio import AudioError
 from app.engine import inputs
+from app.engine.asr import AsrUnavailable
 from app.engine.inputs import InputError
 from app.engine.requests import SynthesisRequest
 from app.engine.voices import VoiceError
@@ -25,6 +26,8 @@ from app.model.frontend import PromptAudioError, VoiceFeatures
 
 NO_TRANSCRIPT_NOTE = "no transcript: used cross-lingual mode (the voice without its words)"
 NO_REFERENCE = "Upload or record a reference clip, or pick a saved voice."
+TRANSCRIBED_NOTE = 'transcribed the reference ({language}): "{text}" (type the transcript to correct it)'
+HEARD_NOTHING_NOTE = "Whisper heard no words in the reference: type its transcript"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Prepared:
     notes: tuple[str, ...]  # the reference checks' notes (trimmed, clipped), fallbacks taken
     voice_name: str  # "" for a reference clip
     reference_s: float  # seconds spent getting the voice's features (0 for a cached or saved voice: fast)
+    transcribed: str = ""  # the transcript Whisper made for a blank one ("" when none was made)
 
 
 def _named(e: Exception, reference: str | Path | bytes | None) -> str:
@@ -71,13 +75,36 @@ async def load_voice(service, name: str) -> VoiceFeatures:
                          "voice", code="voice_not_found") from e
 
 
-async def reference_voice(service, reference: str | Path | bytes, transcript: object) -> VoiceFeatures:
-    """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong."""
+async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str, str]:
+    """(transcript, made, note): the cleaned transcript, or for a blank one Whisper's (`made`, with a note
+    saying so); where Whisper is unavailable, "" and the note says why (the voice is then cross-lingual)."""
+    limit = service.cfg.limits.max_transcript_chars
+    transcript = inputs.check_transcript(transcript, limit)
+    if transcript or not service.asr.cfg.enabled:  # off: today's cross-lingual fallback, nothing to say
+        return transcript, "", ""
+    try:
+        got = await service.asr.transcribe(reference)
+    except AsrUnavailable as e:
+        return "", "", str(e)
+    made = inputs.check_transcript(got.text[:limit], limit)
+    if not made:
+        return "", "", HEARD_NOTHING_NOTE
+    return made, made, TRANSCRIBED_NOTE.format(language=got.language, text=made)
+
+
+async def reference_voice(service, reference: str | Path | bytes, transcript: object, *,
+                          transcribe: bool = True) -> VoiceFeatures:
+    """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong.
+    A blank transcript is transcribed first (`transcribe`); what was done is in the features' notes."""
+    note = ""
+    if transcribe:
+        transcript, _, note = await fill_transcript(service, reference, transcript)
     transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
     try:
-        return await service.voice_from_audio(reference, transcript)
+        voice = await service.voice_from_audio(reference, transcript)
     except (AudioError, PromptAudioError, OSError) as e:
         raise InputError(_named(e, reference), "reference", code="invalid_audio") from e
+    return replace(voice, notes=(note, *voice.notes)) if note else voice
 
 
 async def prepare(service, x: SpeechInputs) -> Prepared:
@@ -104,11 +131,16 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
     seed = inputs.check_seed(x.seed)
     fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
+    made = ""  # Whisper's transcript of a blank one
     if x.voice:
         voice = await load_voice(service, x.voice)
     elif x.reference:
         reference = x.reference() if callable(x.reference) else x.reference
-        voice = await reference_voice(service, reference, x.transcript)
+        transcript, note = x.transcript, ""
+        if mode == "zero_shot":  # the other modes never read the transcript: nothing to transcribe
+            transcript, made, note = await fill_transcript(service, reference, transcript)
+        voice = await reference_voice(service, reference, transcript, transcribe=False)
+        voice = replace(voice, notes=(note, *voice.notes)) if note else voice
     else:
         inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
         raise InputError(NO_REFERENCE, "reference", code="missing_reference")
@@ -119,4 +151,5 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
         notes.append(NO_TRANSCRIPT_NOTE)
     req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
                            stream=stream, fixed_tokens=fixed_tokens)
-    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s)
+    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s,
+                    transcribed=made)

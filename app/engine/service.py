@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,11 +29,12 @@ import torch
 
 from app.config import Config
 from app.engine.admission import Admission
+from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
 from app.engine.metrics import Metrics
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.voices import VoiceStore
+from app.engine.voices import VoiceFeatureCache, VoiceStore
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
 from app.model.loader import CosyVoice2Model, load_model
@@ -98,8 +97,9 @@ class StudioService:
         self.metrics = Metrics()
         self.started_at = time.time()
         self.start_s: float | None = None
-        self._voice_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
+        self.voice_cache = VoiceFeatureCache(VOICE_CACHE_SIZE)
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
+        self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
     # --- start / stop ----------------------------------------------------------------------------
@@ -164,22 +164,10 @@ class StudioService:
         return self.synth
 
     async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
-        """Features of a reference clip (file path or its bytes), cached by content and transcript.
-
-        The blocking work (decode, speech tokenizer, CAM++, prompt mel) runs in a worker thread.
-        """
+        """Features of a reference clip (file path or its bytes), cached by content and transcript."""
         if self.model is None:
             raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
-        data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
-        key = hashlib.sha256(data + b"\0" + prompt_text.encode("utf-8")).hexdigest()
-        voice = self._voice_cache.get(key)
-        if voice is None:  # the path (not the bytes) keeps the file's suffix for format errors
-            voice = await asyncio.to_thread(self.model.frontend.voice_from_audio, src, prompt_text)
-            self._voice_cache[key] = voice
-            while len(self._voice_cache) > VOICE_CACHE_SIZE:
-                self._voice_cache.popitem(last=False)
-        self._voice_cache.move_to_end(key)
-        return voice
+        return await self.voice_cache.get(src, prompt_text, self.model.frontend.voice_from_audio)
 
     def engine_fault(self) -> str | None:
         """Why the LM engine cannot serve now ("engine died: ..."), None when it can (or is not started)."""
@@ -240,16 +228,7 @@ class StudioService:
         if self.backend is not None:
             facts.update(self.backend.facts())
         if self.synth is not None:
-            e = self.cfg.engine
-            graphs = self.synth.flow_graphs  # CUDA graphs of the flow estimator, when on
-            cache, budget = self.synth.prompt_cache, self.synth.flow_budget
-            facts["token2wav"] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
-                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
-                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
-            if cache is not None:  # engine.flow_incremental on
-                facts["token2wav"]["flow_incremental"] = {
-                    "prompt_cache": vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes},
-                    "state_bytes": budget.held_bytes, "refused_streams": budget.refused}
+            facts["token2wav"] = self.synth.facts()
         if self.start_s is not None:
             facts["service_start_s"] = round(self.start_s, 1)
         return facts

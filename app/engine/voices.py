@@ -1,4 +1,9 @@
-"""Saved voices: `VoiceFeatures` on disk, one `<name>.npz` (plain arrays, no pickle) + `<name>.json` each.
+"""Voices: the features of recent reference clips in memory, and saved voices on disk.
+
+`VoiceFeatureCache` keeps the features of the last few uploaded clips (keyed by content + transcript),
+so a user who generates twice with one upload pays the frontend once.
+
+Saved voices: `VoiceFeatures` on disk, one `<name>.npz` (plain arrays, no pickle) + `<name>.json` each.
 
 A saved voice skips the frontend (speech tokenizer, CAM++, prompt mel) for every later request and
 survives restarts. Names come from users (the page, the HTTP API), so they are checked against
@@ -10,6 +15,8 @@ features from another model (e.g. the offline random model) are refused with a c
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import re
@@ -17,6 +24,8 @@ import tempfile
 import threading
 import time
 import unicodedata
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +66,28 @@ def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(norm) or norm.startswith(("_", "-")):
         raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}")
     return norm
+
+
+class VoiceFeatureCache:
+    """LRU of `VoiceFeatures` by (clip bytes, transcript); the frontend runs in a worker thread."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._items: OrderedDict[str, VoiceFeatures] = OrderedDict()
+
+    async def get(self, src: str | Path | bytes, prompt_text: str,
+                  compute: Callable[[str | Path | bytes, str], VoiceFeatures]) -> VoiceFeatures:
+        """The features of `src` (a path or its bytes), from `compute(src, prompt_text)` on a miss."""
+        data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
+        key = hashlib.sha256(data + b"\0" + prompt_text.encode("utf-8")).hexdigest()
+        voice = self._items.get(key)
+        if voice is None:  # the path (not the bytes) keeps the file's suffix for format errors
+            voice = await asyncio.to_thread(compute, src, prompt_text)
+            self._items[key] = voice
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        self._items.move_to_end(key)
+        return voice
 
 
 class VoiceStore:

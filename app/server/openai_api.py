@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Resp
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.config import ModelConfig
 from app.engine import inputs
 from app.engine.inputs import InputError
 from app.engine.prepare import NO_TRANSCRIPT_NOTE, Prepared, SpeechInputs, prepare, reference_voice
@@ -35,10 +36,19 @@ from app.server.errors import ApiError, error_response
 from app.server.speech import RETRY_AFTER_S, speech_response
 
 MODEL_ID = "cosyvoice2"
+# `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
+# SDK clients send by default; every one speaks with the one loaded model
+OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+DEFAULT_REPO_ID = ModelConfig.repo_id  # the schema lists the default's names; the route takes the configured one
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
 V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice"}
 UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
 BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
+
+
+def accepted_models(repo_id: str) -> tuple[str, ...]:
+    """The `model` names /v1/audio/speech accepts: MODEL_ID, `[model] repo_id` and its last part, OpenAI's."""
+    return tuple(dict.fromkeys((MODEL_ID, repo_id, repo_id.rsplit("/", 1)[-1], *OPENAI_TTS_MODELS)))
 
 
 class VoiceRef(BaseModel):
@@ -50,7 +60,9 @@ class SpeechRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(MODEL_ID, max_length=128, description="any name: this server has one model")
+    model: str = Field(MODEL_ID, max_length=128, description=f"{MODEL_ID!r}, the model's repo id or name, or one of "
+                       f"OpenAI's {', '.join(OPENAI_TTS_MODELS)}: all speak with the one loaded model",
+                       json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
     input: str = Field(max_length=100_000, description="the text to speak (limit: [limits] max_text_chars)")
     voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
@@ -107,6 +119,7 @@ def capped_route(max_mb: int) -> type[APIRoute]:
 def api_router(service: StudioService) -> APIRouter:
     """The /v1 routes bound to the process's service (auth from `[server] api_key`)."""
     cfg = service.cfg
+    models = accepted_models(cfg.model.repo_id)
     router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"],
                        route_class=capped_route(cfg.limits.max_upload_mb))
 
@@ -128,6 +141,10 @@ def api_router(service: StudioService) -> APIRouter:
                  responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
     async def create_speech(body: SpeechRequest):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
+        if body.model.casefold() not in {m.casefold() for m in models}:
+            service.metrics.input_refused("unknown_model")
+            raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
+                           "loaded CosyVoice2 model)", param="model", code="model_not_found")
         require_ready()
         if body.stream_format != "audio":
             raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
@@ -149,7 +166,9 @@ def api_router(service: StudioService) -> APIRouter:
     async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
                                                                        "ogg/mp3, webm/m4a with ffmpeg; 1-30 s "
                                                                        "of one speaker)")],
-                           transcript: Annotated[str, Form(max_length=10_000)] = "",
+                           transcript: Annotated[str, Form(max_length=10_000, description=(
+                               "the words spoken in the clip; blank: Whisper transcribes it where available "
+                               "(prompt_text and warnings in the response say what was used)"))] = "",
                            name: Annotated[str | None, Form(max_length=200)] = None,
                            overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
                            ) -> dict:

@@ -72,6 +72,41 @@ def reference_path(raw: str) -> Path:
     raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
 
 
+def end_page_streams(app: FastAPI) -> None:
+    """At Ctrl+C / SIGTERM: end the open pages' long-lived streams (Gradio's heartbeat and queue SSE), which
+    uvicorn's graceful shutdown would otherwise wait on (`timeout_graceful_shutdown`). Mounted with
+    `gr.mount_gradio_app`, nothing sets Gradio's own `stop_event` (only `Blocks.close()` after `launch()`).
+    Call it on the serving loop (it sets asyncio events)."""
+    from starlette.routing import Mount
+
+    for route in app.routes:
+        gradio_app = route.app if isinstance(route, Mount) and route.path == "" else None
+        if gradio_app is not None and hasattr(gradio_app, "stop_event"):
+            gradio_app.get_blocks()._queue.close()  # its /queue/data streams end at their next wake-up
+            gradio_app.stop_event.set()  # the heartbeat streams end now
+
+
+def quiet_access_log() -> None:
+    """Keep uvicorn's access log to requests a person reads: not the page's own polling (panel timer ticks,
+    queue and upload progress: a line per second per open tab) unless they failed."""
+    import logging
+
+    class PagePolling(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            args = record.args if isinstance(record.args, tuple) else ()
+            # uvicorn's access record: (client, method, path, http version, status)
+            if len(args) == 5 and isinstance(args[2], str) and isinstance(args[4], int) and args[4] < 400:
+                return not args[2].startswith(QUIET_PATHS)
+            return True
+
+    logging.getLogger("uvicorn.access").addFilter(PagePolling())
+
+
+# the page's polling and asset routes (Gradio's), left out of the access log when they succeed
+QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upload_progress",
+               "/gradio_api/heartbeat/", "/assets/", "/static/", "/theme.css", "/gradio_api/stream/")
+
+
 def add_studio_routes(app: FastAPI, service: StudioService) -> None:
     """Add /studio/speech and /studio/requests/{id} to `app` (before Gradio is mounted at "/")."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)

@@ -13,9 +13,13 @@ this generator, which closes `service.stream` -> `Synthesizer.stream` -> the LM 
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import secrets
 import shutil
+import tempfile
 import time
+import unicodedata
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from app.audio import OUTPUT_SAMPLE_RATE_HZ, wav_bytes
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine.admission import BusyError
 from app.engine.inputs import MAX_SEED, InputError
 from app.engine.metrics import RequestRecord
@@ -31,12 +35,34 @@ from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
+from app.ui.i18n import lang_of, t, translate
+from app.ui.stop import StopSignal, until_stopped
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
 # segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
 ARRIVAL_KEY = "studio_arrived_at"  # request-state key set by ArrivalStamp (time.monotonic())
 NO_FFMPEG_NOTE = "ffmpeg is not installed: live playback is off, the final WAV plays when done"
+NAME_WORDS, NAME_CHARS = 6, 40  # the final WAV's file name: at most this many words / characters (player.js too)
+NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
+WORD_RE = re.compile(r"[^\W_]+")
+log = logging.getLogger(__name__)
+
+
+def wav_name(text: str, voice: str | None = None) -> str:
+    """"alice-hello-there-how-are-you.wav": the saved voice (if any) and the text's first words."""
+    def words(t: str) -> list[str]:  # letters and digits of any script
+        return WORD_RE.findall(unicodedata.normalize("NFKC", t or "").lower())
+
+    stem = "-".join(words(text)[:NAME_WORDS])[:NAME_CHARS].rstrip("-") or "speech"
+    prefix = "-".join(words(voice or ""))[:NAME_CHARS // 2].rstrip("-")
+    return f"{prefix}-{stem}.wav" if prefix else f"{stem}.wav"
+
+
+def refused(e: Exception, **kw: Any) -> gr.Error:
+    """The gr.Error for a refused input: one log line, no traceback (the page shows the message)."""
+    log.info("refused input: %s", e)
+    return gr.Error(str(e), print_exception=False, **kw)
 
 
 class ArrivalStamp:
@@ -69,14 +95,15 @@ def _error(e: BaseException, *paths: str | None) -> gr.Error:
     for p in paths:
         if p:
             msg = msg.replace(str(p), Path(p).name)
-    return gr.Error(msg)
+    return gr.Error(msg, print_exception=False)
 
 
 def stats_line(rec: RequestRecord) -> str:
-    """The per-request line under the player: latency, speed and where the time went (both players)."""
+    """The per-request line under the player: latency, speed and where the time went (both players).
+    Plain text (API clients and the page show it as it is)."""
     rtf = rec.rtf if rec.rtf is not None else float("inf")
-    return (f"**TTFA** {rec.ttfa_ms or 0:.0f} ms · **RTF** {rtf:.2f} · **{rec.tokens_per_s or 0:.1f}** tokens/s · "
-            f"**audio** {rec.audio_s or 0:.2f} s · LM {rec.lm_s or 0:.2f} s · flow {rec.flow_s or 0:.2f} s · "
+    return (f"TTFA {rec.ttfa_ms or 0:.0f} ms · RTF {rtf:.2f} · {rec.tokens_per_s or 0:.1f} tokens/s · "
+            f"audio {rec.audio_s or 0:.2f} s · LM {rec.lm_s or 0:.2f} s · flow {rec.flow_s or 0:.2f} s · "
             f"vocoder {rec.vocoder_s or 0:.2f} s · queue {rec.queue_wait_s:.2f} s · "
             f"reference {rec.reference_s:.2f} s · mode {rec.mode} · seed {rec.seed}")
 
@@ -111,21 +138,29 @@ class Handlers:
 
     async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
                          instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
-                         request: gr.Request = None):
-        """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details)."""
+                         stop: StopSignal | None = None, request: gr.Request = None):
+        """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details).
+
+        The final WAV is a file named after the voice and text (`wav_name`). After the page's Stop
+        (`stop`) it holds the audio made until then, and the stats line says it was stopped."""
         t_start = time.monotonic()
         queue_s = queue_wait_s(request, t_start)
         stream = bool(stream)
+        stop = stop if stop is not None else StopSignal()
+        if stop.stopped:  # Stop while this request waited in the queue
+            yield None, None, "Stopped before it started.", None
+            return
         try:
             prepared = await prepare(self.service, SpeechInputs(
                 text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text,
                 mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream))
         except NotReadyError as e:
-            raise gr.Error(str(e), title="Not ready") from e
+            raise gr.Error(str(e), title="Not ready", print_exception=False) from e
         except InputError as e:
-            raise gr.Error(str(e)) from e
+            raise refused(e) from e
         req = prepared.request
         for note in prepared.notes:
+            note = translate(note, lang_of(request))  # the page's language
             gr.Warning(note[0].upper() + note[1:])
         live = stream and live_playback()
         if stream and not live:  # shown with the stats, so it goes into the request's record
@@ -133,35 +168,78 @@ class Handlers:
 
         parts: list[np.ndarray] = []
         n_samples = 0
+        folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
-                chunks = await stack.enter_async_context(contextlib.aclosing(
-                    self.service.stream(req, queue_wait_s=queue_s, prepared=prepared)))
-                async for chunk in chunks:
-                    if not chunk.samples.size:
-                        continue
-                    parts.append(chunk.samples)
-                    n_samples += chunk.samples.size
-                    if live:
-                        progress = f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s"
-                        for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
-                            yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
-        except BusyError as e:
-            raise gr.Error(str(e), title="Busy") from e
-        except EmptyTextError as e:
-            raise gr.Error(str(e)) from e
-        except NotReadyError as e:
-            raise gr.Error(str(e), title="Not ready") from e
-        except ValueError as e:  # e.g. a prompt longer than the engine's max_model_len
-            raise gr.Error(f"Synthesis failed: {e}") from e
-        # the stream has ended (its final chunk came), so its record is in the metrics: the same
-        # builders as the low-latency player's (GET /studio/requests/{id}, app/server/studio_stream.py)
-        rec = self.service.metrics.record(req.request_id)
-        assert rec is not None and rec.outcome == "ok", rec
-        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-        line = stats_line(rec) + notes_markdown(rec.notes)
-        yield (gr.skip() if live else None), wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ), line, request_details(rec)
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
+                    chunks = await stack.enter_async_context(contextlib.aclosing(
+                        self.service.stream(req, queue_wait_s=queue_s, prepared=prepared)))
+                    until = await stack.enter_async_context(contextlib.aclosing(until_stopped(chunks, stop)))
+                    async for chunk in until:
+                        if not chunk.samples.size:
+                            continue
+                        parts.append(chunk.samples)
+                        n_samples += chunk.samples.size
+                        if live:
+                            progress = f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s"
+                            for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
+                                yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
+            except BusyError as e:
+                raise gr.Error(str(e), title="Busy", print_exception=False) from e
+            except EmptyTextError as e:
+                raise refused(e) from e
+            except NotReadyError as e:
+                raise gr.Error(str(e), title="Not ready", print_exception=False) from e
+            except ValueError as e:  # e.g. a prompt longer than the engine's max_model_len
+                raise gr.Error(f"Synthesis failed: {e}") from e
+            audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            path = folder / wav_name(text, voice)
+            path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
+            # the stream has ended (its final chunk came, or Stop), so its record is in the metrics: the same
+            # builders as the low-latency player's (GET /studio/requests/{id}, app/server/studio_stream.py)
+            rec = self.service.metrics.record(req.request_id)
+            if stop.stopped:
+                line = (f"Stopped: kept {audio.size / OUTPUT_SAMPLE_RATE_HZ:.2f} s of audio · mode {req.mode} · "
+                        f"seed {req.seed}")
+                details = {"stopped": True, "seed": req.seed, "mode": req.mode, "request_id": req.request_id,
+                           "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.size)}
+                # the live player is reset (no buffered audio plays on), the take so far is the final WAV
+                yield None, (str(path) if audio.size else None), line, details
+                return
+            assert rec is not None and rec.outcome == "ok", rec
+            line = stats_line(rec) + notes_markdown(rec.notes)
+            yield (gr.skip() if live else None), str(path), line, request_details(rec)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
+
+    @staticmethod
+    async def begin(stop: StopSignal | None = None) -> tuple[Any, ...]:
+        """Generate with the standard player, before it queues: clear the Stop and the previous take's
+        outputs (live player, final WAV, stats, details), so nothing stale can be played or downloaded."""
+        if stop is not None:
+            stop.event.clear()
+        return None, None, "", None
+
+    @staticmethod
+    async def stop(stop: StopSignal | None = None) -> None:
+        """The page's Stop: the session's running (or queued) `synthesize` ends and keeps what it made."""
+        if stop is not None:
+            stop.event.set()
+
+    @staticmethod
+    def check_upload(prompt_audio: str | None) -> str | None:
+        """A reference just uploaded: refuse (and clear) a file that is not audio, with the reason."""
+        if not prompt_audio:
+            return prompt_audio
+        try:
+            decode_audio(prompt_audio)
+        except (AudioError, OSError) as e:
+            msg = _error(e, prompt_audio).message
+            log.info("refused upload: %s", msg)
+            gr.Warning(msg, title="Not an audio file")
+            return None
+        return prompt_audio
 
     @staticmethod
     def random_seed() -> int:
@@ -213,26 +291,23 @@ class Handlers:
     def voice_choices(self, current: str | None = "") -> gr.Dropdown:
         """The dropdown's choices, refreshed from the store (keeps `current` if it still exists)."""
         names = self.service.voices.names()
-        return gr.Dropdown(choices=["", *names], value=current if current in names else "")
+        return gr.Dropdown(choices=[NO_VOICE, *names], value=current if current in names else "")
 
     # --- status --------------------------------------------------------------------------------
 
-    def status(self):
-        """(status line, banner, timer): polled until the service is ready or failed."""
-        s = self.service
+    def status(self, request: gr.Request = None):
+        """(status line, banner, timer): polled until the service is ready or failed; in the page's language."""
+        s, lang = self.service, lang_of(request)
         if s.ready:
             facts = s.facts()
-            text = (f"**Status:** ready · backend `{facts.get('backend', '?')}` · device `{facts.get('device')}` · "
-                    f"model `{facts.get('model_dir')}`")
+            text = t(lang, "status_ready", backend=facts.get("backend", "?"), device=facts.get("device"),
+                     model=facts.get("model_dir"))
         elif s.error:
-            text = f"**Status:** failed to start: {s.error}"
+            text = t(lang, "status_failed", error=translate(s.error, lang))
         else:
-            text = f"**Status:** {s.status}…  (synthesis is available once the model is ready)"
+            text = t(lang, "status_loading", status=s.status)
         if not live_playback():
-            text += "  \nffmpeg is not installed: live playback is off (the final WAV still plays)."
-        banner = gr.Markdown(visible=s.random_model, value=(
-            "### ⚠️ Running on a generated tiny random model: the output is noise\n"
-            f"No model folder was given and `{self.cfg.model.repo_id}` could not be downloaded. Point the app at "
-            "real weights with `python app.py --model-dir /path/to/CosyVoice2-0.5B` (or `COSYVOICE_MODEL_DIR`), "
-            "or start it with internet access to download them.") if s.random_model else "")
+            text += "  \n" + t(lang, "no_ffmpeg")
+        banner = gr.Markdown(visible=s.random_model,
+                             value=t(lang, "banner", repo=self.cfg.model.repo_id) if s.random_model else "")
         return text, banner, gr.Timer(active=not (s.ready or s.error))

@@ -14,14 +14,19 @@ the player's result area, in place of `final_out`, `stats` and `details` (app/ui
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import gradio as gr
 
 from app.engine.service import ASSETS_DIR, StudioService
-from app.ui.handlers import Handlers
-from app.ui.i18n import make_i18n
+from app.ui.handlers import NO_VOICE, Handlers
+from app.ui.i18n import EN, localized, make_i18n
+from app.ui.lang_switch import LANG_SWITCH_JS, lang_load_js
 from app.ui.panels import PANEL_TRANSLATIONS, build_panels
-from app.ui.player import GATE_JS, PLAYER_HTML, STOP_JS, player_js
+from app.ui.player import FAILURE_JS, GATE_JS, IDLE_JS, PLAYER_HTML, STATUS_HTML, STOP_JS, player_js
+from app.ui.presets import apply_preset, preset_dropdown
+from app.ui.stop import StopSignal
+from app.ui.transcription import TranscriptionEvents
 
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
 # the page asks before deleting a saved voice (a refusal throws, which ends the event); API clients are not asked
@@ -33,6 +38,31 @@ CONFIRM_DELETE_JS = """(voice) => {
 }"""
 
 
+class StudioBlocks(gr.Blocks):
+    """gr.Blocks whose API page ("Use via API") names parameters by their English labels: Gradio lists
+    translated labels there as their I18nData objects ("[object Object]")."""
+
+    def __init__(self, *args: Any, english: dict[str, str] | None = None, **kwargs: Any) -> None:
+        self.english = english or {}  # translation key -> English label
+        super().__init__(*args, **kwargs)
+
+    def get_api_info(self, all_endpoints: bool = False, page: str | None = None) -> Any:
+        info = super().get_api_info(all_endpoints=all_endpoints, page=page)
+        for endpoint in [*info["named_endpoints"].values(), *info["unnamed_endpoints"].values()]:
+            for item in [*endpoint["parameters"], *endpoint["returns"]]:
+                label = item.get("label")  # a gr.I18nData (or its dict form)
+                key = label.get("key") if isinstance(label, dict) else getattr(label, "key", None)
+                if isinstance(key, str):
+                    item["label"] = self.english.get(key, key)
+        return info
+
+
+def voice_api_info() -> dict[str, Any]:
+    """The saved-voice dropdown's API type: any name (its choices change at run time), so `str`, not a Literal
+    of the choices at build time. Set on the instance: a gr.Dropdown subclass would make Gradio write a .pyi."""
+    return {"type": "string", "description": "a saved voice's name (see /list_voices), or '' for none"}
+
+
 def example_rows() -> tuple[list[list], list[str]]:
     """Rows (text, prompt_audio, prompt_text, mode, instruct_text) built from assets/examples.json."""
     spec = json.loads((ASSETS_DIR / "examples.json").read_text(encoding="utf-8"))
@@ -41,11 +71,11 @@ def example_rows() -> tuple[list[list], list[str]]:
     numbers = spec["texts"][-1]["text"]
     en, zh = voices["espeak-en"], voices["espeak-zh"]
     rows = [
-        (texts["en"], en, "zero_shot", "", "English, zero-shot"),
-        (texts["zh"], zh, "zero_shot", "", "中文, zero-shot"),
-        (numbers, en, "zero_shot", "", "numbers and dates"),
-        (texts["zh"], en, "cross_lingual", "", "English voice speaks Chinese"),
-        (texts["en"], zh, "instruct", "Speak slowly and calmly.", "instruct"),
+        (texts["en"], en, "zero_shot", "", "ex_en"),  # labels: translation keys (app/ui/i18n.py)
+        (texts["zh"], zh, "zero_shot", "", "ex_zh"),
+        (numbers, en, "zero_shot", "", "ex_numbers"),
+        (texts["zh"], en, "cross_lingual", "", "ex_cross"),
+        (texts["en"], zh, "instruct", "Speak slowly and calmly.", "ex_instruct"),
     ]
     out = [[text, str(ASSETS_DIR / v["audio"]), v["transcript"] if mode == "zero_shot" else "", mode, instruct]
            for text, v, mode, instruct, _ in rows]
@@ -57,8 +87,11 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     cfg = service.cfg
     i18n = make_i18n(PANEL_TRANSLATIONS)
     h = Handlers(service)
-    with gr.Blocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP) as demo:
-        gr.Markdown(f"# {cfg.ui.title}")
+    with StudioBlocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP, english=i18n.translations.get("en")) as demo:
+        with gr.Row(equal_height=True):
+            gr.Markdown(f"# {cfg.ui.title}")
+            lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
+                            scale=0, min_width=200)
         gr.Markdown(i18n("intro"))
         banner = gr.Markdown(visible=False, elem_id="banner")
         status = gr.Markdown("**Status:** starting…", elem_id="status")
@@ -66,20 +99,24 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
             with gr.Column():
                 text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
                                   max_length=cfg.limits.max_text_chars, elem_id="text")
+                gr.Markdown(i18n("tags_help"), elem_id="tags_help")
                 with gr.Group():
                     prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
                                             label=i18n("prompt_audio"), elem_id="prompt_audio")
                     prompt_text = gr.Textbox(label=i18n("prompt_text"), info=i18n("prompt_text_info"),
                                              elem_id="prompt_text")
+                    transcribe = gr.Button(i18n("transcribe"), size="sm", elem_id="transcribe")
                 gr.Markdown(i18n("consent"), elem_id="consent")
                 mode = gr.Radio([(i18n("mode_zero_shot"), "zero_shot"), (i18n("mode_cross_lingual"), "cross_lingual"),
                                  (i18n("mode_instruct"), "instruct")], value="zero_shot", label=i18n("mode"),
                                 elem_id="mode")
                 instruct_text = gr.Textbox(label=i18n("instruct_text"), placeholder=i18n("instruct_placeholder"),
                                            visible=False, elem_id="instruct_text")
+                preset = preset_dropdown(i18n("preset"), i18n("preset_info"))
                 with gr.Accordion(i18n("saved_voices"), open=False):
-                    voice = gr.Dropdown([""], value="", allow_custom_value=True, label=i18n("voice"),
+                    voice = gr.Dropdown([NO_VOICE], value="", allow_custom_value=True, label=i18n("voice"),
                                         elem_id="voice")
+                    voice.api_info = voice_api_info
                     with gr.Row():
                         voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
                         replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
@@ -98,6 +135,8 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                 with gr.Row():
                     go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
                     stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
+                # busy state and errors of both players, next to the buttons (player.js fills it)
+                gr.HTML(STATUS_HTML, elem_id="studio_status_box")
             with gr.Column():
                 stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
                 # the low-latency player's line and result area (player.js fills it)
@@ -109,34 +148,61 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                     details = gr.JSON(elem_id="details")
         rows, labels = example_rows()
         gr.Examples(rows, [text, prompt_audio, prompt_text, mode, instruct_text], cache_examples=False,
-                    example_labels=labels, label=i18n("examples"))
-        with gr.Accordion(i18n("panels"), open=True):
-            build_panels(service, i18n)
+                    example_labels=[EN[k] for k in labels], label=i18n("examples"), elem_id="examples")
+        with gr.Accordion(i18n("panels"), open=True) as panels_box:
+            panel_timer = build_panels(service, i18n)
+        # a collapsed panel costs nothing: its timer stops
+        panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, queue=False, api_visibility="private")
+        panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, queue=False, api_visibility="private")
 
-        inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream]
+        stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
+        inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream, stop_signal]
         outputs = [stream_out, final_out, stats, details]
         gate = go.click(None, [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player],
                         None, js=GATE_JS, queue=False, api_visibility="private")
-        synth = gate.success(h.synthesize, inputs, outputs, api_name="synthesize",
-                             concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
-        stop.click(None, None, None, cancels=[synth], api_visibility="private")
-        stop.click(None, None, None, js=STOP_JS, queue=False, api_visibility="private")
+        # the standard player: the previous take is cleared at once, then the request queues
+        begin = gate.success(h.begin, stop_signal, outputs, queue=False, show_progress="hidden",
+                             api_visibility="private")
+        synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
+                              concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
+        synth.then(None, None, None, js=IDLE_JS, queue=False, api_visibility="private")
+        synth.failure(None, None, None, js=FAILURE_JS, queue=False, api_visibility="private")  # error next to Generate
+        # the seed it used, into the seed box (so the take can be made again)
+        synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), details, seed,
+                      queue=False, show_progress="hidden", api_visibility="private")
+        stop.click(None, None, None, js=STOP_JS, queue=False, api_visibility="private")  # the page's players
+        stop.click(h.stop, stop_signal, None, queue=False, show_progress="hidden", api_visibility="private")
+        # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
+        prompt_audio.upload(h.check_upload, prompt_audio, prompt_audio, concurrency_id="upload_check",
+                            concurrency_limit=2, show_progress="hidden", api_visibility="private")
         dice.click(h.random_seed, None, seed, queue=False, api_visibility="private")
         stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, queue=False,
                       api_visibility="private")
         mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, queue=False,
                     api_visibility="private")
-        save.click(h.save_voice, [voice_name, prompt_audio, prompt_text, replace_voice], [voice_msg, voice],
+        save.click(localized(h.save_voice), [voice_name, prompt_audio, prompt_text, replace_voice], [voice_msg, voice],
                    api_name="save_voice",
                    ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
-        delete.click(h.delete_voice, voice, [voice_msg, voice], api_name="delete_voice", js=CONFIRM_DELETE_JS,
-                     ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+        delete.click(localized(h.delete_voice), voice, [voice_msg, voice], api_name="delete_voice",
+                     js=CONFIRM_DELETE_JS).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
         gr.api(h.list_voices, api_name="list_voices")
+        # transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save
+        tr = TranscriptionEvents(service)
+        transcribe.click(tr.transcribe, prompt_audio, prompt_text, api_name="transcribe")
+        go.click(tr.fill, [prompt_audio, prompt_text, mode, voice], prompt_text, api_visibility="private")
+        save.click(tr.fill_for_save, [prompt_audio, prompt_text], prompt_text, api_visibility="private")
+        preset.input(apply_preset, [preset, instruct_text], instruct_text, queue=False, api_visibility="private")
+        mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), mode, preset, queue=False,
+                    api_visibility="private")
         timer = gr.Timer(cfg.ui.status_refresh_s)
         timer.tick(h.status, None, [status, banner, timer], queue=False, show_progress="hidden",
                    api_visibility="private")
         demo.load(h.status, None, [status, banner, timer], queue=False, api_visibility="private")
         demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
         demo.load(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+        # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
+        lang.input(None, lang, lang, js=LANG_SWITCH_JS, queue=False, api_visibility="private").then(
+            h.status, None, [status, banner, timer], queue=False, show_progress="hidden", api_visibility="private")
+        demo.load(None, None, lang, js=lang_load_js(), api_visibility="private")
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n

@@ -1,7 +1,9 @@
 """Live panels: memory over time, latency of recent requests, engine facts; refreshed by a `gr.Timer`.
 
-`build_panels(service)` is called inside the layout's `gr.Blocks`. Each timer tick (`[ui]
-panel_refresh_s`, 1 s; no queue, so panels never wait behind synthesis jobs) takes one memory sample through
+`build_panels(service)` is called inside the layout's `gr.Blocks` and returns its timer (the layout stops it
+while the panels are collapsed). Each timer tick (`[ui] panel_refresh_s`, 1 s, while a request runs or
+ended within IDLE_AFTER_S; IDLE_TICK_S when idle, so an open idle tab redraws rarely; no queue, so panels
+never wait behind synthesis jobs) takes one memory sample through
 `service.metrics.memory_snapshot(backend)` and redraws from the metrics' ring buffers. Without
 a GPU the memory panels show CPU and RAM and say so. docs/panels.md says where each number comes from.
 All of them are server-side; what a listener's browser adds (click -> first byte -> first sound) is on
@@ -21,7 +23,11 @@ from app.engine.resources import NO_GPU_NOTE
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
-N_REQUESTS = 30  # requests in the latency plots
+N_REQUESTS = 30  # requests in the latency table's source and the headline
+N_PLOTTED = 15  # requests in the per-stage and latency plots (their x labels stay readable)
+X_LABEL_ANGLE = -45  # degrees: request labels slanted, so neighbours never overlap
+IDLE_AFTER_S = 10.0  # no stream for this long: the panels are idle
+IDLE_TICK_S = 10.0  # the timer's period while idle (s)
 N_TABLE = 8  # rows of the latency table, newest first
 STAGES = (("queue_wait_s", "queue wait"), ("lm_s", "LM"), ("flow_s", "flow"), ("vocoder_s", "vocoder"))
 TABLE_COLUMNS = ("#", "request", "ended", "outcome", "TTFA ms", "RTF", "queue s", "LM s", "flow s", "vocoder s",
@@ -37,8 +43,8 @@ PANEL_TRANSLATIONS = {
 }
 
 
-def build_panels(service: Any, i18n: gr.I18n | None = None) -> None:
-    """Create the panel components and their timer inside the current `gr.Blocks` context.
+def build_panels(service: Any, i18n: gr.I18n | None = None) -> gr.Timer:
+    """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer.
 
     `service` is the `StudioService`: `metrics` (a `Metrics`), `backend` (None until started),
     `status`, `facts()`.
@@ -52,17 +58,31 @@ def build_panels(service: Any, i18n: gr.I18n | None = None) -> None:
                            x_title="seconds ago", elem_id="load_plot")
     with gr.Row():
         stages = gr.BarPlot(x="request", y="seconds", color="stage", label=label("panels_stages"),
-                            x_title="request #", elem_id="stage_plot")
+                            x_title="request #", x_label_angle=X_LABEL_ANGLE, elem_id="stage_plot")
         # points, not lines: one request is already visible
         latency = gr.ScatterPlot(x="request", y="value", color="series", label=label("panels_latency"),
-                                 x_title="request #", elem_id="latency_plot")
+                                 x_title="request #", x_label_angle=X_LABEL_ANGLE, elem_id="latency_plot")
     table = gr.Dataframe(pd.DataFrame(columns=list(TABLE_COLUMNS)), label=label("panels_recent"),
                          interactive=False, elem_id="latency_table")
-    facts = gr.Markdown(elem_id="engine_facts", label=label("panels_facts"))
+    with gr.Accordion(label("panels_facts"), open=False, elem_id="engine_facts_box"):  # ~1,500 px tall
+        facts = gr.Markdown(elem_id="engine_facts")
     ui = getattr(getattr(service, "cfg", None), "ui", None)
-    timer = gr.Timer(getattr(ui, "panel_refresh_s", TICK_S))
-    timer.tick(lambda: refresh(service), None, [headline, memory, load, stages, latency, table, facts],
+    busy_tick_s = getattr(ui, "panel_refresh_s", TICK_S)
+    timer = gr.Timer(busy_tick_s)
+
+    def tick() -> tuple[Any, ...]:
+        return (*refresh(service), gr.Timer(value=busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)))
+
+    timer.tick(tick, None, [headline, memory, load, stages, latency, table, facts, timer],
                show_progress="hidden", queue=False, api_visibility="private")
+    return timer
+
+
+def busy(service: Any) -> bool:
+    """A request streams now or ended within IDLE_AFTER_S (the panels tick fast then)."""
+    m: Metrics = service.metrics
+    recent = m.recent(1)
+    return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
 
 
 def refresh(service: Any) -> tuple[Any, ...]:
@@ -79,8 +99,8 @@ def refresh(service: Any) -> tuple[Any, ...]:
         headline_text(service, snap),
         gr.LinePlot(value=mem_df, title=mem_title),
         gr.LinePlot(value=load_df, title="CPU (% of one core) and vLLM KV-cache usage (%)"),
-        gr.BarPlot(value=stage_frame(recent), title="Seconds per stage (stacked) of the recent requests"),
-        gr.ScatterPlot(value=latency_frame(recent), title="TTFA (s), RTF and queue wait (s) per request"),
+        gr.BarPlot(value=stage_frame(recent[-N_PLOTTED:]), title="Seconds per stage (stacked) of the recent requests"),
+        gr.ScatterPlot(value=latency_frame(recent[-N_PLOTTED:]), title="TTFA (s), RTF and queue wait (s) per request"),
         table_frame(recent),
         facts_text(service, snap),
     )

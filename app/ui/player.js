@@ -35,6 +35,10 @@
   const MAX_DEBUG_SAMPLES = RATE_HZ * 30;  // debug copies of the scheduled samples (tests): the first 30 s
   const NAME_WORDS = 6, NAME_CHARS = 40;  // the WAV's file name: at most this many words / characters of the text
   const CLICK_MAX_AGE_MS = 2000;  // a click older than this is not the one that started the request
+  // an idle AudioContext is suspended (its render thread and the worklet's process() stop: an open idle tab
+  // costs nothing); this long after the last request, so back-to-back requests keep it running
+  const IDLE_SUSPEND_MS = 5000;
+  const TOAST_MS = 8000;  // the error pop-up hides itself after this long (or on a click)
 
   // the Worker and the AudioWorklet (player_worker.js, player_worklet.js; inlined by app/ui/player.py)
   // run from same-origin blob: URLs
@@ -64,12 +68,16 @@
     return h.buffer;
   }
 
-  // "hello-there-how-are-you.wav": the text's first words (letters and digits of any script)
-  function wavName(text) {
-    const words = (String(text || '').normalize('NFKC').toLowerCase().match(/[\p{L}\p{N}]+/gu) || []);
-    const stem = words.slice(0, NAME_WORDS).join('-').slice(0, NAME_CHARS).replace(/-+$/, '');
-    return `${stem || 'speech'}.wav`;
+  // "alice-hello-there-how-are-you.wav": the saved voice (if any) and the text's first words (letters and
+  // digits of any script), as the standard player's (app/ui/handlers.py wav_name)
+  const words = (t) => (String(t || '').normalize('NFKC').toLowerCase().match(/[\p{L}\p{N}]+/gu) || []);
+  function wavName(text, voice) {
+    const stem = words(text).slice(0, NAME_WORDS).join('-').slice(0, NAME_CHARS).replace(/-+$/, '') || 'speech';
+    const prefix = words(voice).join('-').slice(0, NAME_CHARS / 2).replace(/-+$/, '');
+    return prefix ? `${prefix}-${stem}.wav` : `${stem}.wav`;
   }
+
+  __PAGE_SRC__
 
   class StudioPlayer {
     constructor() {
@@ -81,7 +89,11 @@
       this.scheduledSamples = 0;  // to the audio side
       this.wavUrl = null;    // object URL of the latest final WAV (revoked when the next request starts)
       this.mode = null;      // 'worklet' | 'buffers' once ready
+      this.idleTimer = null;  // the pending suspend of the idle AudioContext
+      this.toastTimer = null;
       this.ctx = new AudioContext({sampleRate: RATE_HZ, latencyHint: 'interactive'});
+      this.gain = this.ctx.createGain();  // the volume control; everything plays through it
+      this.gain.connect(this.ctx.destination);
       this.ready = this.init();
     }
 
@@ -91,6 +103,8 @@
       document.head.appendChild(style);
       this.worker = new Worker(blobUrl(WORKER_SRC));
       this.worker.onmessage = (e) => this.onWorker(e.data);
+      this.wireControls();
+      this.idleLater();
       this.mode = 'buffers';
       if (!this.ctx.audioWorklet) return;
       try {
@@ -98,7 +112,7 @@
         this.node = new AudioWorkletNode(this.ctx, 'studio-pcm', {
           numberOfInputs: 0, numberOfOutputs: 1, outputChannelCount: [1],
           processorOptions: {prebufferFrames: PREBUFFER_FRAMES}});
-        this.node.connect(this.ctx.destination);
+        this.node.connect(this.gain);
         this.node.port.onmessage = (e) => this.onWorklet(e.data);
         const channel = new MessageChannel();  // worker -> worklet, past this thread
         this.node.port.postMessage({type: 'source', port: channel.port1}, [channel.port1]);
@@ -110,6 +124,7 @@
     }
 
     resume() {
+      clearTimeout(this.idleTimer);
       if (this.ctx.state === 'suspended') this.ctx.resume().catch(() => {});
     }
 
@@ -144,10 +159,13 @@
              `(server TTFA ${ms(run.serverTtfaMs)})`;
     }
 
-    stop() {
+    // `keep` (the Stop button): the audio received so far stays as the final WAV
+    stop(keep = false) {
       const run = this.run;
       if (!run) return;
       this.run = null;
+      this.setBusy(false);
+      this.idleLater();
       this.worker.postMessage({type: 'abort', id: run.id});
       if (this.mode === 'worklet') this.node.port.postMessage({type: 'flush', id: run.id});
       for (const src of run.sources) {
@@ -159,7 +177,16 @@
       if (run.state === 'connecting' || run.state === 'playing') {
         run.state = 'stopped';
         setLine(`Stopped · ${this.summary(run)}`);
+        if (keep && run.pcm.length) this.showKept(run);
       }
+    }
+
+    // after Stop: the final WAV of what was received, and a line saying so
+    showKept(run) {
+      const nBytes = this.showWav(run);
+      setHtml('player_stats', escapeHtml(`Stopped: kept ${(nBytes / 2 / RATE_HZ).toFixed(2)} s of audio` +
+                                         (run.seed !== null ? ` · seed ${run.seed}` : '')));
+      run.result = 'kept';
     }
 
     async play(params) {
@@ -169,7 +196,7 @@
       this.clickAt = null;
       const id = ++this.nRuns;
       const run = {
-        id, seq: id, state: 'connecting', requestId: null, serverTtfaMs: null, server: null, seed: null,
+        id, seq: id, state: 'connecting', voice: params.voice || '', paused: false, requestId: null, serverTtfaMs: null, server: null, seed: null,
         underruns: 0, samples: 0, buffers: 0, bytes: 0, playedFrames: null, firstStartS: null,
         contextState: null, error: null, aborted: false, flushed: false, sources: new Set(), nextFrame: null,
         pcm: [], text: params.text, result: null,  // the body's bytes (Uint8Array per read); result: 'shown' | error
@@ -180,13 +207,19 @@
       this.scheduled = [];
       this.scheduledSamples = 0;
       this.clearResult();
+      this.setBusy(true);
       setLine('Low-latency player: connecting…');
       this.resume();
+      const pause = byId('player_pause');
+      if (pause) { pause.disabled = false; pause.textContent = '⏸ Pause'; }
+      this.progress(run);
       try {
         await this.ready;
       } catch (e) {
         Object.assign(run, {state: 'error', error: `the player cannot start: ${e}`});
         setLine(`⚠️ ${run.error}`);
+        this.showError(run.error);
+        this.setBusy(false);
         return;
       }
       run.mode = this.mode;
@@ -206,7 +239,12 @@
         const h = m.headers;
         run.requestId = h['x-request-id'];
         run.serverTtfaMs = parseFloat(h['x-ttfa-ms']);
-        run.seed = h['x-seed'];
+        run.seed = h['x-seed'] === undefined ? null : h['x-seed'];
+        const box = document.querySelector('#seed input');  // the seed used, into the seed box
+        if (m.status === 200 && box && run.seed !== null && box.value !== run.seed) {
+          box.value = run.seed;
+          box.dispatchEvent(new Event('input', {bubbles: true}));
+        }
         run.server = {queueMs: parseFloat(h['x-queue-ms']), referenceMs: parseFloat(h['x-reference-ms']),
                       serverMs: parseFloat(h['x-server-ms']), handlerMs: parseFloat(h['x-handler-ms'])};
         if (m.status === 200 && run.state === 'connecting') run.state = 'playing';
@@ -216,6 +254,7 @@
         if (run.state === 'playing') this.schedule(run, m.samples);
       } else if (m.type === 'bytes') {
         run.pcm.push(m.raw);
+        this.progress(run);
       } else if (m.type === 'copy') {
         this.scheduled.push(m.samples);
         this.scheduledSamples += m.samples.length;
@@ -231,7 +270,8 @@
         run.error = m.message;
         run.soundResolve();
         setLine(`⚠️ ${m.message}`);
-        if (this.run === run) this.run = null;
+        this.showError(m.message);
+        if (this.run === run) { this.run = null; this.setBusy(false); this.idleLater(); }
       }
     }
 
@@ -266,7 +306,7 @@
       buffer.copyToChannel(samples, 0);
       const src = ctx.createBufferSource();
       src.buffer = buffer;
-      src.connect(ctx.destination);
+      src.connect(this.gain);
       const at = run.nextFrame / RATE_HZ;
       src.onended = () => run.sources.delete(src);
       src.start(at);
@@ -306,14 +346,21 @@
       for (const id of ['player_final', 'player_stats', 'player_details_json']) setHtml(id, '');
     }
 
-    // the final WAV from the bytes that played, then the stats line and details of the server's record
-    async showResult(run) {
+    // the final WAV of the bytes received (<audio> + a download named after the voice and text); its size
+    showWav(run) {
       const nBytes = run.pcm.reduce((n, b) => n + b.length, 0) & ~1;  // an odd trailing byte is no sample
+      if (this.wavUrl) URL.revokeObjectURL(this.wavUrl);
       this.wavUrl = URL.createObjectURL(new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'}));
-      const name = wavName(run.text);
+      const name = wavName(run.text, run.voice);
       setHtml('player_final', `<audio controls preload="auto" src="${this.wavUrl}"></audio>` +
               `<a href="${this.wavUrl}" download="${escapeHtml(name)}">⬇ ${escapeHtml(name)}</a> ` +
               `<span>(${(nBytes / 2 / RATE_HZ).toFixed(2)} s, ${(nBytes / 1024).toFixed(0)} KiB)</span>`);
+      return nBytes;
+    }
+
+    // the final WAV from the bytes that played, then the stats line and details of the server's record
+    async showResult(run) {
+      this.showWav(run);
       const since = (x) => (x === null ? null : x - run.t.click);
       const client = `click → first byte ${ms(since(run.t.firstByte))} → first sound ${ms(since(run.t.firstSound))}`;
       try {
@@ -342,12 +389,16 @@
       if (run.state !== 'playing') return;
       run.state = 'done';
       run.soundResolve();
+      this.progress(run);
+      const pause = byId('player_pause');
+      if (pause) pause.disabled = true;
       setLine(`✔ ${this.summary(run)} · ${(run.samples / RATE_HZ).toFixed(2)} s of audio, ` +
               `${run.underruns} underruns`);
-      if (this.run === run) this.run = null;
+      if (this.run === run) { this.run = null; this.setBusy(false); this.idleLater(); }
     }
   }
 
+  Object.assign(StudioPlayer.prototype, PAGE_METHODS);
   const player = new StudioPlayer();
   window.studioPlayer = player;
   // the click itself (not the Gradio event, which runs a little later): its time, and the AudioContext
@@ -357,5 +408,11 @@
       player.clickAt = e.timeStamp;
       player.resume();
     }
+  }, true);
+  // after Stop, the standard player's <audio> stays paused until the next Generate (media events do not
+  // bubble: captured on the document)
+  document.addEventListener('play', (e) => {
+    const a = e.target;
+    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) a.pause();
   }, true);
 }

@@ -1,0 +1,99 @@
+"""The process's one Whisper transcriber: loaded on first use, run in worker threads, never on the loop.
+
+`Transcriber(cfg.asr).transcribe(src)` returns a `Transcript` or raises `AsrUnavailable` saying why
+(turned off, offline with no cached model, a broken folder, a clip it cannot transcribe). The first
+call fetches and loads the model under a lock, so concurrent first uses load it once; a failed load is
+remembered (every later blank transcript falls back at once) until a call with `retry=True` (the page's
+Transcribe button). Transcripts are cached by the clip's bytes, so the page's transcript fill and the
+synthesis it races with run Whisper once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from app.audio import AudioError
+from app.config import AsrConfig
+from app.model.asr import AsrInputError, AsrModelError, Transcript, WhisperAsr, fetch_asr_model
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPT_CACHE_SIZE = 64  # clips whose transcripts stay in memory (keyed by sha256 of the bytes)
+Report = Callable[[int, int], None]  # (bytes done, bytes total) of the model download
+
+
+class AsrUnavailable(RuntimeError):
+    """No transcript could be made; `str(e)` says why and what to do."""
+
+
+class Transcriber:
+    """Lazy, shared Whisper: `available` (not off, no remembered failure), `status` (for the page), `transcribe`."""
+
+    def __init__(self, cfg: AsrConfig) -> None:
+        self.cfg = cfg
+        self.status = "not loaded" if cfg.enabled else "off"
+        self.error = "" if cfg.enabled else "automatic transcription is off ([asr] enabled = false)"
+        self._asr: WhisperAsr | None = None
+        self._load_lock = asyncio.Lock()  # one load, however many first uses arrive together
+        self._run_lock = asyncio.Lock()  # one clip at a time: each decode uses every core (or the GPU)
+        self._cache: OrderedDict[tuple[str, str], Transcript] = OrderedDict()
+
+    @property
+    def available(self) -> bool:
+        return self.cfg.enabled and not self.error
+
+    async def transcribe(self, src: str | Path | bytes, *, report: Report | None = None,
+                         retry: bool = False) -> Transcript:
+        """The clip's words and language (cached by content). Raises `AsrUnavailable`."""
+        if not self.cfg.enabled:
+            raise AsrUnavailable(self.error)
+        data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
+        key = (hashlib.sha256(data).hexdigest(), self.cfg.language)
+        async with self._run_lock:
+            if (hit := self._cache.get(key)) is not None:
+                self._cache.move_to_end(key)
+                return hit
+            asr = await self._model(report, retry)
+            try:  # the path (not the bytes) keeps the file's suffix for format errors
+                got = await asyncio.to_thread(asr.transcribe, src, self.cfg.language)
+            except (AsrInputError, AudioError) as e:
+                raise AsrUnavailable(f"the reference could not be transcribed: {e}") from e
+            self._cache[key] = got
+            while len(self._cache) > TRANSCRIPT_CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return got
+
+    async def _model(self, report: Report | None, retry: bool) -> WhisperAsr:
+        async with self._load_lock:
+            if self._asr is not None:
+                return self._asr
+            if self.error and not retry:
+                raise AsrUnavailable(self.error)
+            c = self.cfg
+            try:
+                self.status = f"fetching {c.model_id}"
+                folder = await asyncio.to_thread(fetch_asr_model, c.model_id, download=c.download,
+                                                 report=self._reporter(report))
+                self.status = f"loading {c.model_id}"
+                self._asr = await asyncio.to_thread(WhisperAsr.load, folder, c.device)
+            except AsrModelError as e:
+                self.error = f"automatic transcription is unavailable: {e}"
+                self.status = "unavailable"
+                log.warning("%s", self.error)
+                raise AsrUnavailable(self.error) from e
+            self.error, self.status = "", f"ready ({c.model_id} on {self._asr.device})"
+            log.info("transcription model %s loaded on %s", c.model_id, self._asr.device)
+            return self._asr
+
+    def _reporter(self, report: Report | None) -> Report:
+        """Download progress into `status` and the caller's `report` (called from the download thread)."""
+        def on_bytes(done: int, total: int) -> None:
+            self.status = f"downloading {self.cfg.model_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"
+            if report is not None:
+                report(done, total)
+        return on_bytes

@@ -1,0 +1,74 @@
+"""The page's transcription events: the Transcribe button and the fill at Generate / Save voice.
+
+`TranscriptionEvents(service).transcribe` (API event `transcribe`) returns Whisper's words for a
+reference clip; the first use downloads and loads the model (app/engine/asr.py) with its progress on
+the transcript box. `fill` runs beside Generate and Save voice: a blank transcript (zero-shot, no
+saved voice) is transcribed and written into the box, for the user to correct; synthesis itself
+transcribes the same clip in app/engine/prepare.py, and the transcriber's cache makes that one run.
+Messages follow the page's language (app/ui/i18n.py).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from app.engine.asr import AsrUnavailable
+from app.engine.inputs import check_transcript
+from app.engine.service import StudioService
+from app.ui.i18n import error, lang_of, t
+
+
+class TranscriptionEvents:
+    def __init__(self, service: StudioService) -> None:
+        self.service = service
+
+    async def _run(self, prompt_audio: str, lang: str, progress: gr.Progress | None, retry: bool) -> tuple[str, str]:
+        """(cleaned transcript, language) of the clip; `AsrUnavailable` as it comes."""
+        model = self.service.asr.cfg.model_id
+
+        def report(done: int, total: int) -> None:  # from the download thread: Gradio's progress is thread-safe
+            if progress is not None:
+                progress(done / total, desc=t(lang, "downloading", model=model, done=done / 1e9, total=total / 1e9))
+
+        if progress is not None:
+            progress(None, desc=t(lang, "transcribing"))
+        got = await self.service.asr.transcribe(prompt_audio, report=report, retry=retry)
+        limit = self.service.cfg.limits.max_transcript_chars
+        return check_transcript(got.text[:limit], limit), got.language
+
+    async def transcribe(self, prompt_audio: str | None, request: gr.Request = None,
+                         progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's injection idiom)
+        """Whisper's transcript of `prompt_audio` (retries a model that failed to load before)."""
+        lang = lang_of(request)
+        if not prompt_audio:
+            raise error(t("en", "need_audio"), lang)
+        try:
+            text, language = await self._run(prompt_audio, lang, progress, retry=True)
+        except AsrUnavailable as e:
+            raise error(str(e), lang) from e
+        if not text:
+            raise error("Whisper heard no words in the reference: type its transcript", lang)
+        gr.Info(t(lang, "transcribed", language=language))
+        return text
+
+    async def fill(self, prompt_audio: str | None, prompt_text: str | None, mode: str | None, voice: str | None,
+                   request: gr.Request = None, progress: gr.Progress = gr.Progress()):  # noqa: B008
+        """The transcript box after Generate / Save voice: Whisper's words for a blank one, else unchanged."""
+        asr = self.service.asr
+        if (not prompt_audio or voice or mode not in (None, "", "zero_shot") or check_transcript(prompt_text)
+                or not asr.cfg.enabled):
+            return gr.skip()
+        lang = lang_of(request)
+        try:
+            text, language = await self._run(prompt_audio, lang, progress, retry=False)
+        except AsrUnavailable:  # synthesis / the save says why in its notes, and falls back to cross-lingual
+            return gr.skip()
+        if not text:
+            return gr.skip()
+        gr.Info(t(lang, "transcribed", language=language))
+        return text
+
+    async def fill_for_save(self, prompt_audio: str | None, prompt_text: str | None, request: gr.Request = None,
+                            progress: gr.Progress = gr.Progress()):  # noqa: B008
+        """`fill` for Save voice (a saved voice keeps its transcript whatever the mode)."""
+        return await self.fill(prompt_audio, prompt_text, None, None, request, progress)

@@ -1,0 +1,360 @@
+"""The studio as a demanding user meets it (issue 17): Stop, fresh results, visible errors, a quiet idle
+tab, a fast shutdown; `python app.py` (tiny model, the real vLLM CPU engine) in headless Debian Chromium
+and through real HTTP clients.
+
+One server and one page for the browser tests (in file order: each leaves the page as the next expects).
+Audio checks are exact: a take kept at Stop is the start of the PCM the server makes for the same
+inputs and seed; the low-latency player's final WAV is the PCM the server sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import io
+import os
+import signal
+import subprocess
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, free_port, run_studio, save_voice, studio_command
+from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
+
+from app.server.openai_api import OPENAI_TTS_MODELS
+from app.ui.handlers import wav_name
+from app.ui.stop import StopSignal, until_stopped
+
+TEXT = "Hello there, how are you today?"
+LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
+SEED = 11
+TIMEOUT_MS = 180_000
+SETS = {"vllm.dtype": '"bfloat16"', "model.download": "false"}
+LAST = "window.studioPlayer.last"
+ERROR_BADGES = ("() => [...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null && "
+                "/error/i.test(e.innerText)).length")
+STREAM_PLAYING = "() => [...document.querySelectorAll('#stream_out audio')].some(a => !a.paused && !a.ended)"
+STREAM_TIMES = "() => [...document.querySelectorAll('#stream_out audio')].map(a => a.currentTime)"
+FETCH_BASE64 = """async (url) => { const b = new Uint8Array(await (await fetch(url)).arrayBuffer()); let s = '';
+  for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
+  return btoa(s); }"""
+
+
+def _wav_pcm(data: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24_000, 1, 2)
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def server_pcm(url: str, text: str, seed: int) -> np.ndarray:
+    r = httpx.post(f"{url}/studio/speech", json={"text": text, "seed": seed, "prompt_audio": str(EXAMPLE_WAV),
+                                                 "prompt_text": EXAMPLE_TRANSCRIPT}, timeout=300)
+    assert r.status_code == 200, r.text
+    return np.frombuffer(r.content, dtype="<i2")
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_model_dir, tmp_path_factory):
+    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
+    pytest.importorskip("vllm")
+    tmp = tmp_path_factory.mktemp("ux")
+    with run_studio(tiny_model_dir, tmp, SETS) as (url, tmp):
+        yield url, tmp
+
+
+@pytest.fixture(scope="module")
+def page(studio):
+    pytest.importorskip("playwright")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+            pg.add_init_script(RECORD_AUDIO_EVENTS)
+            pg.goto(studio[0])
+            pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                 timeout=60_000)
+            pg.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
+            pg.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+            pg.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                                 state="attached", timeout=30_000)
+            pg.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+            yield pg
+        finally:
+            browser.close()
+
+
+def use_player(page, which: str) -> None:
+    page.locator("#player").get_by_label("standard (Gradio)" if which == "gradio" else "low-latency (WebAudio)").check()
+
+
+# --- without a server ----------------------------------------------------------------------------------
+
+
+def test_stop_ends_a_stream_waiting_for_its_next_chunk_and_closes_it():
+    """Stop while the stream waits for a chunk: the wait is cancelled and the source's `finally` runs (there:
+    the vLLM abort); what came before is kept. gr.State copies give each session a fresh, unset signal."""
+    async def main() -> tuple[list[int], list[str]]:
+        stop, got, closed = StopSignal(), [], []
+        first, never = asyncio.Event(), asyncio.Event()
+
+        async def source():
+            try:
+                yield 1
+                await never.wait()  # the next chunk never comes
+                yield 2
+            finally:
+                closed.append("closed")
+
+        async def consume() -> None:
+            async with contextlib.aclosing(until_stopped(source(), stop)) as items:
+                async for x in items:
+                    got.append(x)
+                    first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()
+        stop.event.set()  # what the Stop button does
+        await task
+        return got, closed
+
+    assert asyncio.run(main()) == ([1], ["closed"])
+    signal_ = StopSignal()
+    signal_.event.set()
+    assert not copy.deepcopy(signal_).stopped
+    name = wav_name("Hello, there! How are you today, my friend?", "ux-fox")
+    assert name == "ux-fox-hello-there-how-are-you-today.wav", name
+    assert wav_name("你好，世界") == "你好-世界.wav" and wav_name("!!!") == "speech.wav"
+
+
+# --- HTTP only ------------------------------------------------------------------------------------------
+
+
+def test_model_names_are_checked(studio):
+    url, _ = studio
+    voice = save_voice(url, "ux-fox")["id"]
+    r = httpx.post(f"{url}/v1/audio/speech", json={"model": "whisper-1", "input": "Hi.", "voice": voice}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "model" and err["code"] == "model_not_found", err
+    for name in ("cosyvoice2", "FunAudioLLM/CosyVoice2-0.5B", *OPENAI_TTS_MODELS):
+        assert name in err["message"], err
+    for name in ("tts-1", "TTS-1-HD", "gpt-4o-mini-tts", "CosyVoice2"):  # the SDK's names, case-insensitive
+        r = httpx.post(f"{url}/v1/audio/speech", json={"model": name, "input": "Hi.", "voice": voice,
+                                                       "response_format": "pcm", "seed": 1}, timeout=120)
+        assert r.status_code == 200 and r.content, (name, r.text)
+    assert 'reason="unknown_model"' in httpx.get(f"{url}/metrics", timeout=10).text  # counted by reason
+
+
+def test_api_page_labels_and_types(studio):
+    url, _ = studio
+    info = httpx.get(f"{url}/gradio_api/info", timeout=30).json()["named_endpoints"]
+    params = {p["parameter_name"]: p for p in info["/synthesize"]["parameters"]}
+    for p in [*info["/synthesize"]["parameters"], *info["/synthesize"]["returns"], *info["/save_voice"]["parameters"]]:
+        assert isinstance(p["label"], str) and "__type__" not in p["label"], p  # no "[object Object]"
+    assert params["text"]["label"] == "Text to speak"
+    assert params["voice"]["python_type"]["type"] == "str", params["voice"]  # not Literal['']
+
+
+def test_refused_inputs_log_one_line_without_traceback(studio):
+    from gradio_client import Client, handle_file
+
+    url, tmp = studio
+    log = tmp / "server.log"
+    n0 = len(log.read_text().splitlines())
+    client = Client(url + "/", verbose=False)
+    with pytest.raises(Exception, match="text"):
+        client.predict(text="", prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text=EXAMPLE_TRANSCRIPT,
+                       mode="zero_shot", instruct_text="", voice="", seed=1, speed=1.0, stream=True,
+                       api_name="/synthesize")
+    new = log.read_text().splitlines()[n0:]
+    assert sum("refused input" in ln for ln in new) == 1, new
+    assert not any("Traceback" in ln for ln in new), new
+
+
+def test_shutdown_does_not_wait_on_open_pages(tiny_model_dir, tmp_path):
+    """SIGTERM with a page's heartbeat stream open: Gradio's streams end at the signal, so uvicorn does not
+    wait for connections (its "Waiting for connections to close" line never comes)."""
+    port, log = free_port(), tmp_path / "server.log"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+           "GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as f:
+        proc = subprocess.Popen(studio_command(tiny_model_dir, tmp_path, port, SETS), cwd=REPO, env=env, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 400
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).json()["ready"]:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        with httpx.stream("GET", f"{base}/gradio_api/heartbeat/uxsession", timeout=30) as hb:
+            next(hb.iter_lines())  # the stream is open
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            print(f"\nshutdown with an open heartbeat stream: {time.monotonic() - t0:.1f} s")
+        text = log.read_text()
+        assert "Waiting for connections to close" not in text and "Application shutdown complete" in text, text[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# --- in the browser -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_page_defaults(studio, page):
+    # no blank first option among the saved voices; the engine-facts table is collapsed; the per-stage chart
+    # slants its labels
+    page.get_by_text("Saved voices", exact=True).click()  # open the accordion
+    page.locator("#voice input").click()
+    first = page.locator("ul[role=listbox] li").first.inner_text().strip().split("\n")[-1]  # after the ✓ mark
+    assert first.startswith("(none: use the recording"), first
+    page.keyboard.press("Escape")
+    page.get_by_text("Saved voices", exact=True).click()
+    assert not page.locator("#engine_facts").is_visible()
+    config = httpx.get(f"{studio[0]}/config", timeout=30).json()
+    props = {c["props"].get("elem_id"): c["props"] for c in config["components"]}
+    assert props["stage_plot"]["x_label_angle"] == props["latency_plot"]["x_label_angle"] != 0
+
+
+@pytest.mark.slow
+def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, page):
+    url, _ = studio
+    use_player(page, "gradio")
+    page.locator("#seed input").fill(str(SEED))
+    page.locator("#text textarea").fill(LONG_TEXT)
+    page.locator("#go").click()
+    page.wait_for_function("() => (document.querySelector('#stream_out audio')?.currentTime || 0) > 0.3",
+                           timeout=TIMEOUT_MS)
+    page.evaluate("window.__audio = []")
+    page.locator("#stop").click()
+    assert not page.evaluate(STREAM_PLAYING)  # at once
+    page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('Stopped')",
+                           timeout=30_000)
+    at_stop = page.evaluate(STREAM_TIMES)
+    page.wait_for_timeout(2000)
+    # nothing more is heard: the live <audio> stays paused (a late HLS segment may restart it for a moment:
+    # it is muted since Stop and paused again at once), its clock does not run on
+    assert not page.evaluate(STREAM_PLAYING)
+    assert page.evaluate("() => [...document.querySelectorAll('#stream_out audio')].every(a => a.muted || a.paused)")
+    after = page.evaluate(STREAM_TIMES)
+    assert all(t1 - t0 < 0.5 for t0, t1 in zip(at_stop, after, strict=False)), (at_stop, after)
+    assert page.evaluate(ERROR_BADGES) == 0
+    stats = page.locator("#stats").inner_text()
+    assert f"seed {SEED}" in stats, stats
+    # the take so far is the final WAV, named after the text: the start of what the server makes for it
+    link = page.locator("#final_out a[download]")
+    src = link.get_attribute("href")
+    assert link.get_attribute("download") == wav_name(LONG_TEXT) and src.endswith(wav_name(LONG_TEXT)), src
+    kept = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, src)))
+    full = server_pcm(url, LONG_TEXT, SEED)
+    assert 0 < kept.size < full.size
+    np.testing.assert_array_equal(kept, full[:kept.size])
+    assert not page.locator("#studio_error").inner_text().strip()
+
+    # a new Generate clears the previous take at once, then shows the new one
+    page.locator("#text textarea").fill(TEXT)
+    page.locator("#go").click()
+    page.wait_for_function("() => !document.querySelector('#final_out a[download]') && "
+                           "!(document.querySelector('#stats')?.innerText || '').includes('Stopped')", timeout=5000)
+    page.wait_for_function("() => /TTFA \\d+ ms/.test(document.querySelector('#stats')?.innerText || '')",
+                           timeout=TIMEOUT_MS)
+    assert "**" not in page.locator("#stats").inner_text()
+    assert page.evaluate(ERROR_BADGES) == 0
+    page.wait_for_selector("#final_out a[download]", timeout=30_000)
+    final = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, page.locator("#final_out a[download]")
+                                                    .get_attribute("href"))))
+    np.testing.assert_array_equal(final, server_pcm(url, TEXT, SEED))  # the exact PCM
+
+
+@pytest.mark.slow
+def test_standard_player_errors_pop_up_and_show_next_to_generate(page):
+    use_player(page, "gradio")
+    page.locator("#text textarea").fill("")
+    page.locator("#go").click()
+    page.wait_for_selector(".toast-body", timeout=30_000)
+    page.wait_for_function("() => /text/i.test(document.querySelector('#studio_error')?.innerText || '')",
+                           timeout=10_000)
+    assert page.locator("#studio_error").inner_text().startswith("⚠️ Type the text")  # the message itself
+    assert near_generate(page, "#studio_error")
+    assert page.evaluate("document.body.dataset.studioBusy") is None
+    for close in page.locator(".toast-close").all():
+        close.click()
+
+
+def near_generate(page, selector: str) -> bool:
+    go, box = page.locator("#go").bounding_box(), page.locator(selector).bounding_box()
+    return box is not None and abs(box["y"] - (go["y"] + go["height"])) < 150
+
+
+@pytest.mark.slow
+def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, page):
+    url, _ = studio
+    use_player(page, "webaudio")
+    # an error: next to Generate and as a pop-up, and not busy afterwards
+    page.locator("#text textarea").fill("")
+    page.locator("#go").click()
+    page.wait_for_function("() => /text/i.test(document.querySelector('#studio_error')?.innerText || '')",
+                           timeout=30_000)
+    assert page.locator("#studio_toast").is_visible() and near_generate(page, "#studio_error")
+    assert page.evaluate("document.body.dataset.studioBusy") is None
+    # a run: busy at once, its controls shown (the empty "Live audio" box is not), the seed written back
+    page.locator("#text textarea").fill(TEXT)
+    page.locator("#seed input").fill("-1")
+    seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
+    page.evaluate("""() => { window.__busy = [];  // every change of the page's busy state
+      new MutationObserver(() => window.__busy.push(document.body.dataset.studioBusy || null))
+        .observe(document.body, {attributes: true, attributeFilter: ['data-studio-busy']}); }""")
+    page.locator("#go").click()
+    page.wait_for_function("() => window.__busy.includes('1')", timeout=10_000)
+    assert not page.locator("#studio_error").inner_text().strip()  # the old error went
+    assert page.locator("#player_controls").is_visible() and not page.locator("#stream_out").is_visible()
+    page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
+                           timeout=TIMEOUT_MS)
+    run = page.evaluate(f"() => ({{seed: {LAST}.seed, samples: {LAST}.samples}})")
+    assert page.evaluate("document.body.dataset.studioBusy") is None
+    assert page.locator("#seed input").input_value() == run["seed"] != "-1"
+    assert page.locator("#player_time").inner_text().split(" / ")[0] == f"{run['samples'] / 24_000:.2f}"
+    link = page.locator("#player_final a[download]")
+    final = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, link.get_attribute("href"))))
+    np.testing.assert_array_equal(final, server_pcm(url, TEXT, int(run["seed"])))  # the exact PCM
+    # idle: the AudioContext is suspended (no audio thread running for an idle tab)
+    page.wait_for_function("() => window.studioPlayer.ctx.state === 'suspended'", timeout=15_000)
+
+
+@pytest.mark.slow
+def test_a_text_file_named_wav_is_refused_at_upload(page, tmp_path):
+    fake = tmp_path / "notes.wav"
+    fake.write_text("these are my notes, not a recording\n")
+    page.locator("#prompt_audio button[aria-label='Clear']").click()
+    page.locator("#prompt_audio input[type=file]").set_input_files(str(fake))
+    page.wait_for_function("() => [...document.querySelectorAll('.toast-body')].some(t => "
+                           "/not a readable audio file|not an audio file/i.test(t.textContent))", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('#prompt_audio audio')", timeout=10_000)  # cleared
+
+
+@pytest.mark.slow
+def test_an_idle_tab_writes_no_log_lines(studio, page):
+    _, tmp = studio
+    log = tmp / "server.log"
+    page.wait_for_timeout(12_000)  # past the panels' idle delay
+    n0 = len(log.read_text().splitlines())
+    page.wait_for_timeout(6_000)
+    new = log.read_text().splitlines()[n0:]
+    assert not new, new
