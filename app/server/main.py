@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING, Any
 
 from app.config import Config
+
+if TYPE_CHECKING:
+    from app.engine.service import StudioService
 
 
 def build_server(cfg: Config):
     """The ASGI app `python app.py` serves."""
     import gradio as gr
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
     from starlette.routing import Mount
 
     from app.engine.service import ASSETS_DIR, StudioService
-    from app.server.errors import install_error_handlers
-    from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
-    from app.server.openai_api import api_router
-    from app.server.prometheus import add_metrics_route
-    from app.server.studio_stream import add_studio_routes
-    from app.ui.handlers import ArrivalStamp
+    from app.server.limits import LIMITED_EVENTS
     from app.ui.layout import build_demo
 
     service = StudioService(cfg)
@@ -40,6 +38,35 @@ def build_server(cfg: Config):
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await service.aclose()
+
+    api, gate = build_api(cfg, service, lifespan)
+    srv = cfg.server
+    demo, i18n = build_demo(service)
+    app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
+                              max_file_size=f"{cfg.limits.max_upload_mb}mb", ssr_mode=False,
+                              footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
+                              auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
+    gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")
+    gate.limited_fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in LIMITED_EVENTS)
+    # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
+    # path) only once `has_launched` is set, which `launch()` does and mounting never does
+    demo.has_launched = True
+    return app
+
+
+def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tuple[Any, Any]:
+    """The FastAPI app without the page: /health, /metrics, /v1 and /studio for `service`, behind
+    `AccessLimits`; returns (app, gate). `build_server` mounts the page on it; a Ray Serve replica
+    (app/cluster/replica.py) serves it as it is, its service started by the replica itself."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from app.server.errors import install_error_handlers
+    from app.server.limits import AccessLimits, Gate
+    from app.server.openai_api import api_router
+    from app.server.prometheus import add_metrics_route
+    from app.server.studio_stream import add_studio_routes
+    from app.ui.handlers import ArrivalStamp
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
@@ -61,14 +88,4 @@ def build_server(cfg: Config):
 
     api.include_router(api_router(service))
     add_studio_routes(api, service)
-    demo, i18n = build_demo(service)
-    app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
-                              max_file_size=f"{cfg.limits.max_upload_mb}mb", ssr_mode=False,
-                              footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
-                              auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
-    gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")
-    gate.limited_fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in LIMITED_EVENTS)
-    # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
-    # path) only once `has_launched` is set, which `launch()` does and mounting never does
-    demo.has_launched = True
-    return app
+    return api, gate

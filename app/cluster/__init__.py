@@ -1,0 +1,1 @@
+"""Scale-out on Ray Serve (optional: requirements-ray.txt): `python -m app.cluster --replicas N`."""

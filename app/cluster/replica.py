@@ -1,0 +1,73 @@
+"""One Ray Serve replica: one `StudioService` (model, vLLM engine, token2wav) on one GPU (`[cluster] num_gpus`).
+
+The replica serves the single-process FastAPI app without the page (app/server/main.py:build_api) to
+the ingress through `app/cluster/bridge.py`, so every route behaves as under `python app.py`. Its
+state is its own: the service, its LM engine, its admission slots, its per-voice feature and prompt
+caches (content-keyed, so they never go stale). Saved voices live in `[server] voices_dir`, the one
+folder every replica reads and writes (on several hosts: a shared filesystem path; README).
+
+Lifecycle: Serve calls the async `__init__` on the replica's event loop (vLLM's AsyncLLM lives there)
+and routes requests only once it returned; a model that fails to load raises, and Serve retries the
+replica. `check_health` fails once the engine is dead for good (out of restarts), so Serve replaces
+the replica; a replica whose process dies is restarted by Serve the same way. `__del__` closes the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.cluster.bridge import collect, run_asgi
+from app.config import Config
+
+log = logging.getLogger(__name__)
+
+OUT_OF_RESTARTS = "restart the server"  # the end of VLLMBackend.fault() once no restart is left
+
+
+class StudioReplica:
+    """A Serve deployment class (`app/cluster/deploy.py` applies its options from `[cluster]`)."""
+
+    async def __init__(self, cfg: Config) -> None:
+        import ray
+        from ray import serve
+
+        from app.engine.service import StudioService
+        from app.server.main import build_api
+
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.util.get_node_ip_address()
+        self.service = StudioService(cfg)
+        self.app, _gate = build_api(cfg, self.service)
+        await self.service.start()  # never raises: the outcome is in ready / error
+        if not self.service.ready:
+            error = self.service.error or self.service.status
+            await self.service.aclose()
+            raise RuntimeError(f"replica {self.replica_id} could not start: {error}")
+        log.info("replica %s ready (pid %d, node %s)", self.replica_id, os.getpid(), self.node)
+
+    def identity(self) -> dict[str, Any]:
+        """Which replica this is: Serve's replica id, its process id and its node's address."""
+        return {"id": self.replica_id, "pid": os.getpid(), "node": self.node}
+
+    async def asgi(self, req: dict[str, Any]) -> AsyncIterator[dict]:
+        """One HTTP request (a bridge.request_dict) through the app; yields its ASGI messages as sent."""
+        async with contextlib.aclosing(run_asgi(self.app, req, replica_id=self.replica_id)) as messages:
+            async for message in messages:
+                yield message
+
+    async def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A whole small response (GET /health, /metrics) plus `identity()`: what `broadcast` collects."""
+        return {**await collect(run_asgi(self.app, req, replica_id=self.replica_id)), "replica": self.identity()}
+
+    def check_health(self) -> None:
+        """Serve's periodic probe: raise (Serve replaces the replica) once the engine is dead for good."""
+        fault = self.service.engine_fault()
+        if fault and fault.endswith(OUT_OF_RESTARTS):
+            raise RuntimeError(fault)
+
+    async def __del__(self) -> None:
+        await self.service.aclose()
