@@ -60,7 +60,12 @@ def _wait_ready(base: str, n: int, timeout_s: float, proc: subprocess.Popen, log
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
     """(base_url, tmp, launcher process) of a 2-replica cluster; Ray's own files in a short temp dir."""
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -r requirements-ray.txt)")
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:  # scripts/setup_cpu.sh installs it: in CI a missing Ray is a broken setup, not a skip
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("Ray Serve is not installed (pip install -r requirements-ray.txt)")
     tmp = Path(tempfile.mkdtemp(prefix="cluster-"))  # short: Ray's unix sockets live under RAY_TMPDIR
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in ("COSYVOICE_API_KEY", "COSYVOICE_AUTH")},
