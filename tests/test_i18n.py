@@ -63,6 +63,22 @@ def test_lang_of_request():
     assert i18n.lang_of(req({i18n.LANG_COOKIE: "fr"}, {"accept-language": "en"})) == "en"
 
 
+def test_panel_chart_titles_follow_the_page_language():
+    """A panel tick redraws the four charts with titles in the page's language (a service not started yet)."""
+    from app.config import load_config
+    from app.engine.service import StudioService
+    from app.ui.panels import CHART_TITLES, refresh
+
+    service = StudioService(load_config())
+    for lang in ("en", "zh"):
+        _, memory, load, stages, latency, *_ = refresh(service, lang)
+        titles = CHART_TITLES[lang]
+        assert (memory.title, load.title, stages.title, latency.title) == (
+            titles["ram"], titles["load"], titles["stages"], titles["latency"])
+    en, zh = CHART_TITLES["en"], CHART_TITLES["zh"]
+    assert set(en) == set(zh) and all(en[k] != zh[k] for k in en)
+
+
 def test_presets_fill_a_valid_instruction():
     choices = preset_choices()
     assert choices[0][1] == "" and len(choices) == len(PRESETS) + 1

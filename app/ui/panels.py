@@ -20,6 +20,7 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
+from app.ui.i18n import lang_of
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
@@ -40,6 +41,18 @@ PANEL_TRANSLATIONS = {
            "panels_latency": "Latency", "panels_recent": "Recent requests", "panels_facts": "Engine"},
     "zh": {"panels_memory": "内存", "panels_load": "负载", "panels_stages": "各阶段耗时", "panels_latency": "延迟",
            "panels_recent": "最近的请求", "panels_facts": "引擎"},
+}
+
+
+# chart titles, set on every tick in the page's language (gr.I18n covers component labels only)
+CHART_TITLES = {
+    "en": {"gpu": "GPU {name} memory (MiB)", "ram": f"RAM (MiB) · {NO_GPU_NOTE}",
+           "load": "CPU (% of one core) and vLLM KV-cache usage (%)",
+           "stages": "Seconds per stage (stacked) of the recent requests",
+           "latency": "TTFA (s), RTF and queue wait (s) per request"},
+    "zh": {"gpu": "GPU {name} 显存（MiB）", "ram": "内存（MiB）· 没有 GPU：显示 CPU 和内存",
+           "load": "CPU（单核百分比）和 vLLM KV 缓存占用（%）", "stages": "最近请求各阶段耗时（秒，堆叠）",
+           "latency": "每个请求的首音时间（秒）、实时率和排队时间（秒）"},
 }
 
 
@@ -70,8 +83,9 @@ def build_panels(service: Any, i18n: gr.I18n | None = None) -> gr.Timer:
     busy_tick_s = getattr(ui, "panel_refresh_s", TICK_S)
     timer = gr.Timer(busy_tick_s)
 
-    def tick() -> tuple[Any, ...]:
-        return (*refresh(service), gr.Timer(value=busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)))
+    def tick(request: gr.Request) -> tuple[Any, ...]:
+        period = busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)
+        return (*refresh(service, lang_of(request)), gr.Timer(value=period))
 
     timer.tick(tick, None, [headline, memory, load, stages, latency, table, facts, timer],
                show_progress="hidden", queue=False, api_visibility="private")
@@ -85,8 +99,8 @@ def busy(service: Any) -> bool:
     return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
 
 
-def refresh(service: Any) -> tuple[Any, ...]:
-    """One tick: sample memory once, then redraw every panel from the metrics."""
+def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
+    """One tick: sample memory once, then redraw every panel from the metrics (chart titles in `lang`)."""
     metrics: Metrics = service.metrics
     backend = getattr(service, "backend", None)
     snap = metrics.memory_snapshot(backend)
@@ -94,13 +108,14 @@ def refresh(service: Any) -> tuple[Any, ...]:
     recent = metrics.recent(N_REQUESTS)
     now = time.time()
     mem_df, load_df = memory_frames(history, now)
-    mem_title = f"GPU {snap['device']['name']} memory (MiB)" if snap["gpu"] else f"RAM (MiB) · {NO_GPU_NOTE}"
+    titles = CHART_TITLES["zh" if lang == "zh" else "en"]
+    mem_title = titles["gpu"].format(name=snap["device"]["name"]) if snap["gpu"] else titles["ram"]
     return (
         headline_text(service, snap),
         gr.LinePlot(value=mem_df, title=mem_title),
-        gr.LinePlot(value=load_df, title="CPU (% of one core) and vLLM KV-cache usage (%)"),
-        gr.BarPlot(value=stage_frame(recent[-N_PLOTTED:]), title="Seconds per stage (stacked) of the recent requests"),
-        gr.ScatterPlot(value=latency_frame(recent[-N_PLOTTED:]), title="TTFA (s), RTF and queue wait (s) per request"),
+        gr.LinePlot(value=load_df, title=titles["load"]),
+        gr.BarPlot(value=stage_frame(recent[-N_PLOTTED:]), title=titles["stages"]),
+        gr.ScatterPlot(value=latency_frame(recent[-N_PLOTTED:]), title=titles["latency"]),
         table_frame(recent),
         facts_text(service, snap),
     )
