@@ -7,12 +7,12 @@ flow call at the chunk lengths of a 10 s utterance with a 5 s prompt. Prints and
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from gpu_timing import timed
 
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
@@ -35,18 +35,6 @@ tokens = torch.randint(0, hp.flow.vocab_size, (1, 250), generator=gen).cuda()
 graphs = EstimatorGraphs(flow.decoder["estimator"], bucket_frames=64)
 
 
-def timed(fn, n=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 rows = []
 # the official schedule with a 125-token prompt: first chunk 25 (+0 pad) + 3 look-ahead, hops 50, 100, final
 for n, streaming, finalize in ((28, True, False), (78, True, False), (178, True, False), (250, False, True)):
@@ -63,7 +51,7 @@ for n, streaming, finalize in ((28, True, False), (78, True, False), (178, True,
     diff = (graphed - eager).abs().max().item()
     rows.append({"tokens": n, "streaming": streaming, "frames": 2 * (P + n - (0 if finalize else 3)),
                  "padded_frames": graphs.padded_length(2 * (P + n - (0 if finalize else 3))),
-                 "eager_ms": round(timed(call), 2), "graph_ms": round(timed(lambda: call(graphs)), 2),
+                 "eager_ms": round(timed(call, 5), 2), "graph_ms": round(timed(lambda: call(graphs), 5), 2),
                  "first_call_with_capture_ms": round(capture_ms, 1), "max_abs_diff": diff,
                  "rms_ref": float(eager.pow(2).mean().sqrt()), "same_as_first": bool(torch.equal(first, graphed))})
     print(json.dumps(rows[-1]), flush=True)

@@ -15,12 +15,11 @@ random model for the real FLOPs). Prints one JSON line per measurement and write
 import copy
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from gpu_timing import timed as median_ms
 
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
@@ -30,7 +29,6 @@ from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavSt
 
 model_dir, out = sys.argv[1], sys.argv[2]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run (no graphs captured there)
-sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
 hp = load_hparams(model_dir)
 base = CausalFlow(hp.flow)
 load_strict(base, Path(model_dir) / "flow.pt")
@@ -45,15 +43,7 @@ SCHEDULE = ((34, True, False, 0), (84, True, False, 31), (184, True, False, 81),
 
 
 def timed(fn, n=5) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 2)
+    return round(median_ms(fn, n, DEV), 2)
 
 
 def emit(row: dict, rows: list) -> None:

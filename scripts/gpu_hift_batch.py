@@ -13,13 +13,12 @@ capture_failures 0 (else that case ran eagerly).
 """
 
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from gpu_timing import timed
 
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hift_batch import make_row, vocode_rows
@@ -49,18 +48,6 @@ def build_hift(model_dir: str) -> HiFTGenerator:
     calibrate_hift(hift, calibration_mel(hp.feat))
     hift.nsf_noise = True
     return hift
-
-
-def timed(fn, n: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main(model_dir: str, out: str) -> None:

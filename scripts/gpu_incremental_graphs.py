@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from gpu_timing import timed
 from torch import Tensor
 
 from app.model.flow import CausalFlow
@@ -53,23 +52,6 @@ def build_flow(size: str, device: str, dtype: torch.dtype, *, weights: bool = Tr
     flow = CausalFlow(hp.flow).eval()
     randomize(flow, torch.Generator().manual_seed(0))
     return flow.to(device, dtype)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, n: int) -> float:
-    fn()  # warm-up (and any capture / copy-on-extend)
-    sync(device)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def schedule_ends(n_prompt: int, n_tokens: int) -> list[int]:
@@ -140,8 +122,8 @@ def measure(flow: CausalFlow, jobs: list, graphs: EstimatorGraphs | None, device
                "max_abs_diff_batched_vs_resolve": max(float((x[:, :, k:] - r).abs().max())
                                                       for x, r, k in zip(b, ref, skip, strict=True)),
                "mel_rms": float(torch.cat([x.flatten() for x in a]).pow(2).mean().sqrt()),
-               "alone_ms": round(timed(alone, device, reps), 2), "batched_ms": round(timed(batched, device, reps), 2),
-               f"resolve_{'graphs' if graphs else 'eager'}_ms": round(timed(resolve, device, reps), 2),
+               "alone_ms": round(timed(alone, reps, device), 2), "batched_ms": round(timed(batched, reps, device), 2),
+               f"resolve_{'graphs' if graphs else 'eager'}_ms": round(timed(resolve, reps, device), 2),
                "state_gb": round(sum(st.nbytes for st in states) / 1e9, 3)}
     if device.type == "cuda":
         row["max_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)

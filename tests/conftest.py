@@ -82,3 +82,37 @@ def pytest_sessionfinish(session, exitstatus):
         from tolerances import write_report
 
         write_report(path)
+
+
+# --- parity inputs several test files share --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prompt(golden):
+    """The official flow prompt of the fixture set (tokens, mel, x-vector) as a FlowPrompt."""
+    import torch
+
+    from app.model.token2wav import FlowPrompt
+
+    f = golden("flow")
+    return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(), mel=torch.from_numpy(f["prompt_feat"]),
+                      embedding=torch.from_numpy(f["embedding"]))
+
+
+@pytest.fixture(scope="module")
+def tokens(golden):
+    """The official streaming case's speech tokens, [1, N] int64."""
+    import torch
+
+    return torch.from_numpy(golden("stream")["tokens"]).long()
+
+
+@pytest.fixture(scope="module")
+def voice(parity, parity_model_dir, manifest):
+    """The e2e case's reference as our frontend makes it (VoiceFeatures; tests with a server define their own)."""
+    from app.model.loader import load_model
+
+    e2e = manifest["e2e"]
+    return load_model(parity_model_dir, device="cpu").frontend.voice_from_audio(parity / e2e["prompt_wav"],
+                                                                               e2e["prompt_text"])
+

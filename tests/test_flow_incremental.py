@@ -57,18 +57,6 @@ def hift(parity_model_dir) -> HiFTGenerator:
     return hift.eval()
 
 
-@pytest.fixture(scope="module")
-def prompt(golden) -> FlowPrompt:
-    f = golden("flow")
-    return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(), mel=torch.from_numpy(f["prompt_feat"]),
-                      embedding=torch.from_numpy(f["embedding"]))
-
-
-@pytest.fixture(scope="module")
-def tokens(golden) -> torch.Tensor:
-    return torch.from_numpy(golden("stream")["tokens"]).long()
-
-
 def other_voice(prompt: FlowPrompt) -> FlowPrompt:
     """A second voice from the fixture's: the first 2/3 of the prompt, x-vector reversed."""
     n = 2 * prompt.tokens.shape[1] // 3

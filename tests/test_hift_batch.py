@@ -288,16 +288,6 @@ TEXTS = ("Hello there, how are you today?", "A second request running at the sam
          "And a third one.")
 
 
-@pytest.fixture(scope="module")
-def voice(parity, parity_model_dir, manifest):
-    e2e = manifest["e2e"]
-    synth = make_synth(parity_model_dir, nsf_noise=False)
-    try:
-        yield synth.voice_from_audio(parity / e2e["prompt_wav"], e2e["prompt_text"])
-    finally:
-        asyncio.run(synth.aclose())
-
-
 def test_pipeline_concurrent_requests_share_hift_calls(parity_model_dir, voice):
     """Three streamed requests (NSF noise on, seeded) held until their first chunks wait together: they
     share flow calls and batched HiFT calls, and each request's audio is what it gives alone."""

@@ -20,7 +20,7 @@ from app.model.flow.batch import incremental_batch
 from app.model.flow.cache import next_capacity
 from app.model.flow.incremental import build_voice_prefix, bytes_after, state_bytes
 from app.model.hparams import load_hparams
-from app.model.token2wav import FlowPrompt, IncrementalItem, StreamOptions, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import IncrementalItem, StreamOptions, Token2WavStream, flow_batch, flow_step
 
 pytestmark = pytest.mark.parity
 
@@ -28,18 +28,6 @@ pytestmark = pytest.mark.parity
 @pytest.fixture(scope="module")
 def flow(parity_model_dir) -> CausalFlow:
     return load_flow(parity_model_dir / "flow.pt", load_hparams(parity_model_dir).flow)
-
-
-@pytest.fixture(scope="module")
-def prompt(golden) -> FlowPrompt:
-    f = golden("flow")
-    return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(), mel=torch.from_numpy(f["prompt_feat"]),
-                      embedding=torch.from_numpy(f["embedding"]))
-
-
-@pytest.fixture(scope="module")
-def tokens(golden) -> torch.Tensor:
-    return torch.from_numpy(golden("stream")["tokens"]).long()
 
 
 def _jobs(flow, prompt, tokens):

@@ -19,16 +19,6 @@ pytestmark = pytest.mark.parity
 TEXTS = ("Hello there, how are you today?", "A second request running at the same time, with more words in it.")
 
 
-@pytest.fixture(scope="module")
-def voice(parity, parity_model_dir, manifest):
-    e2e = manifest["e2e"]
-    synth = make_synth(parity_model_dir, nsf_noise=False)
-    try:
-        yield synth.voice_from_audio(parity / e2e["prompt_wav"], e2e["prompt_text"])
-    finally:
-        asyncio.run(synth.aclose())
-
-
 def run(model_dir, voice, texts, **engine) -> tuple[list[np.ndarray], object]:
     """Each text as one streamed request, all at once, on one synthesizer; (audio per text, synthesizer)."""
     synth = make_synth(model_dir, nsf_noise=False, engine=engine)

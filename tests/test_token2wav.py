@@ -27,13 +27,6 @@ def modules(parity_model_dir):
     return flow.eval(), hift.eval()
 
 
-@pytest.fixture(scope="module")
-def prompt(golden):
-    f = golden("flow")
-    return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(),
-                      mel=torch.from_numpy(f["prompt_feat"]), embedding=torch.from_numpy(f["embedding"]))
-
-
 def run_all(flow, hift, prompt, tokens: torch.Tensor, *, stream: bool, speed: float = 1.0,
             opts: StreamOptions | None = None):
     """Feed all tokens at once (the official vc path) and collect every chunk and plan."""

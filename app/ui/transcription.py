@@ -14,6 +14,7 @@ import gradio as gr
 
 from app.engine.asr import AsrUnavailable
 from app.engine.inputs import check_transcript
+from app.engine.prepare import HEARD_NOTHING_NOTE
 from app.engine.service import StudioService
 from app.ui.i18n import error, lang_of, t
 
@@ -47,7 +48,7 @@ class TranscriptionEvents:
         except AsrUnavailable as e:
             raise error(str(e), lang) from e
         if not text:
-            raise error("Whisper heard no words in the reference: type its transcript", lang)
+            raise error(HEARD_NOTHING_NOTE, lang)
         gr.Info(t(lang, "transcribed", language=language))
         return text
 
