@@ -142,7 +142,6 @@ def _post_voice(base: str, name: str, transcript: str = "") -> dict:
 
 @pytest.mark.slow
 def test_blank_transcript_transcribed_through_both_apis(tiny_model_dir, rigged, tmp_path):
-    pytest.importorskip("vllm")
     from gradio_client import Client, handle_file
 
     sets = {"asr.model_id": json.dumps(str(rigged)), "asr.device": '"cpu"', "model.download": "false"}
@@ -168,7 +167,6 @@ def test_blank_transcript_transcribed_through_both_apis(tiny_model_dir, rigged, 
 @pytest.mark.slow
 def test_blank_transcript_offline_falls_back_to_cross_lingual(tiny_model_dir, tmp_path):
     """No model folder and no Hub (HF_HUB_OFFLINE=1, as in every studio test): what it says, and today's mode."""
-    pytest.importorskip("vllm")
     from gradio_client import Client, handle_file
 
     with run_studio(tiny_model_dir, tmp_path, {"model.download": "false"}) as (base, _):
@@ -191,7 +189,6 @@ def test_blank_transcript_offline_falls_back_to_cross_lingual(tiny_model_dir, tm
 def test_readme_gradio_client_example_runs_as_written(tiny_model_dir, rigged, tmp_path, monkeypatch):
     """README's Gradio API example, as written, against `python app.py` with a Whisper to transcribe (a local
     random one here; the Hub's for a user); it ends by deleting the voice it saved."""
-    pytest.importorskip("vllm")
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     code = readme.split("## Gradio API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert 'Client("http://127.0.0.1:7860/")' in code and "/transcribe" in code

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import importlib.util
 import io
 import os
 import signal
@@ -62,7 +63,6 @@ def server_pcm(url: str, text: str, seed: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def studio(tiny_model_dir, tmp_path_factory):
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
-    pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("ux")
     with run_studio(tiny_model_dir, tmp, SETS) as (url, tmp):
         yield url, tmp
@@ -70,7 +70,7 @@ def studio(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(studio):
-    pytest.importorskip("playwright")
+    _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
