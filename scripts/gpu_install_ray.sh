@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Sourced on the lent H200 after scripts/gpu_env.sh: installs the Ray Serve carried in .carry3/ (made here by
 # scripts/pack_ray_carry.sh) into /tmp/site. Wheels of a distribution the machine already has are skipped, so
-# the image's and vLLM's own versions win; then `import ray.serve` must work.
+# the image's and vLLM's own versions win -- except grpcio: the image's 1.84.0 is older than the 1.85.1 that
+# grpcio-reflection's generated code (imported by ray.serve) demands, so the carried 1.85.3 goes on top.
+# Then `import ray.serve` must work.
 [ -d .carry3 ] || { echo "no .carry3 folder was carried (bash scripts/pack_ray_carry.sh here)" >&2; return 3; }
 python3 - <<'PY' || return 4
 import importlib.metadata as md, pathlib, subprocess, sys
 missing = []
 for wheel in sorted(pathlib.Path(".carry3/wheels").glob("*.whl")):
+    name = wheel.name.split("-")[0]
     try:
-        md.version(wheel.name.split("-")[0])
+        md.version(name)
+        if name == "grpcio":
+            missing.append(str(wheel))
     except md.PackageNotFoundError:
         missing.append(str(wheel))
 print("ray dependencies installed:", " ".join(pathlib.Path(w).name.split("-")[0] for w in missing) or "none needed")
 if missing:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", "/tmp/site",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade", "--target", "/tmp/site",
                     *missing], check=True)
 PY
 [ -d /tmp/site/ray ] || tar xJf .carry3/ray_pruned.tar.xz -C /tmp/site || return 5

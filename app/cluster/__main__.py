@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # taken by sigwait below, not by a handler
     local = not cfg.cluster.address
     # replicas import `app` from this checkout (on a cluster: the same path on every node)
+    # workers import `app` from this checkout, and what the launcher's own PYTHONPATH holds (e.g. a --target install)
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     ray.init(address=cfg.cluster.address or None, include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
         serve.start(http_options={"host": cfg.server.host, "port": cfg.server.port})
         serve.run(build_app(cfg), name=APP_NAME, route_prefix="/")
