@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     stop = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # taken by sigwait below, not by a handler
     local = not cfg.cluster.address
-    # replicas import `app` from this checkout (on a cluster: the same path on every node)
-    # workers import `app` from this checkout, and what the launcher's own PYTHONPATH holds (e.g. a --target install)
+    # workers import `app` from this checkout (on a cluster: the same path on every node), and what the launcher's
+    # own PYTHONPATH holds (e.g. a --target install of Ray, as on the H200)
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     ray.init(address=cfg.cluster.address or None, include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None,
