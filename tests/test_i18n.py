@@ -21,6 +21,7 @@ from tiny_whisper import RIGGED_WORD, make_tiny_whisper
 from app.engine.inputs import check_instruct
 from app.model.tokenizer import SPECIAL_TOKENS
 from app.ui import i18n
+from app.ui.panels import PANEL_TEXT, WORDS_ZH
 from app.ui.presets import PRESETS, apply_preset, preset_choices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +36,48 @@ def test_every_label_and_message_has_chinese():
     for key, (en, zh) in i18n.MESSAGES.items():
         assert CJK.search(zh) and not CJK.search(en), key
         assert re.findall(r"{(\w+)", en) == re.findall(r"{(\w+)", zh), key  # the same fields
+    for table in (i18n.TITLES_ZH, WORDS_ZH):  # pop-up titles; the panels' axes, legends, columns, facts
+        for en, zh in table.items():
+            assert CJK.search(zh) or en == zh == "MiB", en
+    for _, zh in [*i18n.MESSAGES_ZH, *i18n.STATUS_ZH]:
+        assert CJK.search(zh), zh
+    assert set(PANEL_TEXT["en"]) == set(PANEL_TEXT["zh"])
+    for key, en in PANEL_TEXT["en"].items():
+        assert CJK.search(PANEL_TEXT["zh"][key]), key
+        assert re.findall(r"{(\w+)", en) == re.findall(r"{(\w+)", PANEL_TEXT["zh"][key]), key
+
+
+def test_every_line_the_page_shows_is_translated():
+    """What the standard player, the voice box and the status line write, in Chinese for a Chinese page (the same
+    English for an API client); the stats line's numbers are kept."""
+    from app.engine.metrics import RequestRecord
+    from app.ui.handlers import NO_FFMPEG_NOTE, stats_line
+
+    rec = RequestRecord(seq=1, t=0.0, outcome="ok", queue_wait_s=0.25, request_id="a" * 32, seed=11,
+                        mode="zero_shot", ttfa_ms=123.4, rtf=0.5, lm_s=0.1, flow_s=0.2, vocoder_s=0.3, audio_s=2.0,
+                        n_tokens=50, tokens_per_s=25.0)
+    line = stats_line(rec)
+    zh = i18n.translate(line, "zh")
+    assert zh.startswith("首音延迟 123 毫秒 · 实时率 0.50") and "种子 11" in zh and "声码器 0.30 秒" in zh, zh
+    assert not re.search(r"\b(?:ms|tokens|audio|queue|reference|seed)\b", zh), zh
+    assert i18n.translate(line, "en") == line  # API clients: the machine-stable English
+    assert i18n.translate(line + " · player", "zh").endswith("种子 11 · player")  # the page's player goes on
+    for en in ("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "Stopped: kept 3.12 s of audio · seed 11",
+               "Stopped before it started.", "streaming… 1.25 s", NO_FFMPEG_NOTE, "Deleted voice **bob**.",
+               "Saved voice **bob** (3.0 s).",
+               "Saved voice **bob** (3.0 s) (no transcript: it will speak in cross-lingual mode).",
+               "the server is busy (3 requests running, 10 waiting); try again in a few seconds",
+               "bob exists already. Tick \"Replace a saved voice of that name\" to overwrite it.",
+               "notes.wav: not a readable audio file (Format not recognised); upload a WAV, FLAC, OGG or MP3",
+               "a.mp4: this MP4 audio cannot be decoded (ffmpeg: bad); convert it to WAV, FLAC, OGG or MP3"):
+        got = i18n.translate(en, "zh")
+        assert CJK.search(got) and not re.search(r"\b(?:kept|Stopped|streaming|Saved|voice|busy|Tick)\b", got), got
+    assert "3.12 秒" in i18n.translate("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "zh")
+    for status in ("waiting to start", "loading model", "starting engine", "warming up", "ready",
+                   "downloading FunAudioLLM/CosyVoice2-0.5B: 0.10 / 2.00 GB", "error: boom"):
+        assert CJK.search(i18n.status_text(status, "zh")) and i18n.status_text(status, "en") == status, status
+    for title in ("Busy", "Not ready", "Name taken", "Not an audio file", "Error"):
+        assert CJK.search(i18n.title_in(title, "zh")) and i18n.title_in(title, "en") == title
 
 
 def test_engine_messages_translate():
@@ -51,6 +94,21 @@ def test_engine_messages_translate():
     assert "Hello there." in zh['transcribed the reference (en): "Hello there." (type the transcript to correct it)']
     assert i18n.translate("Something new.", "zh") == "Something new."  # unknown: unchanged
     assert i18n.translate("Type the text to speak.", "en") == "Type the text to speak."
+
+
+def test_an_upload_refusal_speaks_the_pages_language(tmp_path, monkeypatch):
+    from app.ui import handlers
+
+    shown = []
+    monkeypatch.setattr(handlers.gr, "Warning", lambda message, title: shown.append((title, message)))
+    fake = tmp_path / "notes.wav"
+    fake.write_text("these are my notes, not a recording\n")
+    zh_page = SimpleNamespace(cookies={i18n.LANG_COOKIE: "zh"}, headers={})
+    check = handlers.Handlers.check_upload
+    assert check(str(fake), zh_page) is None and check(str(fake)) is None  # refused and cleared
+    (zh_title, zh), (en_title, en) = shown
+    assert zh_title == "不是音频文件" and zh.startswith("notes.wav 不是可读取的音频文件"), zh
+    assert en_title == "Not an audio file" and en.startswith("notes.wav: not a readable audio file"), en
 
 
 def test_lang_of_request():
@@ -78,6 +136,38 @@ def test_panel_chart_titles_follow_the_page_language():
             titles["ram"], titles["load"], titles["stages"], titles["latency"])
     en, zh = CHART_TITLES["en"], CHART_TITLES["zh"]
     assert set(en) == set(zh) and all(en[k] != zh[k] for k in en)
+
+
+def test_panels_speak_the_pages_language():
+    """A panel tick in Chinese: the headline, the engine facts, the axes, the legends and the latency table (a
+    stopped request's row too); in English the same panels as the tests and docs read them."""
+    from app.config import load_config
+    from app.engine.requests import RequestStats
+    from app.engine.service import StudioService
+    from app.ui.panels import refresh
+
+    service = StudioService(load_config())
+    stats = RequestStats(ttfa_ms=120.0, wall_s=2.0, audio_s=1.5, n_tokens=40, n_segments=1, n_chunks=3, lm_s=0.5,
+                         flow_s=0.4, hift_s=0.3)
+    service.metrics.request_started()
+    service.metrics.request_finished(stats, 0.1, "cancelled", stopped=True)
+    en = refresh(service, "en")
+    zh = refresh(service, "zh")
+    headline, memory, load, stages, latency, table, facts = zh
+    english = re.compile(r"\b(?:active|streams|cores|used|status|requests|produced|fact|value|waiting)\b")
+    assert not english.search(headline) and not english.search(facts), (headline, facts)
+    assert "活动流 **0**" in headline and "首音延迟 p50 120 毫秒" in headline and "等待启动" in headline, headline
+    assert "| 项目 |" in facts and "| 状态 | `等待启动` |" in facts and "已取消 1" in facts, facts
+    assert (memory.x_title, load.x_title, stages.x_title, latency.x_title) == ("秒前", "秒前", "请求序号", "请求序号")
+    assert (load.y_title, stages.y_title, latency.y_title) == ("百分比", "秒", "数值")
+    assert (memory.color_title, stages.color_title) == ("序列", "阶段")  # the legends' titles
+    assert set(stages.value["data"][i][2] for i in range(4)) == {"排队", "LM", "flow", "声码器"}
+    assert all(CJK.search(row[2]) for row in latency.value["data"]), latency.value["data"]
+    assert list(table.columns)[2:5] == ["结束于", "结果", "首音延迟 ms"] and table.iloc[0]["结果"] == "已停止"
+    headline, memory, _, stages, _, table, facts = en
+    assert "active streams **0**" in headline and "TTFA p50 120 ms" in headline and "| fact | value |" in facts
+    assert (memory.x_title, stages.x_title, memory.y_title) == ("seconds ago", "request #", "MiB")
+    assert table.iloc[0]["outcome"] == "stopped" and table.iloc[0]["TTFA ms"] == "120"
 
 
 def test_presets_fill_a_valid_instruction():
@@ -160,6 +250,14 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
                                    ".includes('首个声音')", timeout=120_000)
             page.wait_for_function("() => document.getElementById('studio_player_line')?.textContent"
                                    ".startsWith('✔')", timeout=120_000)
+            # the take's stats line and the live panels, in Chinese too
+            page.wait_for_function("() => (document.getElementById('player_stats')?.textContent || '')"
+                                   ".includes('首音延迟')", timeout=30_000)
+            page.wait_for_function("() => (document.querySelector('#panel_headline')?.innerText || '')"
+                                   ".includes('活动流')", timeout=30_000)
+            player_stats = page.locator("#player_stats").inner_text()
+            assert "种子" in player_stats and "低延迟" in player_stats and "TTFA" not in player_stats, player_stats
+            assert "结果" in page.locator("#latency_table").inner_text()  # the table's columns
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             page.locator("#lang").get_by_label("English").check()  # and back

@@ -15,7 +15,9 @@ import contextlib
 import copy
 import importlib.util
 import io
+import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -26,7 +28,7 @@ import httpx
 import numpy as np
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, free_port, run_studio, save_voice, studio_command
-from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
+from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, TABLE_ROWS, _need
 
 from app.server.openai_api import OPENAI_TTS_MODELS
 from app.ui.handlers import wav_name
@@ -42,6 +44,9 @@ ERROR_BADGES = ("() => [...document.querySelectorAll('.error')].filter(e => e.of
                 "/error/i.test(e.innerText)).length")
 STREAM_PLAYING = "() => [...document.querySelectorAll('#stream_out audio')].some(a => !a.paused && !a.ended)"
 STREAM_TIMES = "() => [...document.querySelectorAll('#stream_out audio')].map(a => a.currentTime)"
+# frames the page asks for (installed before the page's scripts: it counts what reaches the browser)
+COUNT_FRAMES = """window.__frames = 0; { const raf = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (cb) => { window.__frames++; return raf(cb); }; }"""
 FETCH_BASE64 = """async (url) => { const b = new Uint8Array(await (await fetch(url)).arrayBuffer()); let s = '';
   for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
   return btoa(s); }"""
@@ -78,6 +83,7 @@ def page(studio):
         try:
             pg = browser.new_page(viewport={"width": 1400, "height": 1000})
             pg.add_init_script(RECORD_AUDIO_EVENTS)
+            pg.add_init_script(COUNT_FRAMES)
             pg.goto(studio[0])
             pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
                                  timeout=60_000)
@@ -134,6 +140,71 @@ def test_stop_ends_a_stream_waiting_for_its_next_chunk_and_closes_it():
     assert wav_name("你好，世界") == "你好-世界.wav" and wav_name("!!!") == "speech.wav"
 
 
+def test_a_stopped_request_keeps_its_stats_in_the_panels(tiny_model_dir, tmp_path, monkeypatch):
+    """Stop after the first chunk (the standard player's path, a Chinese page): the take's line says so in
+    Chinese, and the request's record, hence its "Recent requests" row, has what was measured until Stop and
+    says "stopped"; a stream closed without Stop (a closed tab) is "cancelled", with its stats too. Saving a
+    voice answers in the page's language (the API in English)."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from app.config import CONFIG_DIR, load_config
+    from app.engine.service import StudioService
+    from app.ui import handlers
+    from app.ui.i18n import LANG_COOKIE, localized
+    from app.ui.panels import table_frame
+
+    monkeypatch.setattr(handlers, "live_playback", lambda: True)  # live chunks are yielded (no Gradio here)
+    cfg = load_config(CONFIG_DIR / "cpu.toml", {"model.dir": str(tiny_model_dir), "engine.backend": "torch",
+                                               "server.voices_dir": str(tmp_path / "v")})
+    service = StudioService(cfg)
+    h = handlers.Handlers(service)
+    zh_page = SimpleNamespace(cookies={LANG_COOKIE: "zh"}, headers={})
+    args = (LONG_TEXT, str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, "zero_shot", "", "", SEED, 1.0, True)
+
+    async def main() -> tuple[list, list]:
+        await service.start()
+        assert service.ready, service.status
+        stop, outs = StopSignal(), []
+        async with contextlib.aclosing(h.synthesize(*args, stop=stop, request=zh_page)) as gen:
+            async for out in gen:
+                outs.append(out)
+                stop.event.set()  # Stop once the first piece is out
+        closed = []
+        async with contextlib.aclosing(h.synthesize(*args, stop=StopSignal())) as gen:  # an API client
+            async for out in gen:
+                closed.append(out)
+                break  # the tab closes: the generator is closed mid-stream
+        save = localized(h.save_voice)  # as the page wires it
+        saved = [await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, False, zh_page),
+                 await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, True)]  # an API client
+        with pytest.raises(gr.Error) as taken:
+            await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, False, zh_page)
+        saved.append((taken.value.title, taken.value.message))
+        await service.aclose()
+        return outs, saved
+
+    outs, saved = asyncio.run(main())
+    assert saved[0][0].startswith("已保存声音 **ux-bob**（") and saved[1][0].startswith("Saved voice **ux-bob**"), saved
+    assert saved[2] == ("名称已被使用", "同名声音已存在：勾选“覆盖同名的已保存声音”以覆盖。"), saved
+    line = outs[-1][2]
+    assert line.startswith("已停止：保留了 ") and f"种子 {SEED}" in line, line
+    assert "流式生成中" in outs[0][2], outs[0][2]  # the progress line too
+    stopped, closed = service.metrics.recent()  # (the warm-up is not counted)
+    assert (stopped["outcome"], stopped["stopped"], closed["outcome"], closed["stopped"]) == (
+        "cancelled", True, "cancelled", False)
+    for rec in (stopped, closed):
+        assert rec["ttfa_ms"] > 0 and rec["audio_s"] > 0 and rec["n_tokens"] > 0 and rec["lm_s"] > 0, rec
+        assert rec["n_samples"] == round(rec["audio_s"] * 24_000) and rec["rtf"] > 0, rec
+    assert service.metrics.counters()["audio_s_total"] == 0  # only finished requests' audio counts there
+    en, zh = table_frame(service.metrics.recent()), table_frame(service.metrics.recent(), "zh")
+    assert list(en["outcome"]) == ["cancelled", "stopped"] and list(zh["结果"]) == ["已取消", "已停止"]
+    row = en.iloc[1]
+    assert row["TTFA ms"] == f"{stopped['ttfa_ms']:.0f}" and row["audio s"] == f"{stopped['audio_s']:.2f}", row
+    assert all(row[c] for c in ("RTF", "LM s", "flow s", "vocoder s", "tokens/s")), row
+
+
 # --- HTTP only ------------------------------------------------------------------------------------------
 
 
@@ -177,6 +248,39 @@ def test_refused_inputs_log_one_line_without_traceback(studio):
     new = log.read_text().splitlines()[n0:]
     assert sum("refused input" in ln for ln in new) == 1, new
     assert not any("Traceback" in ln for ln in new), new
+
+
+def test_a_malformed_event_is_refused_without_its_text_in_the_log(studio):
+    """A hand-made queue/join with too few inputs, and one whose seed is the user's text: Gradio would print
+    every value sent (the text too) with a traceback. Refused with the reason to the caller, one log line each."""
+    url, tmp = studio
+    log = tmp / "server.log"
+    n0 = len(log.read_text().splitlines())
+    config = httpx.get(f"{url}/config", timeout=30).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "synthesize")
+    private = "my private words for the malformed test"
+
+    def join(data: list) -> dict:
+        session = secrets.token_hex(8)
+        with httpx.Client(base_url=url, timeout=60) as http:
+            r = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                          "trigger_id": None, "event_data": None})
+            assert r.status_code == 200, r.text
+            with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as sse:
+                for line in sse.iter_lines():
+                    if '"process_completed"' in line:
+                        return json.loads(line.split("data:", 1)[1])
+        raise AssertionError("no process_completed message")
+
+    few = join([private, None, "zero_shot"])
+    assert few["success"] is False and "3 input values, it needs 10" in few["output"]["error"], few
+    bad_seed = join([TEXT, None, EXAMPLE_TRANSCRIPT, "zero_shot", "", "", private, 1.0, True, None])
+    assert bad_seed["success"] is False and "cannot read" in bad_seed["output"]["error"], bad_seed
+    assert private not in json.dumps([few, bad_seed])  # not echoed to the caller either
+    time.sleep(1)  # the log lines are flushed
+    new = log.read_text().splitlines()[n0:]
+    assert sum("refused a malformed synthesize request" in ln for ln in new) == 2, new
+    assert not any(private in ln or "Traceback" in ln for ln in new), new
 
 
 def test_shutdown_does_not_wait_on_open_pages(tiny_model_dir, tmp_path):
@@ -267,6 +371,9 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, pa
     assert 0 < kept.size < full.size
     np.testing.assert_array_equal(kept, full[:kept.size])
     assert not page.locator("#studio_error").inner_text().strip()
+    # its "Recent requests" row says it was stopped, with what was measured until then (TTFA ms, RTF, ...)
+    page.wait_for_function(f"() => ({TABLE_ROWS}).some(r => /^\\d+ \\w+ [\\d:]+ stopped \\d+ [\\d.]+ /.test(r))",
+                           timeout=30_000)
 
     # a new Generate clears the previous take at once, then shows the new one
     page.locator("#text textarea").fill(TEXT)
@@ -358,3 +465,17 @@ def test_an_idle_tab_writes_no_log_lines(studio, page):
     page.wait_for_timeout(6_000)
     new = log.read_text().splitlines()[n0:]
     assert not new, new
+
+
+@pytest.mark.slow
+def test_an_idle_tab_asks_for_no_frames(studio, page):
+    """Gradio's loader leaves its elapsed-time counter asking for a frame 60 times a second in every tab
+    (~7 % of a core); the page's early script (first in <head>) ends that loop once the page has loaded."""
+    html = httpx.get(studio[0], timeout=30).text
+    assert html.index("<script>(() => {") < html.index("<script type=\"module\"")  # before Gradio's modules
+    page.wait_for_timeout(3000)
+    n0 = page.evaluate("window.__frames")
+    page.wait_for_timeout(5000)
+    per_s = (page.evaluate("window.__frames") - n0) / 5
+    print(f"\nidle tab: {per_s:.1f} animation frames/s")
+    assert per_s < 10, per_s  # 60 with the loop

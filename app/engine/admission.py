@@ -1,9 +1,6 @@
-"""One admission for the whole process: at most `server.concurrency_limit` syntheses run at once,
-whatever the door (the page's Gradio events, `/studio/speech`, `/v1/audio/speech`).
-
-`admit()` waits in line behind the running requests; with `server.queue_max_size` already waiting
-it raises `BusyError` at once instead (counted as "rejected"). The semaphore is created on first use,
-on the serving event loop.
+"""One admission for the whole process: at most `server.concurrency_limit` syntheses at once, whatever
+the door. `admit()` waits in line; with `server.queue_max_size` already waiting it raises `BusyError`
+at once (counted as "rejected"). The semaphore is made on first use, on the serving loop.
 """
 
 from __future__ import annotations

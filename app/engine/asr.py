@@ -1,11 +1,9 @@
 """The process's one Whisper transcriber: loaded on first use, run in worker threads, never on the loop.
 
-`Transcriber(cfg.asr).transcribe(src)` returns a `Transcript` or raises `AsrUnavailable` saying why
-(turned off, offline with no cached model, a broken folder, a clip it cannot transcribe). The first
-call fetches and loads the model under a lock, so concurrent first uses load it once; a failed load is
-remembered (every later blank transcript falls back at once) until a call with `retry=True` (the page's
-Transcribe button). Transcripts are cached by the clip's bytes, so the page's transcript fill and the
-synthesis it races with run Whisper once.
+`Transcriber(cfg.asr).transcribe(src)` returns a `Transcript` or raises `AsrUnavailable` saying why.
+The first call loads the model under a lock (once, however many arrive); a failed load is remembered
+until a call with `retry=True` (the Transcribe button). Transcripts are cached by the clip's bytes (the
+page's transcript fill and the synthesis it races with run Whisper once).
 """
 
 from __future__ import annotations

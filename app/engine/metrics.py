@@ -1,13 +1,9 @@
 """Live numbers for the panels, /health and /metrics: request counters, recent requests, memory samples.
 
-`Metrics` keeps cumulative counters (outcomes, audio seconds, LM tokens), bounded ring buffers of
-finished requests (TTFA, RTF, queue wait, per-stage seconds) and of memory samples. Nothing samples
-on its own: `memory_snapshot()` samples (app/engine/resources.py) when a panel timer or a /metrics
-scrape calls it, never in a request path; callers within `min_sample_interval_s` share one sample.
-Listeners (`add_listener`) see every finished request's `RequestRecord`: the Prometheus exporter
-(app/server/prometheus.py) feeds its histograms that way, so this module needs no server packages.
-A record also says what the page shows about its request (seed, mode, voice, notes, chunks...):
-`record(request_id)` finds it while it is in the ring buffer, for the page's stats line and details.
+`Metrics` keeps cumulative counters and bounded ring buffers of finished requests (`RequestRecord`:
+timings and what the page shows, found by `record(request_id)`) and of memory samples, taken only
+when a panel tick or a scrape calls `memory_snapshot()` (app/engine/resources.py), never in a request
+path. Listeners see every finished record (the Prometheus histograms, app/server/prometheus.py).
 """
 
 from __future__ import annotations
@@ -33,7 +29,8 @@ LATENCY_KEYS = ("ttfa_ms", "rtf", "queue_wait_s", "lm_s", "flow_s", "vocoder_s",
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One finished request as the panels and the page show it; timings are None when it ended without stats."""
+    """One finished request as the panels and the page show it; timings are None when it ended without stats
+    (a cancelled or failed request has those measured until its end; TTFA only if it made audio)."""
 
     seq: int  # 1-based order among the requests this process finished
     t: float  # wall clock (time.time()) at the end
@@ -60,6 +57,7 @@ class RequestRecord:
     wall_s: float | None = None
     n_tokens: int = 0
     tokens_per_s: float | None = None
+    stopped: bool = False  # cancelled by the page's Stop (a closed tab or a client's cancel is not)
 
 
 class Metrics:
@@ -85,11 +83,8 @@ class Metrics:
     # --- requests ----------------------------------------------------------------------------------
 
     def add_listener(self, fn: Callable[[RequestRecord], None]) -> None:
-        """Call `fn(record)` for every request finished from now on.
-
-        It runs after the counters are updated, outside the lock, on the finishing thread or event
-        loop: keep it quick and non-blocking.
-        """
+        """Call `fn(record)` for every request finished from now on (outside the lock, on the finishing
+        thread or event loop: keep it quick and non-blocking)."""
         with self._lock:
             self._listeners.append(fn)
 
@@ -100,15 +95,13 @@ class Metrics:
 
     def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok", *,
                          request: SynthesisRequest | None = None, n_samples: int = 0, voice: str = "",
-                         notes: tuple[str, ...] = (), reference_s: float = 0.0) -> None:
-        """Count the request's end; `stats` is None for one that ended before its final chunk.
-
-        `request` and the rest describe it for the page (`record`): its id, seed and mode, the samples
-        it produced, the saved voice's name, the door's notes and the seconds spent on the reference.
-        """
+                         notes: tuple[str, ...] = (), reference_s: float = 0.0, stopped: bool = False) -> None:
+        """Count the request's end; `stats` are the final chunk's, or those until an early end (None if none).
+        `request` and the rest describe it for the page (`record`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        fields: dict[str, Any] = dict(n_samples=n_samples, voice=voice, notes=tuple(notes), reference_s=reference_s)
+        fields: dict[str, Any] = dict(n_samples=n_samples, voice=voice, notes=tuple(notes), reference_s=reference_s,
+                                      stopped=stopped)
         if request is not None:
             fields.update(request_id=request.request_id, seed=request.seed, mode=request.mode, stream=request.stream,
                           speed=request.speed)
@@ -117,6 +110,8 @@ class Metrics:
                           flow_s=stats.flow_s, vocoder_s=stats.hift_s, audio_s=stats.audio_s, wall_s=stats.wall_s,
                           n_tokens=stats.n_tokens, tokens_per_s=stats.tokens_per_s, n_chunks=stats.n_chunks,
                           n_segments=stats.n_segments)
+            if outcome != "ok" and not stats.audio_s:  # ended before its first audio: no TTFA to tell
+                fields["ttfa_ms"] = None
         with self._lock:
             self._n_finished += 1
             rec = RequestRecord(seq=self._n_finished, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s,
@@ -153,11 +148,11 @@ class Metrics:
         with self._lock:
             return next((r for r in reversed(self._requests) if r.request_id == request_id), None)
 
-    def percentiles(self, key: str, qs: tuple[float, ...] = (50, 95), n: int | None = None) -> dict[str, float | None]:
-        """{"p50": ..., "p95": ...} of `key` over the last `n` requests that have it (None if none)."""
+    def percentiles(self, key: str, qs: tuple[float, ...] = (50, 95)) -> dict[str, float | None]:
+        """{"p50": ..., "p95": ...} of `key` over the kept requests that have it (None if none)."""
         if key not in LATENCY_KEYS:
             raise ValueError(f"key must be one of {LATENCY_KEYS}, got {key!r}")
-        values = [r[key] for r in self.recent(n) if r[key] is not None]
+        values = [r[key] for r in self.recent() if r[key] is not None]
         return {f"p{q:g}": (float(np.percentile(values, q)) if values else None) for q in qs}
 
     def input_refused(self, reason: str) -> None:

@@ -1,17 +1,15 @@
 """The synthesis pipeline: request -> text segments -> LM token stream -> audio chunks.
 
-One `Synthesizer` per process is shared by every request. All per-request state (segments, token
-list, LM stream, `Token2WavStream`, worker affinity, timings) lives on one `Utterance`
-(app/engine/utterance.py), made by `stream()` and dying with it.
-Flow/HiFT work runs as jobs of the `Token2WavScheduler` (the single owner of that compute: worker
-threads, earliest deadline first), so the event loop stays free and requests interleave chunk by chunk.
+One `Synthesizer` per process serves every request; a request's state lives on its `Utterance`
+(app/engine/utterance.py). Flow/HiFT run as jobs of the `Token2WavScheduler` (worker threads,
+earliest deadline first), so the event loop stays free and requests interleave chunk by chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -105,22 +103,21 @@ class Synthesizer:
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
         t2w = seg.t2w
-        if t2w.opts.incremental and plan.streaming and not seg.resolve:
-            # the hop is a flow job of its own batch key: concurrent streams' hops share one estimator call
-            need = bytes_after(self.model.flow, t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens)
-            if self.flow_budget.admit(t2w, need):
-                item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key), tokens[:, : plan.n_tokens],
-                                       plan.finalize, plan.token_offset)
-                try:
-                    return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(),
-                                                    key=u.worker)
-                finally:  # this stream's job is over (done, failed or cancelled): count what it holds
-                    self.flow_budget.update(t2w, t2w.flow_state_bytes)
+        incremental = t2w.opts.incremental and plan.streaming and not seg.resolve
+        if incremental and not self.flow_budget.admit(  # the bytes its state may hold after this hop
+                t2w, bytes_after(self.model.flow, t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens)):
             # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
+            incremental = False
             seg.resolve = True
             t2w.drop_flow_state()
-        item = t2w.flow_item(tokens, plan)
-        return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
+        # incremental: the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
+        item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key), tokens[:, : plan.n_tokens], plan.finalize,
+                               plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
+        try:
+            return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
+        finally:  # this stream's job is over (done, failed or cancelled): count what it holds
+            if incremental:
+                self.flow_budget.update(t2w, t2w.flow_state_bytes)
 
     def _flow_state(self, t2w: Token2WavStream, voice_key) -> FlowState:
         """The stream's incremental state, started from its voice's prefix (on a token->wave worker:
@@ -130,8 +127,10 @@ class Synthesizer:
             t2w.voice_prefix = self.prompt_cache.get(voice_key, self.model.flow, p.tokens, p.mel, p.embedding)
         return t2w.flow_state
 
-    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
-        """Audio chunks of `req` in order; the last one has `is_final=True` and the stats."""
+    async def stream(self, req: SynthesisRequest,
+                     on_end: Callable[[RequestStats], None] | None = None) -> AsyncIterator[AudioChunk]:
+        """Audio chunks of `req` in order; the last one has `is_final=True` and the stats. `on_end` gets the
+        stats so far when the stream ends, however it ends (a stopped request's are on no chunk)."""
         segments = self.model.frontend.split_text(req.text)
         if not segments:
             raise EmptyTextError("the text has nothing speakable after normalisation; type some words")
@@ -145,6 +144,8 @@ class Synthesizer:
                     async for chunk in chunks:  # closed at once when the caller stops early (aborts the LM)
                         yield chunk
         finally:  # a next segment's LM started early (see `_segment`) and never reached
+            if on_end is not None:
+                on_end(u.stats())
             await u.drop_next_lm()
 
     async def _segment(self, u: Utterance, seg_i: int, text: str, prompt, hift_gen) -> AsyncIterator[AudioChunk]:
@@ -177,7 +178,7 @@ class Synthesizer:
                 else:
                     samples = await self._run_t2w(u, plan)
                 is_final = u.is_last_segment and plan.finalize
-                index = u.chunk_index
+                index = u.n_chunks
                 u.emitted(samples.shape[0])
                 yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final,
                                  stats=u.stats() if is_final else None)

@@ -1,11 +1,9 @@
 """One preparation for every way in: the page, its Gradio API, `/studio/speech` and `/v1/audio/speech`.
 
-A door decodes its own wire format into `SpeechInputs`, calls `prepare`, and maps the errors to its
-own shape (a `gr.Error`, an OpenAI-shaped HTTP error). `prepare` owns everything in between: every
-input check (app/engine/inputs.py), the voice (a saved one by name, or a reference clip's features,
-cached), the fallbacks (a blank transcript -> Whisper's (app/engine/asr.py), or cross-lingual where it
-is unavailable; no mode -> instruct when there is an instruction), and builds the one `SynthesisRequest`.
-What it changed or warns about comes back as `notes`, for the door to show.
+A door decodes its wire format into `SpeechInputs`, calls `prepare` and maps the errors to its own
+shape. `prepare` owns every input check (app/engine/inputs.py), the voice (saved, or a reference
+clip's cached features), the fallbacks (blank transcript -> Whisper's, else cross-lingual; no mode ->
+instruct when there is an instruction) and the one `SynthesisRequest`; its `notes` say what it changed.
 """
 
 from __future__ import annotations

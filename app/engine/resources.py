@@ -1,11 +1,7 @@
-"""Process and device resources, sampled on demand: GPU memory (NVML), this process's CUDA
-allocator, RSS and CPU of this process and its children (the vLLM engine), vLLM's KV-cache gauges.
-
-`ResourceProbe.sample(backend)` takes one sample; `Metrics.memory_snapshot` (app/engine/metrics.py)
-rate-limits and keeps them. Sources (docs/panels.md has the details): NVML (`pynvml` from
-nvidia-ml-py) for device and per-process GPU memory, vLLM's in-process Prometheus gauge
-`vllm:kv_cache_usage_perc` for KV-cache usage, torch's CUDA allocator for this process, and psutil
-for CPU % and RSS. Nothing here imports torch, pynvml or prometheus_client at import time.
+"""Process and device resources, sampled on demand by `ResourceProbe.sample(backend)` (rate-limited and
+kept by `Metrics.memory_snapshot`): GPU memory per device and process (NVML), this process's CUDA
+allocator, RSS and CPU of this process and its children (psutil), vLLM's in-process KV-cache gauges
+(docs/panels.md). Nothing here imports torch, pynvml or prometheus_client at import time.
 """
 
 from __future__ import annotations
@@ -25,11 +21,8 @@ NO_GPU_NOTE = "no GPU: showing CPU and RAM"
 
 
 def vllm_gauges(registry: Any = None) -> dict[str, float]:
-    """vLLM's KV-cache usage (0..1, mean over engines) and running/waiting requests (sums over engines).
-
-    Reads the gauges vLLM's default `PrometheusStatLogger` keeps in this process's
-    prometheus_client registry; {} when vLLM never ran here (prometheus_client not even imported).
-    """
+    """vLLM's KV-cache usage (0..1, mean over engines) and running/waiting requests (sums), from the gauges
+    its stat logger keeps in this process's prometheus_client registry; {} when vLLM never ran here."""
     if registry is None:
         prom = sys.modules.get("prometheus_client")  # imported by vLLM; never imported for a torch-only app
         if prom is None:
@@ -51,9 +44,10 @@ def vllm_gauges(registry: Any = None) -> dict[str, float]:
 
 def kv_cache_tokens(backend: Any) -> int | None:
     """KV-cache capacity in tokens (blocks x block size) the vLLM engine reported at start."""
-    cache = getattr(getattr(getattr(backend, "engine", None), "vllm_config", None), "cache_config", None)
-    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
-    return int(blocks) * int(size) if blocks and size else None
+    if backend is None or backend.name != "vllm" or backend.engine is None:  # no engine while it restarts
+        return None
+    cache = backend.engine.vllm_config.cache_config
+    return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks and cache.block_size else None
 
 
 class ResourceProbe:
@@ -77,17 +71,16 @@ class ResourceProbe:
         roles = {pid: _role(pid, me, info[0]) for pid, info in tree.items()}
         device, gpu_mib = self._nvml_sample()
         torch_mem = _torch_allocator()
-        if device is None and torch_mem is not None:  # CUDA without NVML: device totals from the driver
-            device = torch_mem.pop("device")
-        elif torch_mem is not None:
-            torch_mem.pop("device")
+        if torch_mem is not None:  # CUDA without NVML: device totals from the driver
+            driver = torch_mem.pop("device")
+            device = device or driver
         pids = sorted(set(tree) | set(gpu_mib), key=lambda p: (p != me, p))
         processes = [{"pid": pid, "role": roles.get(pid, "other"), "gpu_mib": gpu_mib.get(pid),
                       "rss_mib": tree[pid][1] / MIB if pid in tree else None,
                       "cpu_percent": percent.get(pid)} for pid in pids]
         ram_used, ram_total = _system_ram()
         gpu = device is not None
-        gauges = vllm_gauges() if getattr(backend, "name", None) == "vllm" else {}
+        gauges = vllm_gauges() if backend is not None and backend.name == "vllm" else {}
         return {
             "t": time.time(), "gpu": gpu, "note": "" if gpu else NO_GPU_NOTE, "device": device,
             "processes": processes, "torch": torch_mem, "kv_cache_usage": gauges.get("kv_cache_usage"),

@@ -1,17 +1,11 @@
 """The studio's process singleton: model, LM backend, synthesizer, saved voices and metrics.
 
-`StudioService(cfg)` does nothing until `await start()`, which runs once on the server's event
-loop (the FastAPI lifespan): it resolves the model folder (`--model-dir` / COSYVOICE_MODEL_DIR
-via `[model] dir`, else a huggingface_hub download of `[model] repo_id`, else a generated tiny
-random model when offline), loads it in a worker thread, starts the LM backend on the loop (vLLM's
-AsyncLLM must live there), and warms up with one short request. `status` says where it is;
-requests before `ready` get `NotReadyError`. `stream(req)` wraps `Synthesizer.stream` and records
-every request in `metrics`.
-
-Faults stop at this boundary, and the service keeps serving: a dead LM engine (the vLLM backend
-restarts it) makes `stream` fail at once with `EngineDeadError` and `/health` say "engine died: ...";
-an out-of-memory error in a request (token2wav or the LM) frees the CUDA cache, is counted, and is
-refused with advice (`GpuOutOfMemoryError`).
+`StudioService(cfg)` does nothing until `await start()` (once, on the serving loop, where vLLM's
+AsyncLLM must live): resolve the model folder (`[model] dir`, else a download of `[model] repo_id`,
+else a tiny random model when offline), load it in a thread, start the LM backend, warm up. Requests
+before `ready` get `NotReadyError`. `stream(req)` wraps `Synthesizer.stream` and records it in `metrics`.
+Faults stop here: a dead LM engine (vLLM restarts it) fails requests at once with `EngineDeadError`;
+an out-of-memory request frees the CUDA cache, is counted and refused (`GpuOutOfMemoryError`).
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
 from app.engine.metrics import Metrics
 from app.engine.pipeline import Synthesizer
-from app.engine.requests import AudioChunk, SynthesisRequest
+from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.voices import VoiceFeatureCache, VoiceStore
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
@@ -173,21 +167,20 @@ class StudioService:
         """Why the LM engine cannot serve now ("engine died: ..."), None when it can (or is not started)."""
         return self.backend.health().fault if self.backend is not None else None
 
-    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0,
-                     prepared: Prepared | None = None) -> AsyncIterator[AudioChunk]:
+    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Prepared | None = None,
+                     stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:
         """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request); its
-        `RequestRecord` (found by `req.request_id`) also keeps `prepared`'s voice name, notes and reference time.
-
-        Raises `EngineDeadError` at once while the engine is down, and `GpuOutOfMemoryError` (after
-        freeing the CUDA cache) when the request runs out of memory.
-        """
+        `RequestRecord` also keeps `prepared`'s voice name, notes and reference time. Raises `EngineDeadError`
+        at once while the engine is down, `GpuOutOfMemoryError` when the request runs out of memory. A request
+        ended early keeps its stats so far; `stop` set by then (the page's Stop) marks its record `stopped`."""
         synth = self.require_ready()
         if fault := self.engine_fault():
             raise EngineDeadError(_engine_message(fault))
         self.metrics.request_started()
         stats, outcome, n_samples = None, "error", 0
+        so_far: list[RequestStats] = []  # the synthesizer's stats at its end (the only ones of an early end)
         try:
-            async with contextlib.aclosing(synth.stream(req)) as chunks:
+            async with contextlib.aclosing(synth.stream(req, on_end=so_far.append)) as chunks:
                 async for chunk in chunks:
                     stats = chunk.stats or stats
                     n_samples += chunk.samples.size
@@ -209,7 +202,9 @@ class StudioService:
         finally:
             about = {} if prepared is None else dict(voice=prepared.voice_name, notes=prepared.notes,
                                                      reference_s=prepared.reference_s)
-            self.metrics.request_finished(stats, queue_wait_s, outcome, request=req, n_samples=n_samples, **about)
+            stopped = outcome == "cancelled" and stop is not None and stop.is_set()
+            self.metrics.request_finished(stats or (so_far[-1] if so_far else None), queue_wait_s, outcome, request=req,
+                                          n_samples=n_samples, stopped=stopped, **about)
 
     # --- facts -----------------------------------------------------------------------------------
 
@@ -235,12 +230,12 @@ class StudioService:
 
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""
-        fault = self.engine_fault() if self.ready else None
         h = self.backend.health() if self.backend is not None else None
+        fault = h.fault if self.ready and h else None
         return {"ready": self.ready and fault is None, "status": fault or self.status, "error": self.error or None,
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
                 "http_waiting": self.admission.waiting,
-                "lm_unfinished": self.lm_unfinished(), "requests": self.metrics.counters(),
+                "lm_unfinished": h.unfinished if h else None, "requests": self.metrics.counters(),
                 "faults": {"out_of_memory": self.n_out_of_memory, "engine_deaths": h.deaths if h else 0,
                            "engine_restarts": h.restarts if h else 0},
                 "facts": self.facts()}

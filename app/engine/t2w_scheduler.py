@@ -1,20 +1,14 @@
 """The one owner of token->wave (flow + HiFT) compute: worker threads that run the most urgent chunk first.
 
-Every stream's chunks are jobs with a deadline: a first chunk's deadline is its request's start
-(someone is waiting in silence), a later chunk's is the moment the audio already sent runs out
-(first audio + seconds emitted). Each worker pops the job with the earliest deadline, so a new
-request's first chunk goes before chunks that still have audio in the listener's buffer, and no
-stream is starved (earliest-deadline-first). With several workers, a request always goes to the same
-worker (`key`): its per-request tensors (flow/HiFT caches) then live on one CUDA stream, so no
-cross-stream synchronisation is needed. Threads start on the first job; `shutdown()` joins them.
+A chunk's deadline is its request's start for a first chunk (someone waits in silence), else the
+moment the audio already sent runs out; each worker pops the earliest (EDF: a new request's first
+chunk goes first, no stream starves). A request always goes to the same worker (`key`), so its
+caches live on one CUDA stream. Threads start on the first job; `shutdown()` joins them.
 
-Batching (`run_flow`, `max_batch` > 1): when a worker takes a flow job it also takes up to
-`max_batch - 1` other queued flow jobs that can share its call (same `batch_key`), most urgent
-first, runs one batched flow call (`flow_fn`) for all of them (one launch sequence for B streams
-instead of B), then each job's own `finish` (HiFT, per-request caches) in deadline order, handing
-each result back as soon as it is ready. With `finish_batch`, the call's jobs finish together
-instead: `finish_batch(finishes, outs, flow_s)` yields (job index, result, error) as each is ready
-(the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
+Batching (`run_flow`, `max_batch` > 1): a worker takes with a flow job up to `max_batch - 1` queued
+jobs of the same `batch_key`, runs one `flow_fn` call for all, then each job's `finish` in deadline
+order, or all together through `finish_batch(finishes, outs, flow_s)`, which yields (job index,
+result, error) as each is ready (the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
 """
 
 from __future__ import annotations
@@ -71,7 +65,6 @@ class Token2WavScheduler:
         self._seq = itertools.count()  # FIFO among equal deadlines
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self.n_done = 0
         self.batch_sizes: dict[int, int] = {}  # flow calls by batch size (facts for the panels/bench)
 
     def _start(self) -> None:
@@ -149,18 +142,17 @@ class Token2WavScheduler:
                     continue
                 flow_s = time.perf_counter() - t0
                 self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
-                ok = [not isinstance(out, BaseException) for out in outs]  # an error output fails its job alone
-                for j, out, good in zip(jobs, outs, ok, strict=True):
-                    if not good:
+                good = []
+                for j, out in zip(jobs, outs, strict=True):
+                    if isinstance(out, BaseException):  # an error output fails its job alone
                         self._hand_back(j, None, out)
-                jobs = [j for j, g in zip(jobs, ok, strict=True) if g]
-                outs = [o for o, g in zip(outs, ok, strict=True) if g]
-                if not jobs:
-                    continue
+                    else:
+                        good.append((j, out))
                 if self.finish_batch is None:
-                    for j, out in zip(jobs, outs, strict=True):
+                    for j, out in good:
                         self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
-                else:
+                elif good:
+                    jobs, outs = map(list, zip(*good, strict=True))
                     self._finish_together(jobs, outs, flow_s)
 
     def _finish_together(self, jobs: list[_Job], outs: list[Any], flow_s: float) -> None:
@@ -185,7 +177,6 @@ class Token2WavScheduler:
         self._hand_back(job, result, error)
 
     def _hand_back(self, job: _Job, result: Any, error: BaseException | None) -> None:
-        self.n_done += 1
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             job.loop.call_soon_threadsafe(_resolve, job.fut, result, error)
 

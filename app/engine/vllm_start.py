@@ -1,11 +1,7 @@
-"""Starting the vLLM engine: its environment and arguments from `[vllm]`, the LM folder check, and
-what a failed start or a dead engine means in words (which setting to change). Used by
-`app.engine.vllm_backend`; vLLM itself is not imported here.
-
-vLLM serves the LM as its own `Qwen2ForCausalLM` (no model plugin, nothing installed): the one
-piece of our code its engine processes run is the logits processor `RAS_PROCESSOR`, imported by
-name (this checkout is on their `sys.path`: spawned processes inherit it), which adds the head
-bias and does RAS. So the engine starts whatever `VLLM_PLUGINS` says.
+"""Starting the vLLM engine (for `app.engine.vllm_backend`; vLLM is not imported here): environment
+and arguments from `[vllm]`, the LM folder check, and what a failed start or a dead engine means in
+words (which setting to change). The engine serves a stock `Qwen2ForCausalLM`; the one piece of our
+code its processes run is `RAS_PROCESSOR`, imported by name (spawned processes inherit `sys.path`).
 """
 
 from __future__ import annotations
@@ -59,9 +55,9 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dic
         enforce_eager=cfg.enforce_eager, seed=cfg.seed, logits_processors=[RAS_PROCESSOR])
 
 
-def check_lm_folder(path: Path) -> None:
-    """`path` is an LM folder of this export format (stock Qwen2 + the head bias beside it), else
-    EngineStartError saying how to make one (format 1 folders needed a vLLM plugin)."""
+def check_lm_folder(path: Path) -> dict[str, Any]:
+    """The config.json of `path` if it is an LM folder of this export format (stock Qwen2 + the head bias
+    beside it), else EngineStartError saying how to make one (format 1 folders needed a vLLM plugin)."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -72,6 +68,7 @@ def check_lm_folder(path: Path) -> None:
                                f"(architectures {config.get('architectures')}, format {fmt}, {HEAD_BIAS_FILE} "
                                f"{'present' if (path / HEAD_BIAS_FILE).is_file() else 'missing'}); an older "
                                "version made it: quantize this model's export again or clear vllm.quantized_dir")
+    return config
 
 
 def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int | None) -> str:
@@ -130,10 +127,3 @@ def unset_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if os.environ.get(k) == v:
             del os.environ[k]
-
-
-def max_positions(model_path: Path) -> int | None:
-    try:
-        return int(json.loads((model_path / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, KeyError, ValueError):
-        return None

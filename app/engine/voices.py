@@ -1,16 +1,10 @@
 """Voices: the features of recent reference clips in memory, and saved voices on disk.
 
-`VoiceFeatureCache` keeps the features of the last few uploaded clips (keyed by content + transcript),
-so a user who generates twice with one upload pays the frontend once.
-
-Saved voices: `VoiceFeatures` on disk, one `<name>.npz` (plain arrays, no pickle) + `<name>.json` each.
-
-A saved voice skips the frontend (speech tokenizer, CAM++, prompt mel) for every later request and
-survives restarts. Names come from users (the page, the HTTP API), so they are checked against
-`NAME_RE` before any path is built, and every path is re-checked to sit directly in the store's
-folder. Writes are atomic (temp file + rename); the JSON is written last, so a voice is listed only
-once both files are complete. Each voice records a fingerprint of the model's feature extractors:
-features from another model (e.g. the offline random model) are refused with a clear message.
+`VoiceFeatureCache` keeps the last few clips' features (by content + transcript): a second generation
+from one upload skips the frontend. `VoiceStore` keeps saved voices, `<name>.npz` (plain arrays, no
+pickle) + `<name>.json` each. Names come from users: checked against `NAME_RE` before any path is
+built, every path re-checked to sit directly in the folder. Writes are atomic, the JSON last (a voice
+is listed only once complete). A voice records its model's fingerprint; another model's is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ import time
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +48,7 @@ class VoiceInfo:
     model_fingerprint: str
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "prompt_text": self.prompt_text, "prompt_seconds": self.prompt_seconds,
-                "created": self.created, "model_fingerprint": self.model_fingerprint}
+        return asdict(self)
 
 
 def check_name(name: str) -> str:

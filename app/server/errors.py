@@ -16,12 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-# HTTP status -> OpenAI error type
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-               413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
-               429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error",
-               507: "server_error"}
+# HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error",
+               500: "server_error", 503: "service_unavailable_error"}
 
 
 class ApiError(Exception):
@@ -41,10 +38,6 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(error_body(e.status, e.message, e.param, e.code), status_code=e.status, headers=e.headers)
-
-
-def _is_api(request: Request) -> bool:
-    return request.url.path.startswith("/v1/")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,11 +61,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        if not _is_api(request) and e.status_code == 404 and request.url.path not in ("/health", "/metrics"):
+        path = request.url.path
+        if not path.startswith("/v1/") and e.status_code == 404 and path not in ("/health", "/metrics"):
             return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
         message = str(e.detail) if e.detail else "error"
         if e.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
+            message = f"no route {request.method} {path}"
         return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(Exception)

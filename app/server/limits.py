@@ -1,19 +1,17 @@
 """Who may call what, and how often: the login guard of /studio and /v1, and the per-client rate limit.
 
-`AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). For each HTTP request:
+`AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). Per HTTP request:
 
-1. Rate limit (`[server] rate_limit_per_minute` > 0): synthesis requests -- POST /v1/audio/speech,
-   /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` events (POST
-   /gradio_api/queue/join, told apart by the body's `fn_index`) -- take a token from their client's
-   bucket (`RateLimiter`); without one the answer is 429 with Retry-After. The client is the
-   connection's IP, or with `[server] trust_proxy` the last X-Forwarded-For entry (the one the
-   proxy in front wrote; earlier entries come from the client and could be anything).
-2. Login (`[server] auth` set): Gradio guards its own routes (the page's login form); /studio/*
-   needs the page's login cookie or HTTP Basic with the same credentials, and so does /v1/* when no
-   `[server] api_key` is set (with a key, app/server/auth.py checks the bearer token instead).
-   /health, /metrics and the API schema (/v1/docs, /v1/openapi.json) stay open.
+1. Rate limit (`[server] rate_limit_per_minute` > 0): synthesis requests (POST /v1/audio/speech,
+   /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` queue joins, told apart by
+   the body's `fn_index`) take a token from their client's bucket, else 429 with Retry-After. The
+   client is the connection's IP, or with `[server] trust_proxy` the last X-Forwarded-For entry (the
+   one the proxy wrote; earlier ones come from the client).
+2. Login (`[server] auth`): Gradio guards its own routes; /studio/* needs the page's login cookie or
+   HTTP Basic, and so does /v1/* unless `[server] api_key` is set (then app/server/auth.py checks the
+   bearer token). /health, /metrics, /v1/docs and /v1/openapi.json stay open.
 
-Refusals are OpenAI-shaped JSON (app/server/errors.py). Nothing of the request is logged.
+Refusals are OpenAI-shaped JSON. Nothing of the request is logged.
 """
 
 from __future__ import annotations
@@ -40,10 +38,7 @@ MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= ba
 
 class RateLimiter:
     """A token bucket per client key: bursts of up to `per_minute`, refilled at per_minute / 60 per second.
-
-    Event-loop only (no locking). `acquire(key)` takes a token and returns 0.0, or returns the
-    seconds until one is available and takes nothing.
-    """
+    Event-loop only. `acquire(key)` takes a token and returns 0.0, or returns the wait in s, taking nothing."""
 
     def __init__(self, per_minute: int, *, max_clients: int = MAX_CLIENTS,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -1,9 +1,8 @@
 """The one server: FastAPI with /health, /metrics and the /v1 API, the Gradio studio mounted at "/".
 
-`build_server(cfg)` creates the process's `StudioService` and starts it in the lifespan (on the
-serving loop, so vLLM's AsyncLLM lives there); the page and /health answer while it loads.
-Optional login (`[server] auth`, Gradio's own form for the page) and per-client rate limit
-(`[server] rate_limit_per_minute`) are applied by `AccessLimits` (app/server/limits.py).
+`build_server(cfg)` creates the process's `StudioService` and starts it in the lifespan (on the serving
+loop, where vLLM's AsyncLLM lives); the page and /health answer while it loads. Login and rate limit:
+`AccessLimits` (app/server/limits.py).
 """
 
 from __future__ import annotations
@@ -20,13 +19,9 @@ if TYPE_CHECKING:
 
 def build_server(cfg: Config):
     """The ASGI app `python app.py` serves."""
-    import gradio as gr
     from fastapi import FastAPI
-    from starlette.routing import Mount
 
-    from app.engine.service import ASSETS_DIR, StudioService
-    from app.server.limits import LIMITED_EVENTS
-    from app.ui.layout import build_demo
+    from app.engine.service import StudioService
 
     service = StudioService(cfg)
 
@@ -40,6 +35,21 @@ def build_server(cfg: Config):
         await service.aclose()
 
     api, gate = build_api(cfg, service, lifespan)
+    return mount_page(api, gate, service)
+
+
+def mount_page(api: Any, gate: Any, service: Any) -> Any:
+    """Mount the studio page for `service` at "/" on `api` (routes added after it are never reached) and
+    tell `gate` (its `AccessLimits`) the page's login tokens and rate-limited events; returns the app.
+    Also the cluster's ingress (app/cluster/ingress.py), whose `service` is a `ClusterService`."""
+    import gradio as gr
+    from starlette.routing import Mount
+
+    from app.engine.service import ASSETS_DIR
+    from app.server.limits import LIMITED_EVENTS
+    from app.ui.layout import build_demo
+
+    cfg = service.cfg
     srv = cfg.server
     demo, i18n = build_demo(service)
     app = gr.mount_gradio_app(api, demo, path="/", i18n=i18n, allowed_paths=[str(ASSETS_DIR)],
@@ -66,12 +76,14 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
     from app.server.studio_stream import add_studio_routes
+    from app.ui.early_script import EarlyScript
     from app.ui.handlers import ArrivalStamp
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
     api.state.service = service
     api.add_middleware(ArrivalStamp)
+    api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/ui/early_script.py)
     srv = cfg.server
     gate = Gate(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
                 trust_proxy=srv.trust_proxy)

@@ -7,11 +7,9 @@
     DELETE /v1/voices/{id}    {"id", "object": "voice", "deleted": true}
     GET    /v1/models         the one model this server speaks with
 
-`voice` is a saved voice's id (its name; the page's saved voices are the same store). Formats:
-`wav` (default) and `pcm` (raw s16le mono 24 kHz). `instructions` (as OpenAI's gpt-4o-mini-tts)
-switches to CosyVoice2's instruct mode. Extensions beyond OpenAI's fields: `seed`, `mode`
-(zero_shot | cross_lingual | instruct), `fixed_tokens` (benchmarks on random weights). Errors are
-OpenAI-shaped (app/server/errors.py); auth is an optional bearer key (app/server/auth.py).
+`voice` is a saved voice's id (the page's store). Formats: `wav` (default), `pcm` (raw s16le mono
+24 kHz). `instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`,
+`fixed_tokens` (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key.
 """
 
 from __future__ import annotations
@@ -28,12 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.config import ModelConfig
 from app.engine import inputs
 from app.engine.inputs import InputError
-from app.engine.prepare import NO_TRANSCRIPT_NOTE, Prepared, SpeechInputs, prepare, reference_voice
+from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError, check_name
 from app.server.auth import bearer_auth
 from app.server.errors import ApiError, error_response
-from app.server.speech import RETRY_AFTER_S, speech_response
+from app.server.speech import map_error, prepare_or_raise, speech_response
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -76,17 +74,10 @@ class SpeechRequest(BaseModel):
     fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
 
 
-def _input_error(e: InputError) -> ApiError:
-    return ApiError(400, str(e), param=e.param, code="invalid_value")
-
-
 def capped_route(max_mb: int) -> type[APIRoute]:
-    """An APIRoute class that answers 413 to a body over `max_mb` MiB (+ slack) before it is parsed.
-
-    FastAPI reads (and spools) a whole multipart body before the endpoint or any dependency runs, so
-    the cap sits in front of that: a declared Content-Length over the limit is refused unread, and a
-    body without one (chunked) is cut off as soon as it passes the limit.
-    """
+    """An APIRoute class that answers 413 to a body over `max_mb` MiB (+ slack) before it is parsed (FastAPI
+    spools a whole multipart body before any endpoint or dependency runs): a declared Content-Length over
+    the limit is refused unread, a chunked body cut off as soon as it passes the limit."""
     limit = max_mb * 1024 * 1024 + BODY_SLACK_BYTES
     message = (f"the request body is larger than {max_mb} MB ([limits] max_upload_mb); send a shorter clip "
                "(1-30 s is enough)")
@@ -127,15 +118,7 @@ def api_router(service: StudioService) -> APIRouter:
         try:
             service.require_ready()
         except NotReadyError as e:
-            raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-
-    async def prepare_or_raise(x: SpeechInputs) -> Prepared:
-        try:
-            return await prepare(service, x)
-        except NotReadyError as e:
-            raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-        except InputError as e:
-            raise ApiError(400, str(e), param=V1_PARAMS.get(e.param, e.param), code=e.code) from e
+            raise map_error(e) from e
 
     @router.post("/audio/speech", response_class=Response,
                  responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
@@ -153,9 +136,9 @@ def api_router(service: StudioService) -> APIRouter:
             raise ApiError(400, f"response_format {body.response_format!r} is not supported: use 'wav' or 'pcm'",
                            param="response_format", code="unsupported_value")
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-        prepared = await prepare_or_raise(SpeechInputs(
+        prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
-            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens))
+            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens), V1_PARAMS)
         req = prepared.request
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}

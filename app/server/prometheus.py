@@ -1,13 +1,11 @@
 """GET /metrics: Prometheus text exposition of the studio plus vLLM's own `vllm:*` metrics.
 
-`PrometheusExporter(metrics, service)` owns a private `CollectorRegistry` (several services in one
-process, as in the tests, never share series). Histograms (TTFA, RTF, per-stage seconds) are fed
-once per finished request by a `Metrics` listener; everything else is read when Prometheus scrapes:
-counters from `Metrics`, gauges from the service and one (rate-limited) memory snapshot, so nothing
-is sampled in a request's path. vLLM's stat logger keeps its metrics in prometheus_client's default
-`REGISTRY` of this process (the AsyncLLM client runs here); that registry is appended, without any
-`cosyvoice_*` name, so the families never collide. Only numbers and fixed labels: no text, voice
-name or audio of a request ever becomes a label. docs/metrics.md lists every family with its unit.
+`PrometheusExporter(metrics, service)` owns a private `CollectorRegistry` (services in one process
+never share series). Histograms (TTFA, RTF, per-stage seconds) are fed by a `Metrics` listener per
+finished request; the rest is read at scrape time (counters, service gauges, one rate-limited memory
+snapshot). vLLM's own metrics (prometheus_client's default `REGISTRY` of this process) are appended
+without any `cosyvoice_*` name. Only numbers and fixed labels, never a request's text or voice name.
+docs/metrics.md lists every family with its unit.
 """
 
 from __future__ import annotations
@@ -56,7 +54,6 @@ class PrometheusExporter:
                                labelnames=["stage"], buckets=STAGE_BUCKETS_S, registry=self.registry)
         for stage in STAGES:  # every stage has a series (count 0) from the first scrape on
             self.stage.labels(stage=stage)
-        self.registry.register(_LiveCollector(metrics, service))
         metrics.add_listener(self.observe)
 
     def observe(self, rec: RequestRecord) -> None:
@@ -73,6 +70,7 @@ class PrometheusExporter:
 
     def collect(self) -> Iterator[Metric]:
         yield from self.registry.collect()
+        yield from self._live()
         if self.include_default_registry:  # vLLM's vllm:* plus prometheus_client's process_* / python_*
             for family in prometheus_client.REGISTRY.collect():
                 if not family.name.startswith(PREFIX):
@@ -82,15 +80,8 @@ class PrometheusExporter:
         """The exposition text (prometheus_client.CONTENT_TYPE_LATEST)."""
         return prometheus_client.generate_latest(self)
 
-
-class _LiveCollector:
-    """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
-
-    def __init__(self, metrics: Metrics, service: StudioService | None) -> None:
-        self.metrics = metrics
-        self.service = service
-
-    def collect(self) -> Iterator[Metric]:
+    def _live(self) -> Iterator[Metric]:
+        """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
         c = self.metrics.counters()
         requests = CounterMetricFamily("cosyvoice_requests", "Synthesis requests finished, by outcome (rejected = "
                                        "refused at once because the server was busy).", labels=["outcome"])
@@ -156,17 +147,17 @@ def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]
 
 def _service_families(svc: StudioService) -> Iterator[Metric]:
     """Readiness, engine requests and what runs (an info gauge = 1)."""
-    ready = svc.ready and svc.engine_fault() is None  # a dead (restarting) engine is not ready
+    h = svc.backend.health() if svc.backend is not None else None
+    ready = svc.ready and not (h and h.fault)  # a dead (restarting) engine is not ready
     yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
                             value=1 if ready else 0)
-    h = svc.backend.health() if svc.backend is not None else None
     faults = CounterMetricFamily("cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
                                  "vLLM engine deaths and restarts.", labels=["kind"])
     for kind, n in (("out_of_memory", svc.n_out_of_memory), ("engine_death", h.deaths if h else 0),
                     ("engine_restart", h.restarts if h else 0)):
         faults.add_metric([kind], n)
     yield faults
-    unfinished = svc.lm_unfinished()
+    unfinished = h.unfinished if h else None
     yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
                       [([], unfinished)] if unfinished is not None else [])
     facts = svc.facts()

@@ -1,16 +1,12 @@
-"""Streaming a synthesis over HTTP: admission, first chunk, then the body as it is produced.
+"""Streaming a synthesis over HTTP, for every door: prepare, admission, first chunk, then the body.
 
-`speech_response(service, req, fmt)` takes a slot of the process's one admission (app/engine/admission.py), starts the
-request and waits for its first audio chunk *before* answering, so every failure that happens
-before audio (not ready, busy, nothing speakable, prompt too long) is a proper status code with an
-OpenAI-shaped body. Then the response streams: `pcm` = raw 16-bit little-endian mono at 24 kHz;
-`wav` = a 44-byte header with the "unknown length" sizes (0xFFFFFFFF, as streaming encoders write
-it) followed by the same PCM. Headers carry the server-side timing of this request:
-X-Request-Id, X-Seed, X-Queue-Ms (waiting for a slot) and X-TTFA-Ms (request start -> first audio).
-A client that disconnects cancels the body; its `finally` (and the response's, should the body
-never start) closes the synthesis (vLLM abort) and frees the slot. Faults before the first chunk are
-503s with Retry-After: `engine_dead` (the engine restarts), `gpu_out_of_memory` (with advice); after
-it, the body stops without its last chunk, so the client sees a broken stream, not a short success.
+`speech_response(service, req, fmt)` takes a slot of the process's one admission and waits for the
+first audio chunk *before* answering, so a failure before audio (not ready, busy, engine dead, out of
+memory, nothing speakable) is a status code with an OpenAI-shaped body (`map_error`); after it, the
+body stops without its last chunk (a broken stream, not a short success). `pcm` = raw s16le mono
+24 kHz; `wav` = a header with the "unknown length" sizes (0xFFFFFFFF), then the same PCM. Headers
+carry X-Request-Id, X-Seed, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
+and frees the slot, also when the body never started.
 """
 
 from __future__ import annotations
@@ -24,8 +20,9 @@ from fastapi.responses import StreamingResponse
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.admission import BusyError
+from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
-from app.engine.prepare import Prepared
+from app.engine.prepare import Prepared, SpeechInputs, prepare
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError, StudioService
 from app.server.errors import ApiError
@@ -33,6 +30,9 @@ from app.server.errors import ApiError
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 RETRY_AFTER_S = 2  # Retry-After for 503 busy / not ready / out of memory
 ENGINE_RETRY_AFTER_S = 30  # Retry-After while a dead engine restarts (15-60 s)
+# 503s: (what was raised, code, Retry-After s); EngineDeadError before its base class NotReadyError
+UNAVAILABLE = ((BusyError, "server_busy", RETRY_AFTER_S), (EngineDeadError, "engine_dead", ENGINE_RETRY_AFTER_S),
+               (GpuOutOfMemoryError, "gpu_out_of_memory", RETRY_AFTER_S), (NotReadyError, "not_ready", RETRY_AFTER_S))
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -49,11 +49,11 @@ class ClosingStreamingResponse(StreamingResponse):
             await self._on_close()
 
 
-def wav_stream_header(sample_rate: int = OUTPUT_SAMPLE_RATE_HZ) -> bytes:
-    """RIFF/WAVE header for 16-bit mono PCM of unknown length (data and RIFF sizes 0xFFFFFFFF)."""
-    byte_rate = sample_rate * 2
+def wav_stream_header() -> bytes:
+    """RIFF/WAVE header for 16-bit mono 24 kHz PCM of unknown length (data and RIFF sizes 0xFFFFFFFF)."""
+    rate = OUTPUT_SAMPLE_RATE_HZ
     return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE" + b"fmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, 2, 16)
+            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
             + b"data" + struct.pack("<I", 0xFFFFFFFF))
 
 
@@ -61,23 +61,29 @@ def pcm_bytes(chunk: AudioChunk) -> bytes:
     return to_int16_pcm(chunk.samples).astype("<i2", copy=False).tobytes()
 
 
-def map_error(e: BaseException) -> ApiError:
-    """ApiError for the exceptions a synthesis raises before its first chunk."""
+def map_error(e: BaseException, params: dict[str, str] | None = None) -> ApiError:
+    """ApiError for what `prepare` or a synthesis raises before its first chunk; `params` maps
+    `InputError.param` (prepare's field names) to the door's."""
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, BusyError):
-        return ApiError(503, str(e), code="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(e, EngineDeadError):
-        return ApiError(503, str(e), code="engine_dead", headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)})
-    if isinstance(e, GpuOutOfMemoryError):
-        return ApiError(503, str(e), code="gpu_out_of_memory", headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(e, NotReadyError):
-        return ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, InputError):
+        return ApiError(400, str(e), param=(params or {}).get(e.param, e.param), code=e.code)
+    for kind, code, retry_s in UNAVAILABLE:
+        if isinstance(e, kind):
+            return ApiError(503, str(e), code=code, headers={"Retry-After": str(retry_s)})
     if isinstance(e, EmptyTextError):
         return ApiError(400, str(e), param="input", code="empty_text")
     if isinstance(e, ValueError):  # e.g. the prompt plus output does not fit the engine's max_model_len
         return ApiError(400, f"synthesis refused: {e}", code="invalid_request")
     raise e
+
+
+async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict[str, str]) -> Prepared:
+    """`prepare(service, x)`, its refusals as `ApiError` (`params`: see `map_error`)."""
+    try:
+        return await prepare(service, x)
+    except (NotReadyError, InputError) as e:
+        raise map_error(e, params) from e
 
 
 async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
@@ -93,14 +99,9 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None) -> StreamingResponse:
-    """The streamed response for `req` in format `fmt` ("wav" | "pcm"); `ApiError` before any audio.
-
-    `prepared`: `prepare()`'s result that made `req`; its voice name, notes and reference time go into
-    the request's metrics record (what the page's stats line and details show).
-    """
-    if fmt not in MEDIA_TYPES:
-        raise ApiError(400, f"response_format {fmt!r} is not supported: use one of {', '.join(MEDIA_TYPES)}",
-                       param="response_format", code="unsupported_format")
+    """The streamed response for `req` in format `fmt` ("wav" | "pcm", checked by the door); `ApiError`
+    before any audio. `prepared` (what made `req`) goes into the request's metrics record."""
+    assert fmt in MEDIA_TYPES, fmt
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:

@@ -5,20 +5,17 @@
     GET  /studio/requests/{id}  {request_id, line, notes, details}: the stats line and details of a
                                 finished request (its metrics record), as the Gradio path shows them
 
-The page (app/ui/player.js) calls these with relative URLs, so they work behind the Spaces proxy
-and a root path. `prompt_audio` is a *server path*: the page's uploaded reference (the gr.Audio
-value's `path`) or an example asset. It is accepted only if it resolves (symlinks followed) inside
-Gradio's upload cache or assets/; anything else is 400 "unknown reference file", without echoing
-the path. The speech route is decode -> `prepare` -> `speech_response`, the function
-/v1/audio/speech streams with (admission, first chunk before the status, X-Request-Id / X-Seed /
-X-TTFA-Ms / X-Queue-Ms headers, disconnect -> vLLM abort). Nothing is kept for the page: it builds
-the final WAV from the PCM it played, and reads the stats from the request's metrics record
-(`Metrics.record`, the ring buffer of recent requests) once the body has ended. These routes are
-as open as the page itself: the optional bearer key guards /v1 only (the page never holds it).
+The page (app/ui/player.js) calls them with relative URLs (they work behind a proxy and a root path).
+`prompt_audio` is a *server path* (the page's upload or an example asset), accepted only if it
+resolves, symlinks followed, inside Gradio's upload folder or assets/; else 400 "unknown reference
+file", without echoing the path. Speech is decode -> `prepare` -> `speech_response`, as /v1's. Nothing
+is kept for the page: it builds the final WAV from the PCM it played and reads the stats from the
+request's metrics record. As open as the page: the bearer key guards /v1 only.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -26,11 +23,10 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine.inputs import InputError
-from app.engine.prepare import SpeechInputs, prepare
-from app.engine.service import ASSETS_DIR, NotReadyError, StudioService
+from app.engine.prepare import SpeechInputs
+from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
-from app.server.speech import RETRY_AFTER_S, speech_response
+from app.server.speech import prepare_or_raise, speech_response
 from app.ui.handlers import ARRIVAL_KEY, request_details, stats_line
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
@@ -52,31 +48,24 @@ class StudioSpeech(BaseModel):
     seed: float | None = None
 
 
-def upload_folder() -> Path:
-    """Where Gradio keeps uploads (and its output cache): GRADIO_TEMP_DIR, else <tempdir>/gradio
-    (`gradio.utils.get_upload_folder()` in 6.31), resolved here because Gradio leaves the env value as is."""
-    from gradio.utils import get_upload_folder
-
-    return Path(get_upload_folder()).resolve()
-
-
 def reference_path(raw: str) -> Path:
     """`raw` resolved, if it is a file inside Gradio's upload folder or assets/; else ApiError 400."""
+    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
+
     try:
         path = Path(raw).resolve(strict=True)  # follows symlinks: a link out of the folders is refused
     except (OSError, RuntimeError, ValueError) as e:  # missing, loop, NUL byte
         raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference") from e
-    for root in (upload_folder(), ASSETS_DIR.resolve()):
+    for root in (Path(get_upload_folder()).resolve(), ASSETS_DIR.resolve()):
         if path.is_relative_to(root) and path != root and path.is_file():
             return path
     raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
 
 
 def end_page_streams(app: FastAPI) -> None:
-    """At Ctrl+C / SIGTERM: end the open pages' long-lived streams (Gradio's heartbeat and queue SSE), which
-    uvicorn's graceful shutdown would otherwise wait on (`timeout_graceful_shutdown`). Mounted with
-    `gr.mount_gradio_app`, nothing sets Gradio's own `stop_event` (only `Blocks.close()` after `launch()`).
-    Call it on the serving loop (it sets asyncio events)."""
+    """At Ctrl+C / SIGTERM, on the serving loop: end the open pages' long-lived streams (Gradio's heartbeat
+    and queue SSE), which uvicorn's graceful shutdown would wait on; mounted, nothing sets Gradio's own
+    `stop_event` (only `Blocks.close()` after `launch()` does)."""
     from starlette.routing import Mount
 
     for route in app.routes:
@@ -89,17 +78,14 @@ def end_page_streams(app: FastAPI) -> None:
 def quiet_access_log() -> None:
     """Keep uvicorn's access log to requests a person reads: not the page's own polling (panel timer ticks,
     queue and upload progress: a line per second per open tab) unless they failed."""
-    import logging
+    def page_polling(record: logging.LogRecord) -> bool:  # False: leave the record out
+        args = record.args if isinstance(record.args, tuple) else ()
+        # uvicorn's access record: (client, method, path, http version, status)
+        if len(args) == 5 and isinstance(args[2], str) and isinstance(args[4], int) and args[4] < 400:
+            return not args[2].startswith(QUIET_PATHS)
+        return True
 
-    class PagePolling(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            args = record.args if isinstance(record.args, tuple) else ()
-            # uvicorn's access record: (client, method, path, http version, status)
-            if len(args) == 5 and isinstance(args[2], str) and isinstance(args[4], int) and args[4] < 400:
-                return not args[2].startswith(QUIET_PATHS)
-            return True
-
-    logging.getLogger("uvicorn.access").addFilter(PagePolling())
+    logging.getLogger("uvicorn.access").addFilter(page_polling)
 
 
 # the page's polling and asset routes (Gradio's), left out of the access log when they succeed
@@ -117,14 +103,9 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # ArrivalStamp
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
-        try:
-            prepared = await prepare(service, SpeechInputs(
-                text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
-                mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True))
-        except NotReadyError as e:
-            raise ApiError(503, str(e), code="not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-        except InputError as e:
-            raise ApiError(400, str(e), param=STUDIO_PARAMS.get(e.param, e.param), code=e.code) from e
+        prepared = await prepare_or_raise(service, SpeechInputs(
+            text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
+            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True), STUDIO_PARAMS)
         headers = {"X-Mode": prepared.request.mode, "X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"}
         response = await speech_response(service, prepared.request, "pcm", headers=headers, prepared=prepared)
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte

@@ -35,7 +35,7 @@ from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
-from app.ui.i18n import lang_of, t, translate
+from app.ui.i18n import lang_of, status_text, t, title_in, translate
 from app.ui.stop import StopSignal, until_stopped
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
@@ -145,10 +145,11 @@ class Handlers:
         (`stop`) it holds the audio made until then, and the stats line says it was stopped."""
         t_start = time.monotonic()
         queue_s = queue_wait_s(request, t_start)
+        lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
         stream = bool(stream)
         stop = stop if stop is not None else StopSignal()
         if stop.stopped:  # Stop while this request waited in the queue
-            yield None, None, "Stopped before it started.", None
+            yield None, None, translate("Stopped before it started.", lang), None
             return
         try:
             prepared = await prepare(self.service, SpeechInputs(
@@ -160,7 +161,7 @@ class Handlers:
             raise refused(e) from e
         req = prepared.request
         for note in prepared.notes:
-            note = translate(note, lang_of(request))  # the page's language
+            note = translate(note, lang)
             gr.Warning(note[0].upper() + note[1:])
         live = stream and live_playback()
         if stream and not live:  # shown with the stats, so it goes into the request's record
@@ -174,7 +175,7 @@ class Handlers:
                 async with contextlib.AsyncExitStack() as stack:
                     queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
                     chunks = await stack.enter_async_context(contextlib.aclosing(
-                        self.service.stream(req, queue_wait_s=queue_s, prepared=prepared)))
+                        self.service.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop.event)))
                     until = await stack.enter_async_context(contextlib.aclosing(until_stopped(chunks, stop)))
                     async for chunk in until:
                         if not chunk.samples.size:
@@ -182,7 +183,7 @@ class Handlers:
                         parts.append(chunk.samples)
                         n_samples += chunk.samples.size
                         if live:
-                            progress = f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s"
+                            progress = translate(f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s", lang)
                             for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
                                 yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
             except BusyError as e:
@@ -200,15 +201,15 @@ class Handlers:
             # builders as the low-latency player's (GET /studio/requests/{id}, app/server/studio_stream.py)
             rec = self.service.metrics.record(req.request_id)
             if stop.stopped:
-                line = (f"Stopped: kept {audio.size / OUTPUT_SAMPLE_RATE_HZ:.2f} s of audio · mode {req.mode} · "
-                        f"seed {req.seed}")
+                kept_s = audio.size / OUTPUT_SAMPLE_RATE_HZ
+                line = translate(f"Stopped: kept {kept_s:.2f} s of audio · mode {req.mode} · seed {req.seed}", lang)
                 details = {"stopped": True, "seed": req.seed, "mode": req.mode, "request_id": req.request_id,
                            "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.size)}
                 # the live player is reset (no buffered audio plays on), the take so far is the final WAV
                 yield None, (str(path) if audio.size else None), line, details
                 return
             assert rec is not None and rec.outcome == "ok", rec
-            line = stats_line(rec) + notes_markdown(rec.notes)
+            line = translate(stats_line(rec), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
             yield (gr.skip() if live else None), str(path), line, request_details(rec)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
@@ -228,8 +229,9 @@ class Handlers:
             stop.event.set()
 
     @staticmethod
-    def check_upload(prompt_audio: str | None) -> str | None:
-        """A reference just uploaded: refuse (and clear) a file that is not audio, with the reason."""
+    def check_upload(prompt_audio: str | None, request: gr.Request = None) -> str | None:
+        """A reference just uploaded: refuse (and clear) a file that is not audio, with the reason (in the page's
+        language)."""
         if not prompt_audio:
             return prompt_audio
         try:
@@ -237,7 +239,8 @@ class Handlers:
         except (AudioError, OSError) as e:
             msg = _error(e, prompt_audio).message
             log.info("refused upload: %s", msg)
-            gr.Warning(msg, title="Not an audio file")
+            lang = lang_of(request)
+            gr.Warning(translate(msg, lang), title=title_in("Not an audio file", lang))
             return None
         return prompt_audio
 
@@ -248,7 +251,7 @@ class Handlers:
     # --- saved voices --------------------------------------------------------------------------
 
     async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str,
-                         replace: bool = False) -> tuple[str, str]:
+                         replace: bool = False, request: gr.Request = None) -> tuple[str, str]:
         """Compute the reference's features and store them under `name`; a voice of that name is replaced
         only with `replace` (the page's "Replace a saved voice of that name" box), else refused.
 
@@ -270,9 +273,10 @@ class Handlers:
             raise _error(e, prompt_audio) from e
         except (InputError, OSError) as e:
             raise _error(e, prompt_audio) from e
+        lang = lang_of(request)  # the message and each note (features.notes) in the page's language
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
-        notes = "".join(f"\n\n- {n}" for n in features.notes)
-        return f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.{notes}", info.name
+        notes = "".join(f"\n\n- {translate(n, lang)}" for n in features.notes)
+        return translate(f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", lang) + notes, info.name
 
     def delete_voice(self, voice: str | None) -> tuple[str, str]:
         """Delete the saved voice `voice`. Returns (message, "")."""
@@ -305,7 +309,7 @@ class Handlers:
         elif s.error:
             text = t(lang, "status_failed", error=translate(s.error, lang))
         else:
-            text = t(lang, "status_loading", status=s.status)
+            text = t(lang, "status_loading", status=status_text(s.status, lang))
         if not live_playback():
             text += "  \n" + t(lang, "no_ffmpeg")
         banner = gr.Markdown(visible=s.random_model,

@@ -164,10 +164,23 @@ MESSAGES = {  # key -> (English, Chinese) with str.format fields
     "error": ("Error", "错误"),
 }
 TITLES_ZH = {"Error": "错误", "Not ready": "未就绪", "Busy": "繁忙", "Name taken": "名称已被使用",
-             "Not an audio file": "不是音频文件"}
+             "Not an audio file": "不是音频文件", "Malformed request": "请求格式错误"}
 
-# English message (a regex of the engine's words) -> Chinese (groups by number); first match wins
+# English message (a regex of the engine's words) -> Chinese (groups by number); first match wins. The page's
+# translator (app/ui/lang_switch.py) runs them in the browser too: JavaScript regex syntax only
 MESSAGES_ZH: list[tuple[re.Pattern[str], str]] = [(re.compile(p, re.S), zh) for p, zh in (
+    # the stats line (handlers.stats_line; the low-latency player's text goes on after "seed N")
+    (r"TTFA (\S+) ms · RTF (\S+) · (\S+) tokens/s · audio (\S+) s · LM (\S+) s · flow (\S+) s · vocoder (\S+) s · "
+     r"queue (\S+) s · reference (\S+) s · mode (\w+) · seed (-?\d+)(.*)",
+     r"首音延迟 \1 毫秒 · 实时率 \2 · \3 词元/秒 · 音频 \4 秒 · LM \5 秒 · flow \6 秒 · 声码器 \7 秒 · "
+     r"排队 \8 秒 · 参考音频 \9 秒 · 模式 \10 · 种子 \11\12"),
+    (r"Stopped: kept ([\d.]+) s of audio · mode (\w+) · seed (-?\d+)", r"已停止：保留了 \1 秒音频 · 模式 \2 · 种子 \3"),
+    (r"Stopped: kept ([\d.]+) s of audio · seed (-?\d+)", r"已停止：保留了 \1 秒音频 · 种子 \2"),  # player.js
+    (r"Stopped: kept ([\d.]+) s of audio", r"已停止：保留了 \1 秒音频"),
+    (r"Stopped before it started\.", "在开始前已停止。"),
+    (r"streaming… ([\d.]+) s", r"流式生成中… \1 秒"),
+    (r"ffmpeg is not installed: live playback is off, the final WAV plays when done",
+     "未安装 ffmpeg：实时播放已关闭，生成完后播放完整 WAV"),
     (r"the model is still loading \((.*)\); try again in a moment", r"模型仍在加载（\1），请稍后再试"),
     (r"the model failed to start: (.*)", r"模型启动失败：\1"),
     (r"Upload or record a reference clip, or pick a saved voice\.", "请上传或录制参考录音，或选择已保存的声音。"),
@@ -181,11 +194,24 @@ MESSAGES_ZH: list[tuple[re.Pattern[str], str]] = [(re.compile(p, re.S), zh) for 
     (r"no saved voice (.*?); pick a saved voice.*", r"没有已保存的声音 \1：请选择已保存的声音或上传参考录音"),
     (r"(.*) is only ([\d.]+) s long.*", r"\1 只有 \2 秒：参考录音至少需要 1 秒（3-10 秒最佳）。"),
     (r"(.*) is silent.*", r"\1 是静音：请上传有人声的录音。"),
+    # the decoder's words (app/audio.py AudioError): "<file name>: ..."
+    (r"([^:]*): not a readable audio file.*", r"\1 不是可读取的音频文件：请上传 WAV、FLAC、OGG 或 MP3 录音。"),
+    (r"([^:]*): no audio stream", r"\1 中没有音频流：请上传 WAV、FLAC、OGG 或 MP3 录音。"),
+    (r"([^:]*): the audio stream holds no samples", r"\1 的音频流是空的：请上传有声音的录音。"),
+    (r"([^:]*): decoding this (.*) audio took over (\d+) s.*", r"\1：解码这段 \2 音频超过 \3 秒：请转换为 WAV。"),
+    (r"([^:]*): (.*) audio is not supported without ffmpeg.*",
+     r"\1：没有 ffmpeg 时不支持 \2 音频：请安装 ffmpeg 或 PyAV（`pip install av`），或转换为 WAV。"),
+    (r"([^:]*): cannot decode audio.*", r"\1 无法解码：请转换为 WAV、FLAC、OGG 或 MP3。"),
+    (r"([^:]*): this (.*) audio cannot be decoded.*", r"\1：这段 \2 音频无法解码：请转换为 WAV、FLAC、OGG 或 MP3。"),
+    (r"audio file not found: (.*)", r"找不到音频文件：\1"),
     (r"(.*?)(?: is)? not (?:an? )?audio.*|(.*) cannot be decoded.*",
      r"\1\2 不是可识别的音频：请转换为 WAV、FLAC、OGG 或 MP3。"),
     (r"Pick a saved voice to delete\.", "请选择要删除的已保存声音。"),
     (r"invalid voice name.*", "声音名称无效：只能用 1-64 个字母、数字、_ 或 -。"),
     (r".*exists already.*", "同名声音已存在：勾选“覆盖同名的已保存声音”以覆盖。"),
+    (r"Saved voice \*\*(.*?)\*\* \(([\d.]+) s\) \(no transcript: it will speak in cross-lingual mode\)\.(.*)",
+     r"已保存声音 **\1**（\2 秒）（没有文字稿：将以跨语种模式朗读）。\3"),
+    (r"Saved voice \*\*(.*?)\*\* \(([\d.]+) s\)\.(.*)", r"已保存声音 **\1**（\2 秒）。\3"),
     (r"Saved voice \*\*(.*?)\*\* \(([\d.]+) s\)(.*)", r"已保存声音 **\1**（\2 秒）\3"),
     (r"Deleted voice \*\*(.*?)\*\*\.", r"已删除声音 **\1**。"),
     (r"transcribed the reference \((\w+)\): \"(.*)\" \(type the transcript to correct it\)",
@@ -201,6 +227,31 @@ MESSAGES_ZH: list[tuple[re.Pattern[str], str]] = [(re.compile(p, re.S), zh) for 
     (r"This application is currently busy.*|.*server is busy.*", "服务器繁忙，请稍后再试。"),
     (r"Synthesis failed: (.*)", r"合成失败：\1"),
 )]
+
+
+# the service's status (StudioService.status, app/model/source.py) -> Chinese; the panels and the status line show it
+STATUS_ZH: list[tuple[re.Pattern[str], str]] = [(re.compile(p, re.S), zh) for p, zh in (
+    (r"waiting to start", "等待启动"), (r"loading model", "正在加载模型"), (r"starting engine", "正在启动引擎"),
+    (r"warming up", "正在预热"), (r"ready", "就绪"), (r"stopped", "已停止"),
+    (r"looking for (.*) \(cache, then the Hugging Face Hub\)", r"正在查找 \1（先查本地缓存，再查 Hugging Face Hub）"),
+    (r"downloading (.*): ([\d.]+) / ([\d.]+) GB", r"正在下载 \1：\2 / \3 GB"),
+    (r"generating a tiny random model.*", "正在生成微型随机模型（没有可用的权重：输出将是噪声）"),
+    (r"error: (.*)", r"出错：\1"),
+)]
+
+
+def status_text(status: str, lang: str) -> str:
+    """The service's status in `lang` (unchanged for English or a status no pattern knows)."""
+    if lang == "zh":
+        for pattern, zh in STATUS_ZH:
+            if m := pattern.fullmatch(status.strip()):
+                return m.expand(zh)
+    return status
+
+
+def title_in(title: str, lang: str) -> str:
+    """A pop-up's title ("Busy", "Not ready", ...) in `lang`."""
+    return TITLES_ZH.get(title, title) if lang == "zh" else title
 
 
 def lang_of(request: Any) -> str:
@@ -254,8 +305,7 @@ def localized(fn: Callable) -> Callable:
         return bound.args, bound.kwargs, lang_of(request)
 
     def relabel(e: gr.Error, lang: str) -> gr.Error:
-        title = TITLES_ZH.get(e.title, e.title) if lang == "zh" else e.title
-        return gr.Error(translate(e.message, lang), title=title, print_exception=False)
+        return gr.Error(translate(e.message, lang), title=title_in(e.title, lang), print_exception=False)
 
     def out(value: Any, lang: str) -> Any:
         if isinstance(value, str):

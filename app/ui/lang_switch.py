@@ -33,6 +33,7 @@ PAGE_ZH = {
     "first byte": "首字节", "first sound": "首个声音", "server TTFA": "服务器首音延迟", "click": "点击",
     "Stopped": "已停止", "s of audio": "秒音频", "underruns": "次欠载", "⏸ Pause": "⏸ 暂停",
     "▶ Resume": "▶ 继续", "Final WAV": "完整 WAV", "⏳ Generating…": "⏳ 生成中…",
+    " · player": " · 播放器", "low-latency": "低延迟",  # the low-latency player's stats: "... · player low-latency"
     **{EN[k]: ZH[k] for k in EXAMPLE_KEYS},  # gr.Examples' labels: Gradio does not translate them
 }
 PAGE_IDS = ("studio_player_line", "studio_busy", "studio_error", "player_pause", "player_final_label", "player_stats",
@@ -48,10 +49,14 @@ def page_translator_js() -> str:
 (() => {
   const PHRASES = __PHRASES__, IDS = __IDS__;
   const PATTERNS = __PATTERNS__.map(([p, r]) => [new RegExp('^(?:' + p + ')$', 's'), r]);
-  const zh = (text) => {
-    for (const [re, r] of PATTERNS) if (re.test(text.trim())) return text.trim().replace(re, r);
+  const phrases = (text) => {
     for (const [en, cn] of PHRASES) text = text.split(en).join(cn);
     return text;
+  };
+  const zh = (text) => {  // a pattern's English rest (e.g. after the stats line) gets the phrases too
+    const t = text.trim(), pre = text.slice(0, text.indexOf(t)), post = text.slice(pre.length + t.length);
+    for (const [re, r] of PATTERNS) if (re.test(t)) return pre + phrases(t.replace(re, r)) + post;
+    return phrases(text);
   };
   const self = window.studioI18n = window.studioI18n || {lang: 'en', watched: new Set()};
   const orig = new WeakMap();  // text node -> [its English, what we wrote]

@@ -14,11 +14,13 @@ the player's result area, in place of `final_out`, `stats` and `details` (app/ui
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import gradio as gr
 
 from app.engine.service import ASSETS_DIR, StudioService
+from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import EN, localized, make_i18n
 from app.ui.lang_switch import LANG_SWITCH_JS, lang_load_js
@@ -28,6 +30,7 @@ from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
 
+log = logging.getLogger(__name__)
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
 # the page asks before deleting a saved voice (a refusal throws, which ends the event); API clients are not asked
 CONFIRM_DELETE_JS = """(voice) => {
@@ -39,12 +42,28 @@ CONFIRM_DELETE_JS = """(voice) => {
 
 
 class StudioBlocks(gr.Blocks):
-    """gr.Blocks whose API page ("Use via API") names parameters by their English labels: Gradio lists
-    translated labels there as their I18nData objects ("[object Object]")."""
+    """gr.Blocks whose API page ("Use via API") names parameters by their English labels (Gradio lists
+    translated labels there as their I18nData objects, "[object Object]"), and which refuses a malformed
+    event without writing its inputs to the log (`preprocess_data`)."""
 
     def __init__(self, *args: Any, english: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.english = english or {}  # translation key -> English label
         super().__init__(*args, **kwargs)
+
+    async def preprocess_data(self, block_fn: Any, inputs: list[Any], state: Any, explicit_call: bool = False) -> Any:
+        """Gradio's, but a malformed event (too few input values, e.g. a hand-made queue/join, or a value its
+        component cannot read) is refused with one log line: Gradio's own errors quote every value sent (the
+        user's text too) and its queue prints them with a traceback. The caller still gets the reason."""
+        name = block_fn.api_name or block_fn.name
+        if len(inputs) < len(block_fn.inputs):
+            raise malformed(name, f"{len(inputs)} input values, it needs {len(block_fn.inputs)}")
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except Exception as e:
+            cause = type(e.__cause__ or e).__name__  # Gradio wraps the component's error
+            raise malformed(name, f"an input value its component cannot read ({cause})") from e
 
     def get_api_info(self, all_endpoints: bool = False, page: str | None = None) -> Any:
         info = super().get_api_info(all_endpoints=all_endpoints, page=page)
@@ -55,6 +74,13 @@ class StudioBlocks(gr.Blocks):
                 if isinstance(key, str):
                     item["label"] = self.english.get(key, key)
         return info
+
+
+def malformed(event: str, problem: str) -> gr.Error:
+    """The error for a malformed `event` request: logged in one line, without the values sent."""
+    log.info("refused a malformed %s request: %s", event, problem)
+    return gr.Error(f"Malformed request for {event}: {problem}; see \"Use via API\" for its inputs.",
+                    title="Malformed request", print_exception=False)
 
 
 def voice_api_info() -> dict[str, Any]:
@@ -199,6 +225,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                    api_visibility="private")
         demo.load(h.status, None, [status, banner, timer], queue=False, api_visibility="private")
         demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
+        demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
         demo.load(h.voice_choices, voice, voice, queue=False, api_visibility="private")
         # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
         lang.input(None, lang, lang, js=LANG_SWITCH_JS, queue=False, api_visibility="private").then(

@@ -20,7 +20,7 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
-from app.ui.i18n import lang_of
+from app.ui.i18n import lang_of, status_text
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
@@ -54,6 +54,54 @@ CHART_TITLES = {
            "load": "CPU（单核百分比）和 vLLM KV 缓存占用（%）", "stages": "最近请求各阶段耗时（秒，堆叠）",
            "latency": "每个请求的首音时间（秒）、实时率和排队时间（秒）"},
 }
+
+
+# the panels' own words, redrawn on every tick in the page's language (English: what tests and docs/panels.md read)
+PANEL_TEXT = {
+    "en": {"active": "active streams **{n}**", "gpu": "GPU {name}: **{used:.1f} / {total:.1f} GiB** used",
+           "torch": "app torch {allocated:.0f} MiB allocated, {reserved:.0f} MiB reserved", "no_gpu": NO_GPU_NOTE,
+           "cpu": "CPU **{percent:.0f} %** of {n_cpus} cores · RSS **{rss:.2f} GiB** (RAM {used:.1f} / {total:.1f} GiB "
+                  "used)", "kv": "KV cache **{percent:.1f} %**", "ttfa": "TTFA p50 {p50:.0f} ms / p95 {p95:.0f} ms",
+           "rtf": "RTF p50 {p50:.2f}", "unavailable": "unavailable ({error})", "tokens": "{n:,} tokens",
+           "audio": "{s:.1f} s", "seconds ago": "seconds ago", "request #": "request #"},
+    "zh": {"active": "活动流 **{n}**", "gpu": "GPU {name}：已用 **{used:.1f} / {total:.1f} GiB**",
+           "torch": "应用 torch 已分配 {allocated:.0f} MiB，已预留 {reserved:.0f} MiB",
+           "no_gpu": "没有 GPU：显示 CPU 和内存",
+           "cpu": "CPU **{percent:.0f} %**（共 {n_cpus} 核）· RSS **{rss:.2f} GiB**"
+                  "（内存已用 {used:.1f} / {total:.1f} GiB）",
+           "kv": "KV 缓存 **{percent:.1f} %**", "ttfa": "首音延迟 p50 {p50:.0f} 毫秒 / p95 {p95:.0f} 毫秒",
+           "rtf": "实时率 p50 {p50:.2f}", "unavailable": "不可用（{error}）", "tokens": "{n:,} 个词元",
+           "audio": "{s:.1f} 秒", "seconds ago": "秒前", "request #": "请求序号"},
+}
+# Chinese names of the y axes, legend series, table columns, outcomes and facts (others, e.g. engine arguments,
+# keep their identifiers); English is the key itself
+WORDS_ZH = {
+    "MiB": "MiB", "percent": "百分比", "seconds": "秒", "value": "数值", "series": "序列", "stage": "阶段",
+    "device used": "设备已用", "device total": "设备总量", "app torch reserved": "应用 torch 已预留",
+    "app torch allocated": "应用 torch 已分配", "all RSS": "全部 RSS", "KV cache": "KV 缓存", "app": "应用",
+    "vLLM engine": "vLLM 引擎", "other": "其他", "queue wait": "排队", "vocoder": "声码器", "TTFA s": "首音延迟（秒）",
+    "queue wait s": "排队（秒）", "RTF": "实时率",
+    "request": "请求", "ended": "结束于", "outcome": "结果", "TTFA ms": "首音延迟 ms", "queue s": "排队 s",
+    "vocoder s": "声码器 s", "audio s": "音频 s", "tokens/s": "词元/秒",
+    "ok": "完成", "cancelled": "已取消", "stopped": "已停止", "error": "出错", "rejected": "已拒绝",
+    "fact": "项目", "status": "状态", "active streams": "活动流", "unfinished engine requests": "引擎未完成的请求",
+    "engine running": "引擎运行中的请求", "engine waiting": "引擎等待中的请求", "KV-cache capacity": "KV 缓存容量",
+    "requests": "请求", "audio produced": "已生成音频", "facts": "信息", "model_dir": "模型文件夹",
+    "random_model": "随机模型", "device": "设备", "dtypes": "数据类型", "backend": "后端", "dtype": "数据类型",
+    "quantization": "量化", "sampler": "采样器", "model_path": "模型路径", "engine_args": "引擎参数",
+    "start_s": "启动耗时（秒）", "service_start_s": "服务启动耗时（秒）", "running": "运行中",
+    "engine_deaths": "引擎崩溃次数", "engine_restarts": "引擎重启次数",
+}
+
+
+def word(text: str, lang: str) -> str:
+    """A panel word (axis, series, column, outcome, fact) in `lang`; a series "<role> CPU" etc. by its role."""
+    if lang != "zh":
+        return text
+    if text in WORDS_ZH:
+        return WORDS_ZH[text]
+    role, _, kind = text.rpartition(" ")
+    return f"{WORDS_ZH.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
 
 
 def build_panels(service: Any, i18n: gr.I18n | None = None) -> gr.Timer:
@@ -108,16 +156,24 @@ def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
     recent = metrics.recent(N_REQUESTS)
     now = time.time()
     mem_df, load_df = memory_frames(history, now)
-    titles = CHART_TITLES["zh" if lang == "zh" else "en"]
+    lang = "zh" if lang == "zh" else "en"
+    titles, text = CHART_TITLES[lang], PANEL_TEXT[lang]
     mem_title = titles["gpu"].format(name=snap["device"]["name"]) if snap["gpu"] else titles["ram"]
+    stage_df, latency_df = stage_frame(recent[-N_PLOTTED:]), latency_frame(recent[-N_PLOTTED:])
+    for df, column in ((mem_df, "series"), (load_df, "series"), (stage_df, "stage"), (latency_df, "series")):
+        df[column] = [word(x, lang) for x in df[column]]  # the legends
+    ago, req, series = text["seconds ago"], text["request #"], word("series", lang)
     return (
-        headline_text(service, snap),
-        gr.LinePlot(value=mem_df, title=mem_title),
-        gr.LinePlot(value=load_df, title=titles["load"]),
-        gr.BarPlot(value=stage_frame(recent[-N_PLOTTED:]), title=titles["stages"]),
-        gr.ScatterPlot(value=latency_frame(recent[-N_PLOTTED:]), title=titles["latency"]),
-        table_frame(recent),
-        facts_text(service, snap),
+        headline_text(service, snap, lang),
+        gr.LinePlot(value=mem_df, title=mem_title, x_title=ago, y_title=word("MiB", lang), color_title=series),
+        gr.LinePlot(value=load_df, title=titles["load"], x_title=ago, y_title=word("percent", lang),
+                    color_title=series),
+        gr.BarPlot(value=stage_df, title=titles["stages"], x_title=req, y_title=word("seconds", lang),
+                   color_title=word("stage", lang)),
+        gr.ScatterPlot(value=latency_df, title=titles["latency"], x_title=req, y_title=word("value", lang),
+                       color_title=series),
+        table_frame(recent, lang),
+        facts_text(service, snap, lang),
     )
 
 
@@ -166,49 +222,54 @@ def latency_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["request", "value", "series"])
 
 
-def table_frame(recent: list[dict[str, Any]]) -> pd.DataFrame:
+def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
+    """The newest N_TABLE requests; a stopped or cancelled one shows what was measured until its end."""
     def num(x: float | None, digits: int) -> str:
         return "" if x is None else f"{x:.{digits}f}"
 
     rows = [(r["seq"], r["request_id"][:REQUEST_ID_CHARS], time.strftime("%H:%M:%S", time.localtime(r["t"])),
-             r["outcome"], num(r["ttfa_ms"], 0), num(r["rtf"], 3), num(r["queue_wait_s"], 3), num(r["lm_s"], 3),
-             num(r["flow_s"], 3), num(r["vocoder_s"], 3), num(r["audio_s"], 2), num(r["tokens_per_s"], 1))
+             word("stopped" if r["stopped"] else r["outcome"], lang), num(r["ttfa_ms"], 0), num(r["rtf"], 3),
+             num(r["queue_wait_s"], 3), num(r["lm_s"], 3), num(r["flow_s"], 3), num(r["vocoder_s"], 3),
+             num(r["audio_s"], 2), num(r["tokens_per_s"], 1))
             for r in reversed(recent[-N_TABLE:])]
-    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+    return pd.DataFrame(rows, columns=[word(c, lang) for c in TABLE_COLUMNS])
 
 
-def headline_text(service: Any, snap: dict[str, Any]) -> str:
+def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
     m: Metrics = service.metrics
-    parts = [f"**{getattr(service, 'status', '?')}**", f"active streams **{m.active_streams}**"]
+    w = PANEL_TEXT["zh" if lang == "zh" else "en"]
+    parts = [f"**{status_text(getattr(service, 'status', '?'), lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
-        parts.append(f"GPU {d['name']}: **{d['used_mib'] / 1024:.1f} / {d['total_mib'] / 1024:.1f} GiB** used")
+        parts.append(w["gpu"].format(name=d["name"], used=d["used_mib"] / 1024, total=d["total_mib"] / 1024))
         if snap["torch"] is not None:
-            parts.append(f"app torch {snap['torch']['allocated_mib']:.0f} MiB allocated, "
-                         f"{snap['torch']['reserved_mib']:.0f} MiB reserved")
+            parts.append(w["torch"].format(allocated=snap["torch"]["allocated_mib"],
+                                           reserved=snap["torch"]["reserved_mib"]))
     else:
         c = snap["cpu"]
-        parts.append(f"{NO_GPU_NOTE} · CPU **{c['percent']:.0f} %** of {c['n_cpus']} cores · RSS "
-                     f"**{c['rss_mib'] / 1024:.2f} GiB** (RAM {c['ram_used_mib'] / 1024:.1f} / "
-                     f"{c['ram_total_mib'] / 1024:.1f} GiB used)")
+        parts.append(f"{w['no_gpu']} · " + w["cpu"].format(
+            percent=c["percent"], n_cpus=c["n_cpus"], rss=c["rss_mib"] / 1024, used=c["ram_used_mib"] / 1024,
+            total=c["ram_total_mib"] / 1024))
     if snap["kv_cache_usage"] is not None:
-        parts.append(f"KV cache **{100 * snap['kv_cache_usage']:.1f} %**")
+        parts.append(w["kv"].format(percent=100 * snap["kv_cache_usage"]))
     ttfa, rtf = m.percentiles("ttfa_ms"), m.percentiles("rtf")
     if ttfa["p50"] is not None:
-        parts.append(f"TTFA p50 {ttfa['p50']:.0f} ms / p95 {ttfa['p95']:.0f} ms")
+        parts.append(w["ttfa"].format(**ttfa))
     if rtf["p50"] is not None:
-        parts.append(f"RTF p50 {rtf['p50']:.2f}")
+        parts.append(w["rtf"].format(**rtf))
     return " · ".join(parts)
 
 
-def facts_text(service: Any, snap: dict[str, Any]) -> str:
-    """A two-column Markdown table: service facts, live engine numbers, request counters."""
+def facts_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
+    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`)."""
+    w = PANEL_TEXT["zh" if lang == "zh" else "en"]
     try:
         facts = dict(service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
-        facts = {"facts": f"unavailable ({type(e).__name__}: {e})"}
+        facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
     backend = getattr(service, "backend", None)
-    live: dict[str, Any] = {"status": getattr(service, "status", "?"), "active streams": service.metrics.active_streams}
+    live: dict[str, Any] = {"status": status_text(getattr(service, "status", "?"), lang),
+                            "active streams": service.metrics.active_streams}
     n_unfinished = getattr(backend, "n_unfinished", None)
     if callable(n_unfinished):
         live["unfinished engine requests"] = n_unfinished()
@@ -216,13 +277,13 @@ def facts_text(service: Any, snap: dict[str, Any]) -> str:
         if snap[key] is not None:
             live[name] = int(snap[key])
     if snap["kv_cache_tokens"] is not None:
-        live["KV-cache capacity"] = f"{snap['kv_cache_tokens']:,} tokens"
+        live["KV-cache capacity"] = w["tokens"].format(n=snap["kv_cache_tokens"])
     counters = service.metrics.counters()
-    live["requests"] = ", ".join(f"{k} {v}" for k, v in counters["outcomes"].items())
-    live["audio produced"] = f"{counters['audio_s_total']:.1f} s"
-    lines = ["| fact | value |", "|---|---|"]
+    live["requests"] = ", ".join(f"{word(k, lang)} {v}" for k, v in counters["outcomes"].items())
+    live["audio produced"] = w["audio"].format(s=counters["audio_s_total"])
+    lines = [f"| {word('fact', lang)} | {word('value', lang)} |", "|---|---|"]
     for key, value in {**live, **facts}.items():
-        lines.append(f"| {key} | {_cell(value)} |")
+        lines.append(f"| {word(key, lang)} | {_cell(value)} |")
     return "\n".join(lines)
 
 
