@@ -173,6 +173,26 @@ def test_merged_metrics_label_each_replica_and_sum_them():
         assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_the_proxy_keeps_the_apps_request_id_only():
+    """Serve's proxy appends its X-Request-ID after the app's; app/cluster/proxy.py keeps the app's (no Ray)."""
+    import asyncio
+
+    from app.cluster.proxy import OneRequestId
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        headers = [(b"x-request-id", b"ours"), (b"content-type", b"audio/pcm"), (b"x-request-id", b"serve")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(OneRequestId(app)({"type": "http"}, None, send))
+    assert sent[0]["headers"] == [(b"x-request-id", b"ours"), (b"content-type", b"audio/pcm")]
+
+
 def test_metrics_per_replica_and_summed(cluster, oai):
     base = cluster[0]
     _speak(oai, _ensure_voice(base))
@@ -197,6 +217,100 @@ def _ensure_voice(base: str) -> str:
     if httpx.get(f"{base}/v1/voices/shared", timeout=60).status_code != 200:
         assert _save(base, "shared").status_code == 201
     return "shared"
+
+
+def _ok_by_replica(base: str) -> dict[str, float]:
+    """{replica id: its requests finished ok}, from the cluster's /metrics."""
+    fams = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=60).text)}
+    return {s.labels["replica"]: s.value for s in fams["cosyvoice_requests"].samples
+            if s.name == "cosyvoice_requests_total" and s.labels["outcome"] == "ok"}
+
+
+@pytest.fixture(scope="module")
+def page(cluster):
+    """A gradio_client of the studio page the ingress serves."""
+    from gradio_client import Client
+
+    return Client(cluster[0] + "/", verbose=False)
+
+
+def _page_synth(page, **kw):
+    from gradio_client import handle_file
+
+    args = dict(text=TEXT, prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text=EXAMPLE_TRANSCRIPT,
+                mode="zero_shot", instruct_text="", voice="", seed=1, speed=1.0, stream=True)
+    return page.submit(**{**args, **kw}, api_name="/synthesize")
+
+
+def test_the_page_synthesizes_on_the_replicas_with_its_stats(cluster, page):
+    """The page's `synthesize` (2 at once) runs on the replicas: audio, the stats line and details as under
+    `python app.py`, each request counted by the replica that made it, and the requests spread."""
+    base = cluster[0]
+    before, n_sent, grew = _ok_by_replica(base), 0, set()
+    for _ in range(3):  # rounds of 2 at once: Serve sends each to the less busy replica
+        jobs = [_page_synth(page, seed=i) for i in range(2)]
+        for job in jobs:
+            _live, wav, line, details = job.result(timeout=300)
+            assert Path(wav).stat().st_size > 44 and details["audio_samples"] > 0, details
+            assert "TTFA" in line and "RTF" in line and f"seed {details['seed']}" in line, line
+            assert len(details["request_id"]) == 32 and details["mode"] == "zero_shot"
+        n_sent += len(jobs)
+        after = _ok_by_replica(base)
+        grew = {r for r, n in after.items() if n > before.get(r, 0)}
+        if len(grew) == 2:
+            break
+    assert sum(after.values()) - sum(before.values()) == n_sent  # every page request ran on a replica
+    assert len(grew) == 2, f"every page request went to one replica: {before} -> {after}"
+    _no_engine_requests_left(base)
+
+
+def test_a_voice_saved_through_the_page_is_used_through_v1(cluster, page, oai):
+    from gradio_client import handle_file
+
+    msg, name = page.predict(name="page-voice", prompt_audio=handle_file(str(EXAMPLE_WAV)),
+                             prompt_text=EXAMPLE_TRANSCRIPT, replace=True, api_name="/save_voice")
+    assert name == "page-voice" and "Saved voice" in msg, msg
+    listed = page.predict(api_name="/list_voices")  # a list of voice dicts
+    assert "page-voice" in {v["name"] for v in listed}
+    for _ in range(2):  # through /v1, whichever replica takes it
+        _replica, n = _speak(oai, "page-voice")
+        assert n > 0 and n % SAMPLE_BYTES == 0
+    _live, _wav, line, details = _page_synth(page, voice="page-voice", prompt_audio=None, prompt_text="").result(
+        timeout=300)  # and through the page by name
+    assert details["voice"] == "page-voice" and "TTFA" in line
+
+
+def test_a_replicas_refusal_reaches_the_page_as_its_message(cluster, page, tmp_path):
+    """A reference that is not audio is refused on the replica (its features); the page gets the replica's
+    message, not Ray's wrapper with the replica's traceback."""
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"this is not audio" * 64)
+    with pytest.raises(AppError) as e:
+        _page_synth(page, prompt_audio=handle_file(str(bad)), seed=3).result(timeout=300)
+    message = str(e.value)  # the clip went to the replica as its bytes, so it is "the upload"
+    assert message.startswith("the upload: not a readable audio file"), message
+    assert "Traceback" not in message and "Ray" not in message, message
+
+
+def test_the_low_latency_players_routes_on_the_cluster(cluster):
+    """POST /studio/speech streams PCM made on a replica; GET /studio/requests/{id} then has its record."""
+    base = cluster[0]
+    body = {"text": TEXT, "prompt_audio": str(EXAMPLE_WAV), "prompt_text": EXAMPLE_TRANSCRIPT, "seed": 2}
+    with httpx.stream("POST", f"{base}/studio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        n = sum(len(piece) for piece in r.iter_bytes())
+        request_id = r.headers["x-request-id"]
+    assert n > 0 and n % SAMPLE_BYTES == 0
+    got = httpx.get(f"{base}/studio/requests/{request_id}", timeout=60)
+    assert got.status_code == 200, got.text
+    rec = got.json()
+    assert rec["request_id"] == request_id and "TTFA" in rec["line"]
+    assert rec["details"]["audio_samples"] * SAMPLE_BYTES == n
+    missing = httpx.get(f"{base}/studio/requests/{'0' * 32}", timeout=60)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_request"
 
 
 def test_a_killed_replica_breaks_its_stream_only_and_the_service_goes_on(cluster, oai):
@@ -224,3 +338,34 @@ def test_a_killed_replica_breaks_its_stream_only_and_the_service_goes_on(cluster
     assert n > 0
     h = _no_engine_requests_left(base)
     assert h["lm_unfinished"] == 0 and h["active_streams"] == 0
+
+
+@pytest.mark.slow
+def test_the_page_in_a_browser_plays_a_take_made_on_a_replica(cluster):
+    """Headless Chromium on the cluster's page (as tests/test_browser.py; skipped without its stack): the
+    status and the panels name the replicas; Generate with the low-latency player (its upload -> POST
+    /studio/speech -> GET /studio/requests/{id}) shows the take's stats line."""
+    from test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"{CHROMIUM} is missing; run: bash scripts/setup_browser.sh")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(cluster[0] + "/")
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                   timeout=60_000)
+            page.wait_for_function("() => document.querySelector('#panel_headline')?.innerText"
+                                   ".includes('ready on 2 of 2 replicas')", timeout=60_000)
+            page.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+            page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                                   state="attached", timeout=30_000)
+            page.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+            page.locator("#text textarea").fill(TEXT)
+            page.locator("#go").click()  # the default player: the page's low-latency one
+            page.wait_for_function("() => document.querySelector('#player_stats')?.innerText.includes('TTFA')",
+                                   timeout=300_000)
+        finally:
+            browser.close()

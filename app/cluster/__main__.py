@@ -1,4 +1,5 @@
-"""`python -m app.cluster`: the API on Ray Serve replicas (one engine per GPU), on this host or a Ray cluster.
+"""`python -m app.cluster`: the studio page and the API on Ray Serve replicas (one engine per GPU), on this
+host or a Ray cluster (the page runs in the one ingress replica, its work on the engine replicas).
 
     python -m app.cluster --replicas 2                      # this host: a local Ray, 2 replicas (2 GPUs)
     python -m app.cluster --address auto --set cluster.max_replicas=8   # the Ray cluster of this host
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from ray import serve
 
     from app.cluster.deploy import APP_NAME, build_app
+    from app.cluster.proxy import CALLBACK, CALLBACK_ENV
 
     stop = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # taken by sigwait below, not by a handler
@@ -50,13 +52,18 @@ def main(argv: list[str] | None = None) -> None:
     # workers import `app` from this checkout (on a cluster: the same path on every node), and what the launcher's
     # own PYTHONPATH holds (e.g. a --target install of Ray, as on the H200)
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    # Serve's HTTP proxy (started by Ray, inheriting this environment) imports our response fix-up
+    # (app/cluster/proxy.py) from this checkout
+    os.environ.setdefault(CALLBACK_ENV, CALLBACK)
+    os.environ["PYTHONPATH"] = path
     ray.init(address=cfg.cluster.address or None, include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+             runtime_env={"env_vars": {"PYTHONPATH": path, CALLBACK_ENV: os.environ[CALLBACK_ENV]}})
     try:
         serve.start(http_options={"host": cfg.server.host, "port": cfg.server.port})
         serve.run(build_app(cfg), name=APP_NAME, route_prefix="/")
-        logging.info("serving on http://%s:%d (/v1, /health, /metrics)", cfg.server.host, cfg.server.port)
+        logging.info("serving on http://%s:%d (the page at /, /v1, /health, /metrics)", cfg.server.host,
+                     cfg.server.port)
         signal.sigwait(stop)
     finally:
         serve.shutdown()

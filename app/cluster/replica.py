@@ -3,8 +3,10 @@
 The replica serves the single-process FastAPI app without the page (app/server/main.py:build_api) to
 the ingress through `app/cluster/bridge.py`, so every route behaves as under `python app.py`. Its
 state is its own: the service, its LM engine, its admission slots, its per-voice feature and prompt
-caches (content-keyed, so they never go stale). Saved voices live in `[server] voices_dir`, the one
-folder every replica reads and writes (on several hosts: a shared filesystem path; README).
+caches (content-keyed, so they never go stale). The studio page runs in the ingress and calls
+`speak`, `voice_from_audio`, `transcribe` and `model_fingerprint` here (app/cluster/page.py). Saved
+voices live in `[server] voices_dir`, the one folder every replica and the ingress read and write (on
+several hosts: a shared filesystem path; README).
 
 Lifecycle: Serve calls the async `__init__` on the replica's event loop (vLLM's AsyncLLM lives there)
 and routes requests only once it returned; a model that fails to load raises, and Serve retries the
@@ -62,6 +64,32 @@ class StudioReplica:
     async def call(self, req: dict[str, Any]) -> dict[str, Any]:
         """A whole small response (GET /health, /metrics) plus `identity()`: what `broadcast` collects."""
         return {**await collect(run_asgi(self.app, req, replica_id=self.replica_id)), "replica": self.identity()}
+
+    # --- the page's calls (app/cluster/page.py: the studio page runs in the ingress) ------------------
+
+    async def speak(self, req: Any, queue_wait_s: float, prepared: Any) -> AsyncIterator[Any]:
+        """A page request: admitted here (this replica's slots and queue), its `AudioChunk`s as made, then its
+        `RequestRecord`. Closing early (Stop, a closed tab) aborts the LM request as on the single server."""
+        async with contextlib.AsyncExitStack() as stack:
+            waited_s = await stack.enter_async_context(self.service.admission.admit())
+            chunks = await stack.enter_async_context(contextlib.aclosing(
+                self.service.stream(req, queue_wait_s=queue_wait_s + waited_s, prepared=prepared)))
+            async for chunk in chunks:
+                yield chunk
+        yield self.service.metrics.record(req.request_id)
+
+    async def voice_from_audio(self, data: bytes, prompt_text: str) -> Any:
+        """A reference clip's features (this replica's per-voice cache, keyed by content)."""
+        self.service.require_ready()
+        return await self.service.voice_from_audio(data, prompt_text)
+
+    async def transcribe(self, data: bytes, retry: bool) -> Any:
+        """Whisper's `Transcript` of a clip (this replica's transcriber, loaded on first use)."""
+        return await self.service.asr.transcribe(data, retry=retry)
+
+    def model_fingerprint(self) -> str:
+        """The loaded model's fingerprint: the page's voice store writes saved voices with it."""
+        return self.service.voices.model_fingerprint
 
     def check_health(self) -> None:
         """Serve's periodic probe: raise (Serve replaces the replica) once the engine is dead for good."""

@@ -1,0 +1,258 @@
+"""The studio page on the cluster's ingress: `ClusterService`, the part of `StudioService` the page uses.
+
+The page (app/ui/layout.py `build_demo`, app/ui/handlers.py, app/server/studio_stream.py and
+app/engine/prepare.py) runs unchanged in the ingress process, so every Gradio session lives in one
+process, as under `python app.py`. Its service is this facade: the model work goes to the replicas,
+through the same `DeploymentHandle` as /v1 (Serve routes each call by load):
+
+    stream(req)               a streaming call of `StudioReplica.speak`: the replica admits the request,
+                              yields its `AudioChunk`s, then the request's `RequestRecord`, kept here
+                              (`metrics.record(id)`, the page's stats line, GET /studio/requests/{id})
+    voice_from_audio, asr     one call each; the clip goes as its bytes (the upload is a file on this host)
+    voices                    the shared `VoiceStore` on `[server] voices_dir`, read and written here,
+                              with the replicas' model fingerprint
+    ready / status / facts    from the replicas' merged /health (app/cluster/metrics.py), refreshed when
+                              the page reads them and older than HEALTH_TTL_S (no timer of its own);
+                              `status` and `facts` name the replicas that serve (id, node, pid)
+    admission                 a pass-through: the replicas admit; the page's Gradio queue is sized for
+                              the cluster at its largest (`page_config`)
+    metrics                   the page's own requests, finished with the replicas' records (the panels)
+
+A replica's refusal (busy, not ready, bad audio, ...) reaches the page as the replica raised it (Ray's
+wrapper unwrapped); a replica gone before its first answer is retried on another, up to `[cluster]
+request_retries` times, one gone mid-stream ends the take with `ReplicaGoneError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.config import Config
+from app.engine.metrics import Metrics, RequestRecord
+from app.engine.requests import AudioChunk, SynthesisRequest
+from app.engine.service import NotReadyError
+from app.engine.voices import VoiceStore
+
+log = logging.getLogger(__name__)
+
+HEALTH_TTL_S = 2.0  # the page's readings of the cluster's state are at most this old (plus one refresh)
+
+
+def page_config(cfg: Config) -> Config:
+    """`cfg` for the page in the ingress: its Gradio queue runs (and holds waiting) as many syntheses as the
+    cluster at its largest, each replica's own admission (slots + queue) being the real limit."""
+    s, n = cfg.server, cfg.cluster.max_replicas
+    return replace(cfg, server=replace(s, concurrency_limit=s.concurrency_limit * n,
+                                       queue_max_size=s.queue_max_size * n))
+
+
+class ReplicaGoneError(NotReadyError):
+    """The replica serving a request went away before it finished (the page says "Not ready")."""
+
+
+class ClusterMetrics(Metrics):
+    """The page's own requests: counted here when they start, finished with the replica's record."""
+
+    def keep(self, rec: RequestRecord) -> None:
+        """Finish a request with the record its replica made (renumbered: each replica counts on its own)."""
+        with self._lock:
+            self._n_finished += 1
+            self._requests.append(replace(rec, seq=self._n_finished))
+            self._active = max(0, self._active - 1)
+            self.outcomes[rec.outcome] += 1
+            self.tokens_total += rec.n_tokens
+            if rec.outcome == "ok":
+                self.audio_s_total += rec.audio_s or 0.0
+
+
+class PassThroughAdmission:
+    """The replicas admit (each its own slots and queue); the page's door has nothing to hold."""
+
+    waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[float]:
+        yield 0.0
+
+
+class ClusterAsr:
+    """`Transcriber`'s surface for the page: the clip goes to a replica's Whisper (no download progress)."""
+
+    def __init__(self, service: ClusterService) -> None:
+        self.cfg, self._service = service.cfg.asr, service
+
+    async def transcribe(self, src: str | Path | bytes, *, report: Any = None, retry: bool = False) -> Any:
+        return await self._service.call("transcribe", await _bytes(src), retry)
+
+
+async def _bytes(src: str | Path | bytes) -> bytes:
+    return src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
+
+
+class ClusterService:
+    """The page's service in the ingress: state from the replicas' /health, work on the replicas."""
+
+    backend = None  # no engine in this process (the panels' memory sample is the ingress's own)
+
+    def __init__(self, cfg: Config, replicas: Any) -> None:
+        import ray.exceptions
+
+        self.cfg, self.replicas = page_config(cfg), replicas  # DeploymentHandle of StudioReplica
+        self._gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError
+        self._task_error = ray.exceptions.RayTaskError
+        self.metrics = ClusterMetrics()
+        self.admission = PassThroughAdmission()
+        self.asr = ClusterAsr(self)
+        self.voices = VoiceStore(cfg.server.voices_dir)  # fingerprint: the replicas', once one answered
+        self.health: dict[str, Any] = {"ready": False, "status": "waiting for the replicas", "replicas": []}
+        self._fetched_at = -float("inf")  # time.monotonic()
+        self._fingerprinted = False
+        self._refreshing: Any = None  # the pending refresh (a concurrent.futures.Future)
+        self._loop = asyncio.get_running_loop()  # made on the ingress's loop, where the handle's calls run
+
+    # --- the cluster's state ----------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read every replica's /health (and, once, the model fingerprint) into `health`."""
+        from app.cluster.metrics import merge_health
+
+        req = {"method": "GET", "path": "/health", "query_string": b"", "headers": [], "body": b"", "client": None}
+        try:
+            answers = await self.replicas.broadcast("call", req).results_async(
+                timeout_s=self.cfg.cluster.replica_timeout_s, return_exceptions=True)
+        except Exception as e:  # timed out, or no replica runs yet
+            answers = [e]
+        await self.observe(merge_health(answers))
+
+    async def observe(self, health: dict[str, Any]) -> None:
+        """Take a fresh merged /health (the ingress's own GET /health passes its answer here too); once a
+        replica is ready, ask one for the model's fingerprint (saved voices are written with it)."""
+        self.health, self._fetched_at = health, time.monotonic()
+        if health["ready"] and not self._fingerprinted:
+            with contextlib.suppress(Exception):  # asked again at the next reading
+                self.voices.model_fingerprint = await self.replicas.model_fingerprint.remote()
+                self._fingerprinted = True
+
+    def _state(self) -> dict[str, Any]:
+        """The last merged /health; one older than HEALTH_TTL_S starts a refresh (read from any thread)."""
+        stale = time.monotonic() - self._fetched_at > HEALTH_TTL_S
+        if stale and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.run_coroutine_threadsafe(self.refresh(), self._loop)
+        return self.health
+
+    @property
+    def ready(self) -> bool:  # a replica is ready, and saved voices can be written for its model
+        return bool(self._state()["ready"]) and self._fingerprinted
+
+    @property
+    def error(self) -> str:
+        return ""  # a replica that fails to start is retried by Serve: the cluster is "loading" meanwhile
+
+    @property
+    def random_model(self) -> bool:
+        return any(r.get("random_model") for r in self._state()["replicas"])
+
+    @property
+    def status(self) -> str:
+        """"ready on 2 of 2 replicas (ab12cd34 on 10.0.0.1, ...)", or what the replicas say while they start."""
+        h = self._state()
+        ready = [r for r in h["replicas"] if r.get("ready")]
+        if not ready:
+            states = sorted({str(r.get("status")) for r in h["replicas"]}) or [h["status"]]
+            return "; ".join(states)
+        names = ", ".join(f"{r['id'][:8]} on {r['node']}" for r in ready)
+        return f"ready on {len(ready)} of {len(h['replicas'])} replicas ({names})"
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise NotReadyError(f"the cluster is still starting ({self.status}); try again in a moment")
+
+    def facts(self) -> dict[str, Any]:
+        """A ready replica's facts (backend, device, model), the replicas, and the cluster's totals."""
+        h = self._state()
+        ready = [r for r in h["replicas"] if r.get("ready")]
+        facts = dict(ready[0].get("facts") or {}) if ready else {}
+        facts["replicas"] = {r.get("id", f"#{i}"): f"{r['state']} (node {r.get('node')}, pid {r.get('pid')})"
+                             for i, r in enumerate(h["replicas"])}
+        facts["cluster"] = {k: h[k] for k in ("active_streams", "requests") if k in h}
+        return facts
+
+    # --- work on a replica ------------------------------------------------------------------------
+
+    def _unwrapped(self, e: BaseException) -> BaseException:
+        """What the replica raised (Ray wraps it, with the replica's traceback in its text)."""
+        cause = getattr(e, "cause", None) if isinstance(e, self._task_error) else None
+        return cause if isinstance(cause, BaseException) else e
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """`StudioReplica.<method>(*args)` on one replica (another if it is gone before answering)."""
+        last: BaseException | None = None
+        for _ in range(1 + self.cfg.cluster.request_retries):
+            try:
+                return await getattr(self.replicas, method).remote(*args)
+            except self._gone as e:
+                last = e
+            except self._task_error as e:
+                raise self._unwrapped(e) from None  # the replica's error as it raised it
+        raise ReplicaGoneError(f"no replica could take the request ({type(last).__name__}); try again in a minute")
+
+    async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> Any:
+        """Features of a reference clip, computed (and cached by content) on a replica."""
+        return await self.call("voice_from_audio", await _bytes(src), prompt_text)
+
+    async def _open(self, req: SynthesisRequest, queue_wait_s: float, prepared: Any) -> tuple[Any, Any]:
+        """(the replica's stream, its first item); a replica gone before its first item is replaced."""
+        last: BaseException | None = None
+        for _ in range(1 + self.cfg.cluster.request_retries):
+            stream = self.replicas.options(stream=True).speak.remote(req, queue_wait_s, prepared)
+            try:
+                return stream, await stream.__anext__()
+            except self._gone as e:
+                stream.cancel()
+                last = e
+            except self._task_error as e:
+                raise self._unwrapped(e) from None
+        raise ReplicaGoneError(f"no replica could take the request ({type(last).__name__}); try again in a minute")
+
+    async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Any = None,
+                     stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:
+        """`StudioService.stream` on a replica: the same chunks; the record kept in `metrics` by the end.
+        Closing it early cancels the replica's call (its `finally` aborts the LM request)."""
+        self.require_ready()
+        self.metrics.request_started()
+        rec, outcome, stream = None, "error", None
+        try:
+            stream, item = await self._open(req, queue_wait_s, prepared)
+            while True:
+                if isinstance(item, RequestRecord):
+                    rec = item
+                    break
+                if item.is_final:  # its record comes next: taken before the caller may stop reading
+                    rec = await anext(stream, None)
+                yield item
+                item = await stream.__anext__()
+            outcome = "ok"
+        except StopAsyncIteration:
+            outcome = "ok"
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        except self._gone as e:
+            raise ReplicaGoneError("the replica serving this request stopped; try again") from e
+        except self._task_error as e:
+            raise self._unwrapped(e) from None
+        finally:
+            if stream is not None:
+                stream.cancel()  # a no-op after the end
+            if isinstance(rec, RequestRecord):
+                self.metrics.keep(rec)
+            else:  # ended without the replica's record: counted with what is known here
+                self.metrics.request_finished(None, queue_wait_s, outcome, request=req,
+                                              stopped=outcome == "cancelled" and stop is not None and stop.is_set())

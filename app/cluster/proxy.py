@@ -1,0 +1,50 @@
+"""Serve's HTTP proxy, extended by Serve's own hook (the proxy calls `middlewares()` when
+RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=app.cluster.proxy:middlewares is in its environment, which
+`python -m app.cluster` sets for a local Ray; on a `ray start` cluster, set it there: README).
+
+Why: Serve's proxy adds its own `X-Request-ID` to every response, after the app's. Our responses
+already carry one (the synthesis's id: the page's player reads it and asks GET /studio/requests/{id};
+/v1 clients log it), and two headers of one name reach a client as "ours, Serve's" (fetch, httpx), so
+the player's lookup would fail. `OneRequestId` keeps the app's and drops Serve's repeat; a response
+without one of its own keeps Serve's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK = "app.cluster.proxy:middlewares"
+REQUEST_ID = b"x-request-id"
+
+
+class OneRequestId:
+    """ASGI middleware: at most one X-Request-ID per response, the first (the app's own)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_one(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                seen, headers = False, []
+                for k, v in message.get("headers", []):
+                    if k.lower() == REQUEST_ID:
+                        if seen:
+                            continue
+                        seen = True
+                    headers.append((k, v))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_one)
+
+
+def middlewares() -> list:
+    """What Serve's proxy callback returns: Starlette `Middleware`s, applied outside Serve's own."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(OneRequestId)]
