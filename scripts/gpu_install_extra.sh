@@ -11,17 +11,4 @@
 #     uvicorn|h11|httptools|websockets|pandas|pytz|tzdata|python-dateutil|fsspec|anyio|httpx|httpcore|idna|certifi|
 #     Jinja2|MarkupSafe|PyYAML|typing_extensions|annotated-doc|prometheus_client)==' <(pip freeze))
 [ -d .wheels_extra ] || { echo "no .wheels_extra folder was carried" >&2; return 3; }
-python3 - <<'PY' || return 4
-import importlib.metadata as md, pathlib, subprocess, sys
-missing = []
-for wheel in sorted(pathlib.Path(".wheels_extra").glob("*.whl")):
-    name = wheel.name.split("-")[0]
-    try:
-        md.version(name)
-    except md.PackageNotFoundError:
-        missing.append(str(wheel))
-print("extra wheels installed:", " ".join(pathlib.Path(w).name.split("-")[0] for w in missing) or "none needed")
-if missing:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", "/tmp/site",
-                    *missing], check=True)
-PY
+python3 scripts/install_missing_wheels.py .wheels_extra --label "extra wheels installed" || return 4

@@ -5,21 +5,6 @@
 # grpcio-reflection's generated code (imported by ray.serve) demands, so the carried 1.85.3 goes on top.
 # Then `import ray.serve` must work.
 [ -d .carry3 ] || { echo "no .carry3 folder was carried (bash scripts/pack_ray_carry.sh here)" >&2; return 3; }
-python3 - <<'PY' || return 4
-import importlib.metadata as md, pathlib, subprocess, sys
-missing = []
-for wheel in sorted(pathlib.Path(".carry3/wheels").glob("*.whl")):
-    name = wheel.name.split("-")[0]
-    try:
-        md.version(name)
-        if name == "grpcio":
-            missing.append(str(wheel))
-    except md.PackageNotFoundError:
-        missing.append(str(wheel))
-print("ray dependencies installed:", " ".join(pathlib.Path(w).name.split("-")[0] for w in missing) or "none needed")
-if missing:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade", "--target", "/tmp/site",
-                    *missing], check=True)
-PY
+python3 scripts/install_missing_wheels.py .carry3/wheels --always grpcio --label "ray dependencies installed" || return 4
 [ -d /tmp/site/ray ] || tar xJf .carry3/ray_pruned.tar.xz -C /tmp/site || return 5
 python3 -c "import ray, ray.serve; print('ray', ray.__version__)" || return 6
