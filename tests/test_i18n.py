@@ -170,6 +170,28 @@ def test_panels_speak_the_pages_language():
     assert table.iloc[0]["outcome"] == "stopped" and table.iloc[0]["TTFA ms"] == "120"
 
 
+def test_panel_legends_stay_categories_in_both_languages():
+    """The charts' colour fields are categories on every tick, also before any request: an empty legend column
+    that turned numeric made the browser draw a "NaN" gradient legend and no bars, even once requests came."""
+    from app.config import load_config
+    from app.engine.requests import RequestStats
+    from app.engine.service import StudioService
+    from app.ui.panels import refresh
+
+    service = StudioService(load_config())
+    stats = RequestStats(ttfa_ms=120.0, wall_s=2.0, audio_s=1.5, n_tokens=40, n_segments=1, n_chunks=3, lm_s=0.5,
+                         flow_s=0.4, hift_s=0.3)
+    for finished in (False, True):
+        if finished:
+            service.metrics.request_started()
+            service.metrics.request_finished(stats, 0.1, "ok")
+        for lang in ("en", "zh"):
+            _, memory, load, stages, latency, *_ = refresh(service, lang)
+            for plot, color in ((memory, "series"), (load, "series"), (stages, "stage"), (latency, "series")):
+                assert plot.value["datatypes"][color] == "nominal", (lang, finished, plot.value["datatypes"])
+            assert len(stages.value["data"]) == (4 if finished else 0)
+
+
 def test_presets_fill_a_valid_instruction():
     choices = preset_choices()
     assert choices[0][1] == "" and len(choices) == len(PRESETS) + 1

@@ -161,7 +161,9 @@ def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
     mem_title = titles["gpu"].format(name=snap["device"]["name"]) if snap["gpu"] else titles["ram"]
     stage_df, latency_df = stage_frame(recent[-N_PLOTTED:]), latency_frame(recent[-N_PLOTTED:])
     for df, column in ((mem_df, "series"), (load_df, "series"), (stage_df, "stage"), (latency_df, "series")):
-        df[column] = [word(x, lang) for x in df[column]]  # the legends
+        # the legends; `map` keeps an empty column's dtype: a list would make it float, which Gradio types
+        # "quantitative", and the browser then draws a "NaN" gradient legend and no bars, also once data comes
+        df[column] = df[column].map(lambda x: word(x, lang))
     ago, req, series = text["seconds ago"], text["request #"], word("series", lang)
     return (
         headline_text(service, snap, lang),
