@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from studio import REPO, free_port, stop_server
-from test_cluster import START_TIMEOUT_S, _save, _sets, _wait_ready
+from test_cluster import START_TIMEOUT_S, _save, _sets, _wait_ready, need_ray_serve
 
 UPSCALE_TIMEOUT_S = 600  # the average ongoing count rises, Serve decides, the new replica loads its model
 LONG_TOKENS = 1500  # 60 s of audio per stream: still running while the second replica starts
@@ -26,7 +26,7 @@ LONG_TOKENS = 1500  # 60 s of audio per stream: still running while the second r
 
 @pytest.mark.slow
 def test_concurrent_streams_start_a_second_replica(tiny_model_dir: Path):
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -r requirements-ray.txt)")
+    need_ray_serve()
     tmp = Path(tempfile.mkdtemp(prefix="autoscale-"))  # short: Ray's unix sockets live under RAY_TMPDIR
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in ("COSYVOICE_API_KEY", "COSYVOICE_AUTH")},
