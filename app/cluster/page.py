@@ -57,21 +57,6 @@ class ReplicaGoneError(NotReadyError):
     """The replica serving a request went away before it finished (the page says "Not ready")."""
 
 
-class ClusterMetrics(Metrics):
-    """The page's own requests: counted here when they start, finished with the replica's record."""
-
-    def keep(self, rec: RequestRecord) -> None:
-        """Finish a request with the record its replica made (renumbered: each replica counts on its own)."""
-        with self._lock:
-            self._n_finished += 1
-            self._requests.append(replace(rec, seq=self._n_finished))
-            self._active = max(0, self._active - 1)
-            self.outcomes[rec.outcome] += 1
-            self.tokens_total += rec.n_tokens
-            if rec.outcome == "ok":
-                self.audio_s_total += rec.audio_s or 0.0
-
-
 class PassThroughAdmission:
     """The replicas admit (each its own slots and queue); the page's door has nothing to hold."""
 
@@ -107,7 +92,7 @@ class ClusterService:
         self.cfg, self.replicas = page_config(cfg), replicas  # DeploymentHandle of StudioReplica
         self._gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError
         self._task_error = ray.exceptions.RayTaskError
-        self.metrics = ClusterMetrics()
+        self.metrics = Metrics()  # the page's requests, finished with the replicas' records (`add`)
         self.admission = PassThroughAdmission()
         self.asr = ClusterAsr(self)
         self.voices = VoiceStore(cfg.server.voices_dir)  # fingerprint: the replicas', once one answered
@@ -191,17 +176,22 @@ class ClusterService:
         cause = getattr(e, "cause", None) if isinstance(e, self._task_error) else None
         return cause if isinstance(cause, BaseException) else e
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """`StudioReplica.<method>(*args)` on one replica (another if it is gone before answering)."""
+    async def _on_a_replica(self, start: Any) -> Any:
+        """`await start()` (a call on a replica, by Serve's router); once more, on another replica, while the one
+        it reached is gone before answering (`[cluster] request_retries`); a replica's own error as it raised it."""
         last: BaseException | None = None
         for _ in range(1 + self.cfg.cluster.request_retries):
             try:
-                return await getattr(self.replicas, method).remote(*args)
+                return await start()
             except self._gone as e:
                 last = e
             except self._task_error as e:
-                raise self._unwrapped(e) from None  # the replica's error as it raised it
+                raise self._unwrapped(e) from None
         raise ReplicaGoneError(f"no replica could take the request ({type(last).__name__}); try again in a minute")
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """`StudioReplica.<method>(*args)` on one replica (another if it is gone before answering)."""
+        return await self._on_a_replica(lambda: getattr(self.replicas, method).remote(*args))
 
     async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> Any:
         """Features of a reference clip, computed (and cached by content) on a replica."""
@@ -209,17 +199,15 @@ class ClusterService:
 
     async def _open(self, req: SynthesisRequest, queue_wait_s: float, prepared: Any) -> tuple[Any, Any]:
         """(the replica's stream, its first item); a replica gone before its first item is replaced."""
-        last: BaseException | None = None
-        for _ in range(1 + self.cfg.cluster.request_retries):
+        async def start() -> tuple[Any, Any]:
             stream = self.replicas.options(stream=True).speak.remote(req, queue_wait_s, prepared)
             try:
                 return stream, await stream.__anext__()
-            except self._gone as e:
+            except BaseException:
                 stream.cancel()
-                last = e
-            except self._task_error as e:
-                raise self._unwrapped(e) from None
-        raise ReplicaGoneError(f"no replica could take the request ({type(last).__name__}); try again in a minute")
+                raise
+
+        return await self._on_a_replica(start)
 
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Any = None,
                      stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:
@@ -252,7 +240,7 @@ class ClusterService:
             if stream is not None:
                 stream.cancel()  # a no-op after the end
             if isinstance(rec, RequestRecord):
-                self.metrics.keep(rec)
+                self.metrics.add(rec)  # numbered here: each replica counts on its own
             else:  # ended without the replica's record: counted with what is known here
                 self.metrics.request_finished(None, queue_wait_s, outcome, request=req,
                                               stopped=outcome == "cancelled" and stop is not None and stop.is_set())

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -112,18 +112,21 @@ class Metrics:
                           n_segments=stats.n_segments)
             if outcome != "ok" and not stats.audio_s:  # ended before its first audio: no TTFA to tell
                 fields["ttfa_ms"] = None
+        self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, **fields))
+
+    def add(self, rec: RequestRecord) -> None:
+        """Count a finished request's record (numbered here: `seq`) and hand it to the listeners; also how the
+        cluster's page keeps the records its replicas made (app/cluster/page.py)."""
         with self._lock:
             self._n_finished += 1
-            rec = RequestRecord(seq=self._n_finished, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s,
-                                **fields)
-            if outcome != "rejected":  # a rejected request never started
+            rec = replace(rec, seq=self._n_finished)
+            if rec.outcome != "rejected":  # a rejected request never started
                 self._active = max(0, self._active - 1)
-            self.outcomes[outcome] += 1
+            self.outcomes[rec.outcome] += 1
             self._requests.append(rec)
-            if stats is not None:
-                self.tokens_total += stats.n_tokens
-                if outcome == "ok":
-                    self.audio_s_total += stats.audio_s
+            self.tokens_total += rec.n_tokens
+            if rec.outcome == "ok":
+                self.audio_s_total += rec.audio_s or 0.0
             listeners = list(self._listeners)
         for fn in listeners:
             try:
