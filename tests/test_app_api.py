@@ -91,7 +91,9 @@ def test_space_front_matter_and_files():
 
 def test_config_sections_and_labels():
     from app.config import ConfigError, load_config
-    from app.ui.i18n import EN, ZH
+    from app.ui.i18n import labels
+
+    EN, ZH = labels("en"), labels("zh")
 
     cfg = load_config(None, {"server.port": 8000, "server.concurrency_limit": 3})
     assert (cfg.server.port, cfg.server.concurrency_limit, cfg.ui.panel_refresh_s) == (8000, 3, 1.0)

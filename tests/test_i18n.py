@@ -21,7 +21,7 @@ from tiny_whisper import RIGGED_WORD, make_tiny_whisper
 from app.engine.inputs import check_instruct
 from app.model.tokenizer import SPECIAL_TOKENS
 from app.ui import i18n
-from app.ui.panels import PANEL_TEXT, WORDS_ZH
+from app.ui.panels import catalog
 from app.ui.presets import PRESETS, apply_preset, preset_choices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,17 +30,21 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def test_every_label_and_message_has_chinese():
-    assert set(i18n.EN) == set(i18n.ZH)
-    for key in i18n.EN:
-        assert CJK.search(i18n.ZH[key]) or key in ("lang",), key
-    for key, (en, zh) in i18n.MESSAGES.items():
+    en_labels, zh_labels = i18n.labels("en"), i18n.labels("zh")
+    assert set(en_labels) == set(zh_labels)
+    for key in en_labels:
+        assert CJK.search(zh_labels[key]) or key in ("lang",), key
+    for key, message in i18n.locale("messages")["messages"].items():
+        en, zh = message["en"], message["zh"]
         assert CJK.search(zh) and not CJK.search(en), key
         assert re.findall(r"{(\w+)", en) == re.findall(r"{(\w+)", zh), key  # the same fields
-    for table in (i18n.TITLES_ZH, WORDS_ZH):  # pop-up titles; the panels' axes, legends, columns, facts
+    # pop-up titles; the panels' axes, legends, columns, facts
+    for table in (i18n.locale("messages")["titles"], catalog()["words"]):
         for en, zh in table.items():
             assert CJK.search(zh) or en == zh == "MiB", en
-    for _, zh in [*i18n.MESSAGES_ZH, *i18n.STATUS_ZH]:
+    for _, zh in [*i18n.patterns("messages"), *i18n.patterns("status")]:
         assert CJK.search(zh), zh
+    PANEL_TEXT = catalog()["text"]
     assert set(PANEL_TEXT["en"]) == set(PANEL_TEXT["zh"])
     for key, en in PANEL_TEXT["en"].items():
         assert CJK.search(PANEL_TEXT["zh"][key]), key
@@ -126,7 +130,9 @@ def test_panel_chart_titles_follow_the_page_language():
     """A panel tick redraws the four charts with titles in the page's language (a service not started yet)."""
     from app.config import load_config
     from app.engine.service import StudioService
-    from app.ui.panels import CHART_TITLES, refresh
+    from app.ui.panels import refresh
+
+    CHART_TITLES = catalog()["chart_titles"]
 
     service = StudioService(load_config())
     for lang in ("en", "zh"):
@@ -205,7 +211,7 @@ def test_presets_fill_a_valid_instruction():
 
 
 def test_tag_help_names_tags_the_tokenizer_knows():
-    for lang in (i18n.EN, i18n.ZH):
+    for lang in (i18n.labels("en"), i18n.labels("zh")):
         tags = set(re.findall(r"\[[a-z_]+\]|</?[a-z]+>", lang["tags_help"]))
         assert {"[laughter]", "[breath]", "<strong>", "</strong>"} <= tags
         assert tags <= set(SPECIAL_TOKENS), tags - set(SPECIAL_TOKENS)

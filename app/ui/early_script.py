@@ -4,39 +4,32 @@ It ends a loop Gradio 6.31 leaves running in every open tab. While the app start
 StatusTracker whose elapsed-time counter runs on requestAnimationFrame; the loader is unmounted while
 its status is still "pending", so that counter never stops: 60 frames a second for as long as the tab
 is open, ~7 % of a core in headless Chromium on an idle page (scripts/ux_measure.py). Gradio keeps its
-own reference to requestAnimationFrame from when its modules load, so the wrapper below has to be in
-place before them: a `<script>` first in `<head>`, which only a middleware can write (Gradio's `head=`
-runs after its modules). The wrapper knows the counter by its callback's code (minified: stable for the
-pinned Gradio); a counter loop begun before the page's own load event ran (`APP_LOADED_JS`, wired in
-layout.py: the app is mounted, the loader gone) is the loader's, and its next frame is dropped, which
+own reference to requestAnimationFrame from when its modules load, so the wrapper (early_script.js) has
+to be in place before them: a `<script>` first in `<head>`, which only a middleware can write (Gradio's
+`head=` runs after its modules). The wrapper knows the counter by its callback's code (minified: stable
+for the pinned Gradio); a counter loop begun before the page's own load event ran (`APP_LOADED_JS`, wired
+in layout.py: the app is mounted, the loader gone) is the loader's, and its next frame is dropped, which
 ends it. Every other callback passes untouched.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-EARLY_JS = r"""(() => {
-  const raf = window.requestAnimationFrame.bind(window);
-  // StatusTracker's counter: ()=>{set(elapsed, (performance.now() - start) / 1e3), running && loop()}
-  const COUNTER = /performance\.now\(\)-\w+\(\w+\)\)\/1e3\),\w+&&\w+\(\)\}$/;
-  let loaded = false, running = null, n = 0;  // running: the counter loop whose frame runs now
-  const early = new Set();  // counter loops begun before the page's load event: the loader's
-  window.studioAppLoaded = () => { loaded = true; };
-  window.requestAnimationFrame = (cb) => {
-    if (typeof cb !== 'function' || !COUNTER.test(String(cb))) return raf(cb);
-    const id = running !== null ? running : ++n;
-    if (!loaded && running === null) early.add(id);
-    if (loaded && early.has(id)) return 0;  // the unmounted loader's loop ends here
-    return raf((t) => { running = id; try { cb(t); } finally { running = null; } });
-  };
-})();"""
-TAG = f"<script>{EARLY_JS}</script>".encode()
+from app.ui import ui_text
+
 APP_LOADED_JS = "() => { if (window.studioAppLoaded) window.studioAppLoaded(); }"  # a demo.load (layout.py)
 
 
+@functools.cache
+def early_tag() -> bytes:
+    """The `<script>` of early_script.js, read once."""
+    return f"<script>{ui_text('early_script.js')}</script>".encode()
+
+
 class EarlyScript:
-    """ASGI middleware: Gradio's page (a GET whose HTML holds `gradio_config`) gets `EARLY_JS` first in `<head>`."""
+    """ASGI middleware: Gradio's page (a GET whose HTML holds `gradio_config`) gets `early_tag()` first in `<head>`."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -63,7 +56,7 @@ class EarlyScript:
                 return
             html = bytes(body)
             if b"gradio_config" in html:
-                html = html.replace(b"<head>", b"<head>" + TAG, 1)
+                html = html.replace(b"<head>", b"<head>" + early_tag(), 1)
             headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
             await send({**start, "headers": [*headers, (b"content-length", str(len(html)).encode())]})
             await send({"type": "http.response.body", "body": html})

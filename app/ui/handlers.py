@@ -6,8 +6,7 @@ stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed
 arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
 per-request stats line and the details, built from the request's metrics record by `stats_line` and
 `request_details` (the low-latency player's result uses the same two, through GET /studio/requests/{id}).
-Stop cancels the event: Gradio cancels the task and closes
-this generator, which closes `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
+A cancelled event closes this generator: `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
 """
 
 from __future__ import annotations
@@ -59,10 +58,10 @@ def wav_name(text: str, voice: str | None = None) -> str:
     return f"{prefix}-{stem}.wav" if prefix else f"{stem}.wav"
 
 
-def refused(e: Exception, **kw: Any) -> gr.Error:
+def refused(e: Exception) -> gr.Error:
     """The gr.Error for a refused input: one log line, no traceback (the page shows the message)."""
     log.info("refused input: %s", e)
-    return gr.Error(str(e), print_exception=False, **kw)
+    return gr.Error(str(e), print_exception=False)
 
 
 class ArrivalStamp:
@@ -89,13 +88,8 @@ def live_playback() -> bool:
     return shutil.which("ffmpeg") is not None
 
 
-def _error(e: BaseException, *paths: str | None) -> gr.Error:
-    """A gr.Error with the message of `e`, server paths reduced to their file names."""
-    msg = str(e)
-    for p in paths:
-        if p:
-            msg = msg.replace(str(p), Path(p).name)
-    return gr.Error(msg, print_exception=False)
+def _error(e: BaseException, path: str) -> gr.Error:  # the message of `e`, the server's path as its file name
+    return gr.Error(str(e).replace(path, Path(path).name), print_exception=False)
 
 
 def stats_line(rec: RequestRecord) -> str:
@@ -252,11 +246,8 @@ class Handlers:
 
     async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str,
                          replace: bool = False, request: gr.Request = None) -> tuple[str, str]:
-        """Compute the reference's features and store them under `name`; a voice of that name is replaced
-        only with `replace` (the page's "Replace a saved voice of that name" box), else refused.
-
-        Returns (message, the saved name).
-        """
+        """Compute the reference's features and store them under `name`; returns (message, the saved name). A
+        voice of that name is replaced only with `replace` (the page's "Replace a saved voice..." box), else refused."""
         try:
             self.service.require_ready()
         except NotReadyError as e:
@@ -266,12 +257,10 @@ class Handlers:
         try:
             features = await reference_voice(self.service, prompt_audio, prompt_text)
             info = self.service.voices.save(name or "", features, overwrite=bool(replace))
-        except VoiceError as e:
-            if "exists already" in str(e):
+        except (VoiceError, InputError, OSError) as e:
+            if isinstance(e, VoiceError) and "exists already" in str(e):
                 raise gr.Error(f"{e}. Tick \"Replace a saved voice of that name\" to overwrite it.",
                                title="Name taken") from e
-            raise _error(e, prompt_audio) from e
-        except (InputError, OSError) as e:
             raise _error(e, prompt_audio) from e
         lang = lang_of(request)  # the message and each note (features.notes) in the page's language
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"

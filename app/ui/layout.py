@@ -3,7 +3,7 @@
 `build_demo(service)` declares the `gr.Blocks` and its events; `app.py` mounts it on FastAPI.
 Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`.
 
-Generate first runs a browser-only gate (player.GATE_JS): with the low-latency player (default) the
+Generate first runs a browser-only gate (player_gate.js): with the low-latency player (default) the
 request is played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the
 standard player (or streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio (also the
 fallback where the page's player cannot start). After a low-latency stream the page itself shows the
@@ -20,25 +20,19 @@ from typing import Any
 import gradio as gr
 
 from app.engine.service import ASSETS_DIR, StudioService
+from app.ui import panels, ui_text
 from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
-from app.ui.i18n import EN, localized, make_i18n
-from app.ui.lang_switch import LANG_SWITCH_JS, lang_load_js
-from app.ui.panels import PANEL_TRANSLATIONS, build_panels
-from app.ui.player import FAILURE_JS, GATE_JS, IDLE_JS, PLAYER_HTML, STATUS_HTML, STOP_JS, player_js
+from app.ui.i18n import labels, localized, make_i18n
+from app.ui.lang_switch import lang_load_js, lang_switch_js
+from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
 
 log = logging.getLogger(__name__)
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
-# the page asks before deleting a saved voice (a refusal throws, which ends the event); API clients are not asked
-CONFIRM_DELETE_JS = """(voice) => {
-  if (voice && !window.confirm('Delete the saved voice "' + voice + '"? This cannot be undone.')) {
-    throw new Error('deletion cancelled');
-  }
-  return [voice];
-}"""
+PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
 
 
 class StudioBlocks(gr.Blocks):
@@ -97,7 +91,7 @@ def example_rows() -> tuple[list[list], list[str]]:
     numbers = spec["texts"][-1]["text"]
     en, zh = voices["espeak-en"], voices["espeak-zh"]
     rows = [
-        (texts["en"], en, "zero_shot", "", "ex_en"),  # labels: translation keys (app/ui/i18n.py)
+        (texts["en"], en, "zero_shot", "", "ex_en"),  # labels: translation keys (app/ui/locales/labels.toml)
         (texts["zh"], zh, "zero_shot", "", "ex_zh"),
         (numbers, en, "zero_shot", "", "ex_numbers"),
         (texts["zh"], en, "cross_lingual", "", "ex_cross"),
@@ -111,7 +105,7 @@ def example_rows() -> tuple[list[list], list[str]]:
 def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     """The page and its translations (pass both to `gr.mount_gradio_app`)."""
     cfg = service.cfg
-    i18n = make_i18n(PANEL_TRANSLATIONS)
+    i18n = make_i18n(panels.catalog()["labels"])
     h = Handlers(service)
     with StudioBlocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP, english=i18n.translations.get("en")) as demo:
         with gr.Row(equal_height=True):
@@ -166,70 +160,64 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
             with gr.Column():
                 stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
                 # the low-latency player's line and result area (player.js fills it)
-                gr.HTML(PLAYER_HTML, elem_id="player_box", js_on_load=None)
+                gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
                 final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                      buttons=["download"], elem_id="final_out")
                 stats = gr.Markdown(elem_id="stats")
                 with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
                     details = gr.JSON(elem_id="details")
-        rows, labels = example_rows()
+        rows, keys = example_rows()
         gr.Examples(rows, [text, prompt_audio, prompt_text, mode, instruct_text], cache_examples=False,
-                    example_labels=[EN[k] for k in labels], label=i18n("examples"), elem_id="examples")
+                    example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
         with gr.Accordion(i18n("panels"), open=True) as panels_box:
-            panel_timer = build_panels(service, i18n)
+            panel_timer = panels.build_panels(service, i18n)
         # a collapsed panel costs nothing: its timer stops
-        panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, queue=False, api_visibility="private")
-        panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, queue=False, api_visibility="private")
+        panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, **PAGE_ONLY)
+        panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, **PAGE_ONLY)
 
         stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
         inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream, stop_signal]
         outputs = [stream_out, final_out, stats, details]
         gate = go.click(None, [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player],
-                        None, js=GATE_JS, queue=False, api_visibility="private")
+                        None, js=ui_text("player_gate.js"), **PAGE_ONLY)
         # the standard player: the previous take is cleared at once, then the request queues
-        begin = gate.success(h.begin, stop_signal, outputs, queue=False, show_progress="hidden",
-                             api_visibility="private")
+        begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
         synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
                               concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
-        synth.then(None, None, None, js=IDLE_JS, queue=False, api_visibility="private")
-        synth.failure(None, None, None, js=FAILURE_JS, queue=False, api_visibility="private")  # error next to Generate
+        synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
+        synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
         # the seed it used, into the seed box (so the take can be made again)
         synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), details, seed,
-                      queue=False, show_progress="hidden", api_visibility="private")
-        stop.click(None, None, None, js=STOP_JS, queue=False, api_visibility="private")  # the page's players
-        stop.click(h.stop, stop_signal, None, queue=False, show_progress="hidden", api_visibility="private")
+                      show_progress="hidden", **PAGE_ONLY)
+        stop.click(None, None, None, js=ui_text("player_stop.js"), **PAGE_ONLY)  # the page's players
+        stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
         # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
         prompt_audio.upload(h.check_upload, prompt_audio, prompt_audio, concurrency_id="upload_check",
                             concurrency_limit=2, show_progress="hidden", api_visibility="private")
-        dice.click(h.random_seed, None, seed, queue=False, api_visibility="private")
-        stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, queue=False,
-                      api_visibility="private")
-        mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, queue=False,
-                    api_visibility="private")
+        dice.click(h.random_seed, None, seed, **PAGE_ONLY)
+        stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, **PAGE_ONLY)
+        mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, **PAGE_ONLY)
         save.click(localized(h.save_voice), [voice_name, prompt_audio, prompt_text, replace_voice], [voice_msg, voice],
-                   api_name="save_voice",
-                   ).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+                   api_name="save_voice").then(h.voice_choices, voice, voice, **PAGE_ONLY)
         delete.click(localized(h.delete_voice), voice, [voice_msg, voice], api_name="delete_voice",
-                     js=CONFIRM_DELETE_JS).then(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+                     js=ui_text("confirm_delete.js")).then(h.voice_choices, voice, voice, **PAGE_ONLY)
         gr.api(h.list_voices, api_name="list_voices")
         # transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save
         tr = TranscriptionEvents(service)
         transcribe.click(tr.transcribe, prompt_audio, prompt_text, api_name="transcribe")
         go.click(tr.fill, [prompt_audio, prompt_text, mode, voice], prompt_text, api_visibility="private")
         save.click(tr.fill_for_save, [prompt_audio, prompt_text], prompt_text, api_visibility="private")
-        preset.input(apply_preset, [preset, instruct_text], instruct_text, queue=False, api_visibility="private")
-        mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), mode, preset, queue=False,
-                    api_visibility="private")
+        preset.input(apply_preset, [preset, instruct_text], instruct_text, **PAGE_ONLY)
+        mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), mode, preset, **PAGE_ONLY)
         timer = gr.Timer(cfg.ui.status_refresh_s)
-        timer.tick(h.status, None, [status, banner, timer], queue=False, show_progress="hidden",
-                   api_visibility="private")
-        demo.load(h.status, None, [status, banner, timer], queue=False, api_visibility="private")
+        timer.tick(h.status, None, [status, banner, timer], show_progress="hidden", **PAGE_ONLY)
+        demo.load(h.status, None, [status, banner, timer], **PAGE_ONLY)
         demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
         demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
-        demo.load(h.voice_choices, voice, voice, queue=False, api_visibility="private")
+        demo.load(h.voice_choices, voice, voice, **PAGE_ONLY)
         # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
-        lang.input(None, lang, lang, js=LANG_SWITCH_JS, queue=False, api_visibility="private").then(
-            h.status, None, [status, banner, timer], queue=False, show_progress="hidden", api_visibility="private")
+        lang.input(None, lang, lang, js=lang_switch_js(), **PAGE_ONLY).then(
+            h.status, None, [status, banner, timer], show_progress="hidden", **PAGE_ONLY)
         demo.load(None, None, lang, js=lang_load_js(), api_visibility="private")
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n

@@ -12,6 +12,7 @@ the low-latency player's line and in its request details.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
-from app.ui.i18n import lang_of, status_text
+from app.ui.i18n import lang_of, locale, status_text
 
 TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
@@ -35,82 +36,31 @@ TABLE_COLUMNS = ("#", "request", "ended", "outcome", "TTFA ms", "RTF", "queue s"
                  "audio s", "tokens/s")
 REQUEST_ID_CHARS = 8  # the table's "request": the start of the request id (X-Request-Id, the page's details)
 
-# for the layout's gr.I18n: merge these into its translations (component labels only)
-PANEL_TRANSLATIONS = {
-    "en": {"panels_memory": "Memory", "panels_load": "Load", "panels_stages": "Per-stage time",
-           "panels_latency": "Latency", "panels_recent": "Recent requests", "panels_facts": "Engine"},
-    "zh": {"panels_memory": "内存", "panels_load": "负载", "panels_stages": "各阶段耗时", "panels_latency": "延迟",
-           "panels_recent": "最近的请求", "panels_facts": "引擎"},
-}
 
-
-# chart titles, set on every tick in the page's language (gr.I18n covers component labels only)
-CHART_TITLES = {
-    "en": {"gpu": "GPU {name} memory (MiB)", "ram": f"RAM (MiB) · {NO_GPU_NOTE}",
-           "load": "CPU (% of one core) and vLLM KV-cache usage (%)",
-           "stages": "Seconds per stage (stacked) of the recent requests",
-           "latency": "TTFA (s), RTF and queue wait (s) per request"},
-    "zh": {"gpu": "GPU {name} 显存（MiB）", "ram": "内存（MiB）· 没有 GPU：显示 CPU 和内存",
-           "load": "CPU（单核百分比）和 vLLM KV 缓存占用（%）", "stages": "最近请求各阶段耗时（秒，堆叠）",
-           "latency": "每个请求的首音时间（秒）、实时率和排队时间（秒）"},
-}
-
-
-# the panels' own words, redrawn on every tick in the page's language (English: what tests and docs/panels.md read)
-PANEL_TEXT = {
-    "en": {"active": "active streams **{n}**", "gpu": "GPU {name}: **{used:.1f} / {total:.1f} GiB** used",
-           "torch": "app torch {allocated:.0f} MiB allocated, {reserved:.0f} MiB reserved", "no_gpu": NO_GPU_NOTE,
-           "cpu": "CPU **{percent:.0f} %** of {n_cpus} cores · RSS **{rss:.2f} GiB** (RAM {used:.1f} / {total:.1f} GiB "
-                  "used)", "kv": "KV cache **{percent:.1f} %**", "ttfa": "TTFA p50 {p50:.0f} ms / p95 {p95:.0f} ms",
-           "rtf": "RTF p50 {p50:.2f}", "unavailable": "unavailable ({error})", "tokens": "{n:,} tokens",
-           "audio": "{s:.1f} s", "seconds ago": "seconds ago", "request #": "request #"},
-    "zh": {"active": "活动流 **{n}**", "gpu": "GPU {name}：已用 **{used:.1f} / {total:.1f} GiB**",
-           "torch": "应用 torch 已分配 {allocated:.0f} MiB，已预留 {reserved:.0f} MiB",
-           "no_gpu": "没有 GPU：显示 CPU 和内存",
-           "cpu": "CPU **{percent:.0f} %**（共 {n_cpus} 核）· RSS **{rss:.2f} GiB**"
-                  "（内存已用 {used:.1f} / {total:.1f} GiB）",
-           "kv": "KV 缓存 **{percent:.1f} %**", "ttfa": "首音延迟 p50 {p50:.0f} 毫秒 / p95 {p95:.0f} 毫秒",
-           "rtf": "实时率 p50 {p50:.2f}", "unavailable": "不可用（{error}）", "tokens": "{n:,} 个词元",
-           "audio": "{s:.1f} 秒", "seconds ago": "秒前", "request #": "请求序号"},
-}
-# Chinese names of the y axes, legend series, table columns, outcomes and facts (others, e.g. engine arguments,
-# keep their identifiers); English is the key itself
-WORDS_ZH = {
-    "MiB": "MiB", "percent": "百分比", "seconds": "秒", "value": "数值", "series": "序列", "stage": "阶段",
-    "device used": "设备已用", "device total": "设备总量", "app torch reserved": "应用 torch 已预留",
-    "app torch allocated": "应用 torch 已分配", "all RSS": "全部 RSS", "KV cache": "KV 缓存", "app": "应用",
-    "vLLM engine": "vLLM 引擎", "other": "其他", "queue wait": "排队", "vocoder": "声码器", "TTFA s": "首音延迟（秒）",
-    "queue wait s": "排队（秒）", "RTF": "实时率",
-    "request": "请求", "ended": "结束于", "outcome": "结果", "TTFA ms": "首音延迟 ms", "queue s": "排队 s",
-    "vocoder s": "声码器 s", "audio s": "音频 s", "tokens/s": "词元/秒",
-    "ok": "完成", "cancelled": "已取消", "stopped": "已停止", "error": "出错", "rejected": "已拒绝",
-    "fact": "项目", "status": "状态", "active streams": "活动流", "unfinished engine requests": "引擎未完成的请求",
-    "engine running": "引擎运行中的请求", "engine waiting": "引擎等待中的请求", "KV-cache capacity": "KV 缓存容量",
-    "requests": "请求", "audio produced": "已生成音频", "facts": "信息", "model_dir": "模型文件夹",
-    "random_model": "随机模型", "device": "设备", "dtypes": "数据类型", "backend": "后端", "dtype": "数据类型",
-    "quantization": "量化", "sampler": "采样器", "model_path": "模型路径", "engine_args": "引擎参数",
-    "start_s": "启动耗时（秒）", "service_start_s": "服务启动耗时（秒）", "running": "运行中",
-    "engine_deaths": "引擎崩溃次数", "engine_restarts": "引擎重启次数",
-}
+@functools.cache
+def catalog() -> dict[str, Any]:
+    """app/ui/locales/panels.toml: labels, chart_titles and text by language, words (English -> Chinese); the
+    English no-GPU note is the engine's own NO_GPU_NOTE."""
+    cat = locale("panels")
+    titles_en = {**cat["chart_titles"]["en"], "ram": f"RAM (MiB) · {NO_GPU_NOTE}"}
+    text_en = {**cat["text"]["en"], "no_gpu": NO_GPU_NOTE}
+    return {**cat, "chart_titles": {**cat["chart_titles"], "en": titles_en}, "text": {**cat["text"], "en": text_en}}
 
 
 def word(text: str, lang: str) -> str:
     """A panel word (axis, series, column, outcome, fact) in `lang`; a series "<role> CPU" etc. by its role."""
     if lang != "zh":
         return text
-    if text in WORDS_ZH:
-        return WORDS_ZH[text]
+    words = catalog()["words"]
+    if text in words:
+        return words[text]
     role, _, kind = text.rpartition(" ")
-    return f"{WORDS_ZH.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
+    return f"{words.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
 
 
-def build_panels(service: Any, i18n: gr.I18n | None = None) -> gr.Timer:
+def build_panels(service: Any, label: gr.I18n) -> gr.Timer:
     """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer.
-
-    `service` is the `StudioService`: `metrics` (a `Metrics`), `backend` (None until started),
-    `status`, `facts()`.
-    """
-    label = i18n if i18n is not None else (lambda key: PANEL_TRANSLATIONS["en"][key])
+    `service`: the `StudioService` (`metrics`, `backend`: None until started, `status`, `facts()`)."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
         memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
@@ -157,7 +107,7 @@ def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
     now = time.time()
     mem_df, load_df = memory_frames(history, now)
     lang = "zh" if lang == "zh" else "en"
-    titles, text = CHART_TITLES[lang], PANEL_TEXT[lang]
+    titles, text = catalog()["chart_titles"][lang], catalog()["text"][lang]
     mem_title = titles["gpu"].format(name=snap["device"]["name"]) if snap["gpu"] else titles["ram"]
     stage_df, latency_df = stage_frame(recent[-N_PLOTTED:]), latency_frame(recent[-N_PLOTTED:])
     for df, column in ((mem_df, "series"), (load_df, "series"), (stage_df, "stage"), (latency_df, "series")):
@@ -239,7 +189,7 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
 
 def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
     m: Metrics = service.metrics
-    w = PANEL_TEXT["zh" if lang == "zh" else "en"]
+    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     parts = [f"**{status_text(getattr(service, 'status', '?'), lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
@@ -264,7 +214,7 @@ def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
 
 def facts_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
     """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`)."""
-    w = PANEL_TEXT["zh" if lang == "zh" else "en"]
+    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     try:
         facts = dict(service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive

@@ -1,0 +1,19 @@
+/* The Generate button's first event (js only; app/ui/layout.py). Gradio passes the input values in order
+   (gr.Audio with type="filepath": its FileData {path, url, orig_name, ...} or null). A gate that throws
+   ends the chain, so `.success(synthesize)` does not run: the low-latency player handles the request in
+   the browser. Either way it says whose result the page shows (the standard outputs or the player's
+   result area). */
+(text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player) => {
+  const p = window.studioPlayer;
+  if (p) { p.stop(); p.begin(); }  // the previous take's error line goes, the page is busy
+  delete document.body.dataset.studioStopped;
+  for (const a of document.querySelectorAll('#stream_out audio')) a.muted = false;  // muted by Stop
+  if (player !== 'webaudio' || !stream || !p) {
+    document.body.dataset.studioResult = 'gradio';
+    return [];
+  }
+  p.play({text: text || '', prompt_audio: prompt_audio ? (prompt_audio.path || null) : null,
+          prompt_text: prompt_text || '', mode, instruct_text: instruct_text || '', voice: voice || '',
+          seed: (seed === null || seed === '') ? null : Number(seed)});
+  throw new Error('handled by the low-latency player');
+}
