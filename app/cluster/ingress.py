@@ -75,8 +75,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     api.add_middleware(EarlyScript)
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here
-    gate = Gate(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
-                trust_proxy=srv.trust_proxy)
+    gate = Gate.from_config(srv)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 

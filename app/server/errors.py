@@ -49,10 +49,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
-        param = ".".join(loc) or None
+        first = (e.errors() or [{}])[0]
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")) or None
         msg = first.get("msg", "invalid request")
         message = f"{param}: {msg}" if param else str(msg)
         if first.get("type") == "json_invalid":

@@ -1,4 +1,5 @@
-"""Who may call what, and how often: the login guard of /studio and /v1, and the per-client rate limit.
+"""Who may call what, and how often: the login guard of /studio and /v1, the /v1 bearer key, and the
+per-client rate limit.
 
 `AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). Per HTTP request:
 
@@ -8,8 +9,10 @@
    client is the connection's IP, or with `[server] trust_proxy` the last X-Forwarded-For entry (the
    one the proxy wrote; earlier ones come from the client).
 2. Login (`[server] auth`): Gradio guards its own routes; /studio/* needs the page's login cookie or
-   HTTP Basic, and so does /v1/* unless `[server] api_key` is set (then app/server/auth.py checks the
-   bearer token). /health, /metrics, /v1/docs and /v1/openapi.json stay open.
+   HTTP Basic, and so does /v1/* unless `[server] api_key` (COSYVOICE_API_KEY in app.py) is set: then
+   `bearer_auth`, the /v1 router's dependency, wants `Authorization: Bearer <key>` (what the `openai`
+   SDK sends for `api_key=`), compared in constant time. /health, /metrics, /v1/docs and
+   /v1/openapi.json stay open for probes, scrapers and readers.
 
 Refusals are OpenAI-shaped JSON. Nothing of the request is logged.
 """
@@ -26,7 +29,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from app.server.errors import error_body
+from fastapi import Request
+
+from app.config import ServerConfig
+from app.server.errors import ApiError, error_body
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
@@ -66,40 +72,52 @@ class RateLimiter:
         return len(self._buckets)
 
 
+def bearer_auth(api_key: str):
+    """A FastAPI dependency that checks the bearer token against `api_key` ("" = no auth)."""
+
+    async def check(request: Request) -> None:
+        if not api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (the server's "
+                           "[server] api_key / COSYVOICE_API_KEY)", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def _headers(scope: dict, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+
+
 def client_ip(scope: dict, trust_proxy: bool) -> str:
     """The client's IP: the connection's, or behind a trusted proxy the last X-Forwarded-For entry."""
-    if trust_proxy:
-        forwarded = [v for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
-        if forwarded:
-            last = forwarded[-1].decode("latin-1").split(",")[-1].strip()
-            if last:
-                return last
+    forwarded = _headers(scope, b"x-forwarded-for") if trust_proxy else []
+    if forwarded and (last := forwarded[-1].split(",")[-1].strip()):
+        return last
     client = scope.get("client")
     return client[0] if client else "unknown"
 
 
 def basic_credentials(scope: dict) -> tuple[str, str] | None:
-    """(user, password) from an `Authorization: Basic` header, else None."""
-    for k, v in scope.get("headers", ()):
-        if k == b"authorization":
-            scheme, _, token = v.decode("latin-1").partition(" ")
-            if scheme.lower() != "basic":
-                return None
-            try:
-                user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return None
-            return (user, password) if sep else None
-    return None
+    """(user, password) from an `Authorization: Basic` header (the first one), else None."""
+    scheme, _, token = (_headers(scope, b"authorization") or [""])[0].partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
 
 
 def _cookie(scope: dict, name: str) -> str | None:
-    for k, v in scope.get("headers", ()):
-        if k == b"cookie":
-            for part in v.decode("latin-1").split(";"):
-                key, _, value = part.strip().partition("=")
-                if key == name:
-                    return value
+    for header in _headers(scope, b"cookie"):
+        for part in header.split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == name:
+                return value
     return None
 
 
@@ -112,6 +130,12 @@ class Gate:
         self.limiter = RateLimiter(rate_limit_per_minute) if rate_limit_per_minute > 0 else None
         self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
+
+    @classmethod
+    def from_config(cls, srv: ServerConfig) -> Gate:
+        """The gate of `[server]` auth, api_key, rate_limit_per_minute and trust_proxy."""
+        return cls(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
+                   trust_proxy=srv.trust_proxy)
 
     def logged_in(self, scope: dict) -> bool:
         """A valid login cookie of the Gradio page, or HTTP Basic credentials of a configured user."""
@@ -150,8 +174,7 @@ class AccessLimits:
         if gate.limiter is not None and scope.get("method") == "POST":
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
-                messages, body = await _read_body(receive, MAX_JOIN_BODY)
-                receive = _replay(messages, receive)
+                body, receive = await _peek_body(receive, MAX_JOIN_BODY)
                 limited = _fn_index(body) in gate.limited_fns
             if limited and (wait_s := gate.limiter.acquire(client_ip(scope, gate.trust_proxy))) > 0:
                 retry_s = max(1, math.ceil(wait_s))
@@ -167,8 +190,8 @@ class AccessLimits:
         return await self.app(scope, receive, send)
 
 
-async def _read_body(receive: Any, limit: int) -> tuple[list[dict], bytes]:
-    """The request's first messages (up to `limit` body bytes or the end) and their body bytes."""
+async def _peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
+    # the first body bytes (up to `limit` or the end), and a `receive` replaying the messages read, then reading on
     messages, body = [], bytearray()
     while True:
         message = await receive()
@@ -178,17 +201,11 @@ async def _read_body(receive: Any, limit: int) -> tuple[list[dict], bytes]:
         body += message.get("body", b"")
         if not message.get("more_body", False) or len(body) > limit:
             break
-    return messages, bytes(body)
-
-
-def _replay(messages: list[dict], receive: Any):
-    """A `receive` that returns `messages` first, then reads on."""
-    pending = list(messages)
 
     async def replayed() -> dict:
-        return pending.pop(0) if pending else await receive()
+        return messages.pop(0) if messages else await receive()
 
-    return replayed
+    return bytes(body), replayed
 
 
 def _fn_index(body: bytes) -> int | None:

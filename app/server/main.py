@@ -81,12 +81,9 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
-    api.state.service = service
     api.add_middleware(ArrivalStamp)
     api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/ui/early_script.py)
-    srv = cfg.server
-    gate = Gate(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
-                trust_proxy=srv.trust_proxy)
+    gate = Gate.from_config(cfg.server)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 

@@ -29,8 +29,8 @@ from app.engine.inputs import InputError
 from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError, check_name
-from app.server.auth import bearer_auth
 from app.server.errors import ApiError, error_response
+from app.server.limits import bearer_auth
 from app.server.speech import map_error, prepare_or_raise, speech_response
 
 MODEL_ID = "cosyvoice2"
@@ -40,7 +40,6 @@ OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DEFAULT_REPO_ID = ModelConfig.repo_id  # the schema lists the default's names; the route takes the configured one
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
 V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice"}
-UPLOAD_READ_BYTES = 1 << 20  # uploads are read in 1 MiB pieces so an oversized one stops early
 BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
 
 
@@ -139,10 +138,9 @@ def api_router(service: StudioService) -> APIRouter:
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens), V1_PARAMS)
-        req = prepared.request
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
-        return await speech_response(service, req, body.response_format, headers={"X-Mode": req.mode, **notes},
+        return await speech_response(service, prepared.request, body.response_format, headers=notes,
                                      prepared=prepared)
 
     @router.post("/voices", status_code=201)
@@ -215,15 +213,12 @@ def api_router(service: StudioService) -> APIRouter:
 
 
 async def _read_upload(upload: UploadFile, max_mb: int) -> bytes:
-    """The upload's bytes; 413 as soon as it passes `max_mb`, 400 when empty."""
+    """The upload's bytes; 413 when it passes `max_mb` (one byte more is read to tell), 400 when empty."""
     limit = max_mb * 1024 * 1024
-    parts, size = [], 0
-    while piece := await upload.read(UPLOAD_READ_BYTES):
-        size += len(piece)
-        if size > limit:
-            raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([limits] max_upload_mb); send a "
-                           "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
-        parts.append(piece)
-    if not size:
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([limits] max_upload_mb); send a "
+                       "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
+    if not data:
         raise ApiError(400, "the audio upload is empty", param="audio", code="invalid_audio")
-    return b"".join(parts)
+    return data

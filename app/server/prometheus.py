@@ -83,17 +83,12 @@ class PrometheusExporter:
     def _live(self) -> Iterator[Metric]:
         """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
         c = self.metrics.counters()
-        requests = CounterMetricFamily("cosyvoice_requests", "Synthesis requests finished, by outcome (rejected = "
-                                       "refused at once because the server was busy).", labels=["outcome"])
-        for outcome in OUTCOMES:
-            requests.add_metric([outcome], c["outcomes"][outcome])
-        yield requests
-        refused = CounterMetricFamily("cosyvoice_refused_inputs", "Inputs refused with a message before synthesis "
-                                      "started, by reason (invalid_value, voice_not_found, invalid_audio, ...).",
-                                      labels=["reason"])
-        for reason, n in sorted(c["refused_inputs"].items()):
-            refused.add_metric([reason], n)
-        yield refused
+        yield _family(CounterMetricFamily, "cosyvoice_requests", "Synthesis requests finished, by outcome (rejected "
+                      "= refused at once because the server was busy).", ["outcome"],
+                      [([outcome], c["outcomes"][outcome]) for outcome in OUTCOMES])
+        yield _family(CounterMetricFamily, "cosyvoice_refused_inputs", "Inputs refused with a message before "
+                      "synthesis started, by reason (invalid_value, voice_not_found, invalid_audio, ...).", ["reason"],
+                      [([reason], n) for reason, n in sorted(c["refused_inputs"].items())])
         yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
                                   "finished ok.", value=c["audio_s_total"])
         yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",
@@ -107,22 +102,25 @@ class PrometheusExporter:
             yield from _service_families(svc)
 
 
-def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> Iterator[Metric]:
-    """A gauge family, or nothing when it has no sample (absent beats NaN)."""
-    if samples:
-        family = GaugeMetricFamily(name, doc, labels=labels)
-        for values, value in samples:
-            family.add_metric(values, value)
-        yield family
+def _family(kind: type[Metric], name: str, doc: str, labels: list[str],
+            samples: list[tuple[list[str], float]]) -> Metric:
+    family = kind(name, doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float | None]]) -> Iterator[Metric]:
+    """A gauge family of the samples whose value is not None, or nothing when none is (absent beats NaN)."""
+    if samples := [(values, value) for values, value in samples if value is not None]:
+        yield _family(GaugeMetricFamily, name, doc, labels, samples)
 
 
 def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]:
     """Queue depths, GPU and process memory, KV cache, from one `Metrics.memory_snapshot()`."""
-    queue = [(["http"], http_waiting)] if http_waiting is not None else []
-    if snap.get("engine_waiting") is not None:
-        queue.append((["engine"], snap["engine_waiting"]))
     yield from _gauge("cosyvoice_queue_depth", "Requests waiting: queue=http for an HTTP-API slot, "
-                      "queue=engine in vLLM's scheduler.", ["queue"], queue)
+                      "queue=engine in vLLM's scheduler.", ["queue"],
+                      [(["http"], http_waiting), (["engine"], snap.get("engine_waiting"))])
     dev = snap.get("device")
     dev_labels = [str(dev["index"]), str(dev["name"])] if dev else []
     yield from _gauge("cosyvoice_gpu_memory_used_bytes", "Memory used on the GPU by all processes (NVML), bytes.",
@@ -138,11 +136,10 @@ def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]
     yield from _gauge("cosyvoice_process_memory_bytes", "Memory of this process (role=app) and its children "
                       "(vllm_engine, other): kind=rss (resident RAM) or gpu (NVML), bytes.", ["role", "kind"],
                       [([role, kind], v) for (role, kind), v in sorted(per_role.items())])
-    kv, kv_tokens = snap.get("kv_cache_usage"), snap.get("kv_cache_tokens")
     yield from _gauge("cosyvoice_kv_cache_usage_ratio", "Share of vLLM's KV cache in use, 0..1.", [],
-                      [([], kv)] if kv is not None else [])
+                      [([], snap.get("kv_cache_usage"))])
     yield from _gauge("cosyvoice_kv_cache_capacity_tokens", "Tokens vLLM's KV cache holds (blocks x block size).",
-                      [], [([], kv_tokens)] if kv_tokens is not None else [])
+                      [], [([], snap.get("kv_cache_tokens"))])
 
 
 def _service_families(svc: StudioService) -> Iterator[Metric]:
@@ -151,22 +148,18 @@ def _service_families(svc: StudioService) -> Iterator[Metric]:
     ready = svc.ready and not (h and h.fault)  # a dead (restarting) engine is not ready
     yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
                             value=1 if ready else 0)
-    faults = CounterMetricFamily("cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
-                                 "vLLM engine deaths and restarts.", labels=["kind"])
-    for kind, n in (("out_of_memory", svc.n_out_of_memory), ("engine_death", h.deaths if h else 0),
-                    ("engine_restart", h.restarts if h else 0)):
-        faults.add_metric([kind], n)
-    yield faults
-    unfinished = h.unfinished if h else None
+    yield _family(CounterMetricFamily, "cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
+                  "vLLM engine deaths and restarts.", ["kind"],
+                  [(["out_of_memory"], svc.n_out_of_memory), (["engine_death"], h.deaths if h else 0),
+                   (["engine_restart"], h.restarts if h else 0)])
     yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
-                      [([], unfinished)] if unfinished is not None else [])
+                      [([], h.unfinished if h else None)])
     facts = svc.facts()
-    info = GaugeMetricFamily("cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, quantization.",
-                             labels=["backend", "device", "dtype", "quantization"])
     backend = svc.backend.name if svc.backend is not None else "none"
-    info.add_metric([backend, str(facts["device"]), str(facts.get("dtype", svc.cfg.model.llm_dtype)),
-                     str(facts.get("quantization", "none"))], 1)
-    yield info
+    yield _family(GaugeMetricFamily, "cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, "
+                  "quantization.", ["backend", "device", "dtype", "quantization"],
+                  [([backend, str(facts["device"]), str(facts.get("dtype", svc.cfg.model.llm_dtype)),
+                    str(facts.get("quantization", "none"))], 1)])
 
 
 def add_metrics_route(app: FastAPI, service: StudioService) -> None:

@@ -5,7 +5,7 @@ first audio chunk *before* answering, so a failure before audio (not ready, busy
 memory, nothing speakable) is a status code with an OpenAI-shaped body (`map_error`); after it, the
 body stops without its last chunk (a broken stream, not a short success). `pcm` = raw s16le mono
 24 kHz; `wav` = a header with the "unknown length" sizes (0xFFFFFFFF), then the same PCM. Headers
-carry X-Request-Id, X-Seed, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
+carry X-Request-Id, X-Seed, X-Mode, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
 and frees the slot, also when the body never started.
 """
 
@@ -58,14 +58,12 @@ def wav_stream_header() -> bytes:
 
 
 def pcm_bytes(chunk: AudioChunk) -> bytes:
-    return to_int16_pcm(chunk.samples).astype("<i2", copy=False).tobytes()
+    return to_int16_pcm(chunk.samples).tobytes()  # already little-endian int16
 
 
 def map_error(e: BaseException, params: dict[str, str] | None = None) -> ApiError:
     """ApiError for what `prepare` or a synthesis raises before its first chunk; `params` maps
     `InputError.param` (prepare's field names) to the door's."""
-    if isinstance(e, ApiError):
-        return e
     if isinstance(e, InputError):
         return ApiError(400, str(e), param=(params or {}).get(e.param, e.param), code=e.code)
     for kind, code, retry_s in UNAVAILABLE:
@@ -132,8 +130,9 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         finally:
             await stack.aclose()
 
-    out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Queue-Ms": f"{queue_s * 1e3:.1f}",
-                   "X-TTFA-Ms": f"{ttfa_ms:.1f}", "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
+    out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Mode": req.mode,
+                   "X-Queue-Ms": f"{queue_s * 1e3:.1f}", "X-TTFA-Ms": f"{ttfa_ms:.1f}",
+                   "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
                    "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store",
                    "X-Accel-Buffering": "no",  # nginx-style proxies: no holding back (tests/test_proxy.py)
                    **(headers or {})}

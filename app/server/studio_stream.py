@@ -106,8 +106,8 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
             mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True), STUDIO_PARAMS)
-        headers = {"X-Mode": prepared.request.mode, "X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"}
-        response = await speech_response(service, prepared.request, "pcm", headers=headers, prepared=prepared)
+        response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
+                                         headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"})
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response
