@@ -36,7 +36,7 @@ def _tokens(model_dir: str, device: str) -> tuple[torch.Tensor, object]:
     cfg = load_config(overrides={"model.device": device})
     model = load_model(model_dir, device=device, nsf_noise=False)
     synth = Synthesizer(model, TorchLMBackend(model.llm), cfg)
-    voice = synth.voice_from_audio(PROMPT_WAV, PROMPT_TEXT)
+    voice = model.frontend.voice_from_audio(PROMPT_WAV, PROMPT_TEXT)
     req = SynthesisRequest(text=TEXT, voice=voice, seed=1, stream=False)
     lm_req = synth.lm_request(req, synth.model.frontend.split_text(TEXT)[0], 0)
 

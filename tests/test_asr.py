@@ -109,14 +109,14 @@ def test_transcriber_loads_once_caches_and_reports_offline(rigged, monkeypatch):
     async def main():
         tr = Transcriber(AsrConfig(model_id=str(rigged), device="cpu"))
         a, b = await asyncio.gather(tr.transcribe(EXAMPLE_WAV), tr.transcribe(EXAMPLE_WAV.read_bytes()))
-        assert a == b and a.language == RIGGED_LANGUAGE and len(loads) == 1 and tr.available
+        assert a == b and a.language == RIGGED_LANGUAGE and len(loads) == 1 and tr.cfg.enabled and not tr.error
         assert tr.status.startswith("ready")
         # offline (no Hub here), nothing cached: a clear reason, remembered until retry
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         off = Transcriber(AsrConfig(model_id="openai/whisper-tiny-never-cached"))
         with pytest.raises(AsrUnavailable, match="automatic transcription is unavailable: cannot download"):
             await off.transcribe(EXAMPLE_WAV)
-        assert not off.available
+        assert off.error
         with pytest.raises(AsrUnavailable, match="unavailable"):
             await off.transcribe(EXAMPLE_WAV)
         no_dl = Transcriber(AsrConfig(model_id="openai/whisper-tiny-never-cached", download=False))

@@ -236,7 +236,7 @@ def test_out_of_memory_is_refused_with_advice_and_next_request_works(tiny_model_
                 pass
         assert service.n_out_of_memory == 4 and service.health()["faults"]["out_of_memory"] == 4
         assert service.health()["ready"] and await collect(req) > 0
-        assert service.metrics.active_streams == 0 and service.lm_unfinished() == 0
+        assert service.metrics.active_streams == 0 and service.health()["lm_unfinished"] == 0
         await service.aclose()
 
     asyncio.run(scenario())

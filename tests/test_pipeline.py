@@ -39,7 +39,7 @@ async def collect(synth: Synthesizer, req: SynthesisRequest):
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     synth = make_synth(tiny_model_dir)
-    voice = synth.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+    voice = synth.model.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
     yield synth, voice
     asyncio.run(synth.aclose())
 
@@ -73,7 +73,7 @@ def test_fast_preset_streams(tiny_model_dir):
     model = load_model(tiny_model_dir, device="cpu", flow_dtype=m.flow_dtype, hift_dtype=m.hift_dtype)
     synth = Synthesizer(model, TorchLMBackend(model.llm), cfg)
     assert next(model.flow.parameters()).dtype == torch.float16
-    voice = synth.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+    voice = synth.model.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
 
     async def both():
         reqs = [SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=s, stream=True,
@@ -219,7 +219,7 @@ def test_e2e_parity_with_official(parity, parity_model_dir, golden, manifest, st
     e2e, g = manifest["e2e"], golden("e2e")
     synth = make_synth(parity_model_dir, nsf_noise=False)
     try:
-        voice = synth.voice_from_audio(parity / e2e["prompt_wav"], e2e["prompt_text"])
+        voice = synth.model.frontend.voice_from_audio(parity / e2e["prompt_wav"], e2e["prompt_text"])
         assert voice.prompt_text == e2e["normalized_prompt_text"]
         # our own features give the official prompt tokens only up to the README's agreement (a log-mel
         # within tolerance can round a token differently on another CPU's FFT), and one flipped token

@@ -264,7 +264,7 @@ def engine(runner, tiny_model_dir, cache_dir):
     synth = Synthesizer(model, backend, cfg)
     ref_model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)  # the reference keeps its layers
     ref_synth = Synthesizer(ref_model, TorchLMBackend(ref_model.llm), cfg)
-    voice = synth.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+    voice = synth.model.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
     try:
         yield backend, ref_synth.lm, synth, ref_synth, voice, cfg
     finally:
@@ -382,8 +382,13 @@ def test_synthesizer_through_vllm(engine, runner):
     """The whole chain on vLLM: audio, and (greedy LM, deterministic vocoder) the same audio as torch."""
     _, _, synth, ref_synth, voice, _ = engine
     req = SynthesisRequest(text="Hello there, how are you today?", voice=voice, seed=1, stream=True)
-    audio, stats = runner.run(synth.synthesize(req))
-    ref, ref_stats = runner.run(ref_synth.synthesize(req))
+
+    async def whole(s: Synthesizer) -> tuple[np.ndarray, object]:  # the utterance and the final chunk's stats
+        chunks = [c async for c in s.stream(req)]
+        return np.concatenate([c.samples for c in chunks]), chunks[-1].stats
+
+    audio, stats = runner.run(whole(synth))
+    ref, ref_stats = runner.run(whole(ref_synth))
     assert stats.n_tokens > 0 and stats.audio_s > 0 and audio.shape[0] > 0
     assert audio.dtype == np.float32 and np.isfinite(audio).all()
     assert stats.n_tokens == ref_stats.n_tokens

@@ -30,7 +30,7 @@ class AsrUnavailable(RuntimeError):
 
 
 class Transcriber:
-    """Lazy, shared Whisper: `available` (not off, no remembered failure), `status` (for the page), `transcribe`."""
+    """Lazy, shared Whisper: `status` (for the page), `error` (why it is off or failed, "" if not), `transcribe`."""
 
     def __init__(self, cfg: AsrConfig) -> None:
         self.cfg = cfg
@@ -40,10 +40,6 @@ class Transcriber:
         self._load_lock = asyncio.Lock()  # one load, however many first uses arrive together
         self._run_lock = asyncio.Lock()  # one clip at a time: each decode uses every core (or the GPU)
         self._cache: OrderedDict[tuple[str, str], Transcript] = OrderedDict()
-
-    @property
-    def available(self) -> bool:
-        return self.cfg.enabled and not self.error
 
     async def transcribe(self, src: str | Path | bytes, *, report: Report | None = None,
                          retry: bool = False) -> Transcript:
@@ -73,10 +69,15 @@ class Transcriber:
             if self.error and not retry:
                 raise AsrUnavailable(self.error)
             c = self.cfg
+
+            def on_bytes(done: int, total: int) -> None:  # download progress (called from the download thread)
+                self.status = f"downloading {c.model_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"
+                if report is not None:
+                    report(done, total)
+
             try:
                 self.status = f"fetching {c.model_id}"
-                folder = await asyncio.to_thread(fetch_asr_model, c.model_id, download=c.download,
-                                                 report=self._reporter(report))
+                folder = await asyncio.to_thread(fetch_asr_model, c.model_id, download=c.download, report=on_bytes)
                 self.status = f"loading {c.model_id}"
                 self._asr = await asyncio.to_thread(WhisperAsr.load, folder, c.device)
             except AsrModelError as e:
@@ -87,11 +88,3 @@ class Transcriber:
             self.error, self.status = "", f"ready ({c.model_id} on {self._asr.device})"
             log.info("transcription model %s loaded on %s", c.model_id, self._asr.device)
             return self._asr
-
-    def _reporter(self, report: Report | None) -> Report:
-        """Download progress into `status` and the caller's `report` (called from the download thread)."""
-        def on_bytes(done: int, total: int) -> None:
-            self.status = f"downloading {self.cfg.model_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"
-            if report is not None:
-                report(done, total)
-        return on_bytes

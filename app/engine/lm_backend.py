@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -78,7 +78,9 @@ class TorchLMBackend:
     def __init__(self, llm: SpeechLM, max_concurrency: int = 4) -> None:
         self.llm = llm
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="torch-lm")
-        self._workers: set[asyncio.Future] = set()  # decode threads still running
+        # decode threads still running: thread-side futures, which end with their thread even when the loop that
+        # started them has closed (an asyncio future of a closed loop never would: it stayed here for good)
+        self._workers: set[Future] = set()
 
     @property
     def n_active(self) -> int:
@@ -94,7 +96,7 @@ class TorchLMBackend:
     async def drain(self) -> None:
         """Wait until every decode worker has returned."""
         if self._workers:
-            await asyncio.wait(set(self._workers))
+            await asyncio.to_thread(wait, set(self._workers))
 
     def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
         s = req.sampling.resolved(self.llm.dims)  # the pipeline resolves; direct callers get the yaml's too
@@ -125,7 +127,7 @@ class TorchLMBackend:
             finally:
                 put(_END)
 
-        fut = loop.run_in_executor(self._executor, work)
+        fut = self._executor.submit(work)
         self._workers.add(fut)
         fut.add_done_callback(self._workers.discard)
         try:

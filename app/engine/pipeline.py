@@ -26,7 +26,6 @@ from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, bytes_after
 from app.model.flow.prompt_cache import PromptCache
-from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, StreamOptions, Token2WavStream, flow_batch
@@ -42,37 +41,25 @@ class Synthesizer:
     def __init__(self, model: CosyVoice2Model, lm: SpeechTokenSource, cfg: Config) -> None:
         self.model, self.lm, self.cfg = model, lm, cfg
         self.sampling = cfg.sampling.resolved(model.hparams.llm)  # RAS: the checkpoint's yaml unless overridden
-        s = cfg.streaming
-        fd = model.hparams.flow
+        s, e, fd = cfg.streaming, cfg.engine, model.hparams.flow
         self.stream_opts = StreamOptions(
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
-            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=cfg.engine.flow_incremental)
-        e = cfg.engine
+            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=e.flow_incremental)
         # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
         self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30)) if e.flow_incremental else None
         self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
-        # CUDA graphs of the flow estimator (off on CPU: nothing to capture there)
+        cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
+        # CUDA graphs of the flow estimator's ODE solve; batched HiFT after each flow call (graphs of its step)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
-                                           max_graphs=e.flow_max_graphs) \
-            if e.flow_cuda_graphs and torch.device(model.device).type == "cuda" else None
-        # batched HiFT after each flow call (CUDA graphs of its step only on CUDA, where there is something to capture)
-        self.hift_graphs = HiftGraphs(max_graphs=e.hift_max_graphs) \
-            if e.hift_graphs and torch.device(model.device).type == "cuda" else None
+                                           max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and cuda else None
+        self.hift_graphs = HiftGraphs(max_graphs=e.hift_max_graphs) if e.hift_graphs and cuda else None
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
         finish_batch = partial(vocode_chunks, model.hift, graphs=self.hift_graphs, sizes=self.hift_batch_sizes) \
             if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs),
                                        finish_batch=finish_batch)
-
-    # --- voices ------------------------------------------------------------------------------
-
-    def voice_from_audio(self, src, prompt_text: str) -> VoiceFeatures:
-        """Reference audio (path or bytes) + transcript -> reusable voice features (blocking)."""
-        return self.model.frontend.voice_from_audio(src, prompt_text)
-
-    # --- LM inputs ---------------------------------------------------------------------------
 
     def lm_request(self, req: SynthesisRequest, segment: str, index: int) -> LMRequest:
         fe, llm, voice = self.model.frontend, self.model.llm, req.voice
@@ -96,8 +83,6 @@ class Synthesizer:
             request_id=f"{req.request_id}-{index}", prompt_embeds=lm_input[0].float().cpu(), min_tokens=min_tokens,
             max_tokens=max_tokens, seed=req.seed + index, sampling=s, ignore_eos=bool(req.fixed_tokens))
 
-    # --- streaming ---------------------------------------------------------------------------
-
     async def _run_t2w(self, u: Utterance, plan: ChunkPlan) -> np.ndarray:
         seg = u.segment
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
@@ -120,8 +105,7 @@ class Synthesizer:
                 self.flow_budget.update(t2w, t2w.flow_state_bytes)
 
     def _flow_state(self, t2w: Token2WavStream, voice_key) -> FlowState:
-        """The stream's incremental state, started from its voice's prefix (on a token->wave worker:
-        a prompt cache miss builds the prefix there)."""
+        # the stream's incremental state, from its voice's prefix (a prompt cache miss builds it here, on a worker)
         if self.prompt_cache is not None and t2w.voice_prefix is None and t2w.flow_state_or_none is None:
             p = t2w.prompt
             t2w.voice_prefix = self.prompt_cache.get(voice_key, self.model.flow, p.tokens, p.mel, p.embedding)
@@ -149,9 +133,9 @@ class Synthesizer:
             await u.drop_next_lm()
 
     async def _segment(self, u: Utterance, seg_i: int, text: str, prompt, hift_gen) -> AsyncIterator[AudioChunk]:
-        """Segment `seg_i`'s chunks. Once its LM has finished, the next segment's LM request starts
-        (`Utterance.start_next_lm`): its prefill and first hop run while this segment's last chunks are
-        vocoded, so the join does not stall. Same requests and seeds as one after the other."""
+        # once this segment's LM has finished, the next segment's LM request starts (`Utterance.start_next_lm`):
+        # its prefill and first hop run while our last chunks are vocoded, so the join does not stall
+        # (the same requests and seeds as one after the other)
         req, t2w = u.request, Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
                                              stream=u.request.stream, speed=u.request.speed, generator=hift_gen)
         lm, first = u.take_next_lm()
@@ -185,15 +169,6 @@ class Synthesizer:
         finally:
             await seg.lm.aclose()  # aborts the LM request if we stopped early
             self.flow_budget.release(t2w)
-
-    async def synthesize(self, req: SynthesisRequest) -> tuple[np.ndarray, RequestStats]:
-        """Whole utterance at once: ([N] float32 at 24 kHz, stats)."""
-        parts, stats = [], None
-        async for chunk in self.stream(req):
-            parts.append(chunk.samples)
-            stats = chunk.stats or stats
-        assert stats is not None
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32), stats
 
     def facts(self) -> dict[str, Any]:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""

@@ -53,7 +53,6 @@ class Prepared:
     notes: tuple[str, ...]  # the reference checks' notes (trimmed, clipped), fallbacks taken
     voice_name: str  # "" for a reference clip
     reference_s: float  # seconds spent getting the voice's features (0 for a cached or saved voice: fast)
-    transcribed: str = ""  # the transcript Whisper made for a blank one ("" when none was made)
 
 
 def _named(e: Exception, reference: str | Path | bytes | None) -> str:
@@ -73,21 +72,21 @@ async def load_voice(service, name: str) -> VoiceFeatures:
                          "voice", code="voice_not_found") from e
 
 
-async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str, str]:
-    """(transcript, made, note): the cleaned transcript, or for a blank one Whisper's (`made`, with a note
-    saying so); where Whisper is unavailable, "" and the note says why (the voice is then cross-lingual)."""
+async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str]:
+    """(transcript, note): the cleaned transcript, or for a blank one Whisper's (the note says so); where
+    Whisper is unavailable, "" and the note says why (the voice is then cross-lingual)."""
     limit = service.cfg.limits.max_transcript_chars
     transcript = inputs.check_transcript(transcript, limit)
     if transcript or not service.asr.cfg.enabled:  # off: today's cross-lingual fallback, nothing to say
-        return transcript, "", ""
+        return transcript, ""
     try:
         got = await service.asr.transcribe(reference)
     except AsrUnavailable as e:
-        return "", "", str(e)
+        return "", str(e)
     made = inputs.check_transcript(got.text[:limit], limit)
     if not made:
-        return "", "", HEARD_NOTHING_NOTE
-    return made, made, TRANSCRIBED_NOTE.format(language=got.language, text=made)
+        return "", HEARD_NOTHING_NOTE
+    return made, TRANSCRIBED_NOTE.format(language=got.language, text=made)
 
 
 async def reference_voice(service, reference: str | Path | bytes, transcript: object, *,
@@ -96,7 +95,7 @@ async def reference_voice(service, reference: str | Path | bytes, transcript: ob
     A blank transcript is transcribed first (`transcribe`); what was done is in the features' notes."""
     note = ""
     if transcribe:
-        transcript, _, note = await fill_transcript(service, reference, transcript)
+        transcript, note = await fill_transcript(service, reference, transcript)
     transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
     try:
         voice = await service.voice_from_audio(reference, transcript)
@@ -129,16 +128,12 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
     seed = inputs.check_seed(x.seed)
     fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
-    made = ""  # Whisper's transcript of a blank one
     if x.voice:
         voice = await load_voice(service, x.voice)
     elif x.reference:
         reference = x.reference() if callable(x.reference) else x.reference
-        transcript, note = x.transcript, ""
-        if mode == "zero_shot":  # the other modes never read the transcript: nothing to transcribe
-            transcript, made, note = await fill_transcript(service, reference, transcript)
-        voice = await reference_voice(service, reference, transcript, transcribe=False)
-        voice = replace(voice, notes=(note, *voice.notes)) if note else voice
+        # the other modes never read the transcript: nothing to transcribe
+        voice = await reference_voice(service, reference, x.transcript, transcribe=mode == "zero_shot")
     else:
         inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
         raise InputError(NO_REFERENCE, "reference", code="missing_reference")
@@ -149,5 +144,4 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
         notes.append(NO_TRANSCRIPT_NOTE)
     req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
                            stream=stream, fixed_tokens=fixed_tokens)
-    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s,
-                    transcribed=made)
+    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s)

@@ -104,8 +104,11 @@ class ResourceProbe:
         if not self._nvml:
             return None, {}
         nv = self._nvml
+        # the device this process uses: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        index = int(first) if first.isdigit() else first
         try:
-            index, handle = _nvml_handle(nv)
+            handle = nv.nvmlDeviceGetHandleByIndex(index) if first.isdigit() else nv.nvmlDeviceGetHandleByUUID(first)
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
             name = nv.nvmlDeviceGetName(handle)
             per_pid: dict[int, float] = {}
@@ -116,14 +119,6 @@ class ResourceProbe:
             return None, {}
         name = name.decode() if isinstance(name, bytes) else str(name)
         return {"index": index, "name": name, "used_mib": mem.used / MIB, "total_mib": mem.total / MIB}, per_pid
-
-
-def _nvml_handle(nv: Any) -> tuple[int | str, Any]:
-    """The device this process uses: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    if first.isdigit():
-        return int(first), nv.nvmlDeviceGetHandleByIndex(int(first))
-    return first, nv.nvmlDeviceGetHandleByUUID(first)
 
 
 def _torch_allocator() -> dict[str, Any] | None:

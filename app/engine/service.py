@@ -116,10 +116,8 @@ class StudioService:
             self.status = "warming up"
             await self._warm_up()
         except Exception as e:  # shown on the page and in /health; the process keeps serving the page
-            if isinstance(e, ModelFolderError):  # the user's folder: the message says what is wrong
-                log.error("start failed: %s", e)
-            else:
-                log.exception("start failed")
+            # a traceback, but for a bad model folder of the user's (its message says what is wrong)
+            log.error("start failed: %s", e, exc_info=not isinstance(e, ModelFolderError))
             self.error = str(e) or type(e).__name__
             self.status = f"error: {self.error}"
             return
@@ -208,18 +206,13 @@ class StudioService:
 
     # --- facts -----------------------------------------------------------------------------------
 
-    def lm_unfinished(self) -> int | None:
-        """LM requests the backend still tracks (vLLM: the engine's unfinished requests)."""
-        return self.backend.health().unfinished if self.backend is not None else None
-
     def facts(self) -> dict[str, Any]:
         """What runs: model folder, device and dtypes, backend facts (engine args, quantization, ...)."""
         m = self.cfg.model
         facts: dict[str, Any] = {"model_dir": str(self.model_dir) if self.model_dir else None,
-                                 "random_model": self.random_model, "device": m.device,
+                                 "random_model": self.random_model,
+                                 "device": m.device if self.model is None else str(self.model.device),
                                  "dtypes": {"llm (torch)": m.llm_dtype, "flow": m.flow_dtype, "hift": m.hift_dtype}}
-        if self.model is not None:
-            facts["device"] = str(self.model.device)
         if self.backend is not None:
             facts.update(self.backend.facts())
         if self.synth is not None:

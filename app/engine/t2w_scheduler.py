@@ -67,20 +67,17 @@ class Token2WavScheduler:
         self._closed = False
         self.batch_sizes: dict[int, int] = {}  # flow calls by batch size (facts for the panels/bench)
 
-    def _start(self) -> None:
-        for w in range(self.n_workers):
-            t = threading.Thread(target=self._work, args=(w,), name=f"token2wav-{w}", daemon=True)
-            t.start()
-            self._threads.append(t)
-
     async def _submit(self, key: int, deadline: float, fn=None, item=None, finish=None) -> Any:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         with self._cv:
             if self._closed:
                 raise RuntimeError("the token2wav scheduler is shut down")
-            if not self._threads:
-                self._start()
+            if not self._threads:  # the first job starts the workers
+                self._threads = [threading.Thread(target=self._work, args=(w,), name=f"token2wav-{w}", daemon=True)
+                                 for w in range(self.n_workers)]
+                for t in self._threads:
+                    t.start()
             heapq.heappush(self._heaps[key % self.n_workers],
                            _Job(deadline, next(self._seq), fn, item, finish, fut, loop))
             self._cv.notify_all()

@@ -1,9 +1,9 @@
 """`Utterance`: every piece of one request's state, in one object (nano-vllm's `Sequence` is the model).
 
-The `Synthesizer` makes one per request; it holds the request, its segments, the segment being
-spoken (tokens, LM stream, token->wave stream), its worker and its timings. Worker threads touch it
-only through `finish_chunk` / `vocode_chunks` (one job of a request runs at a time). `vocode_chunks`
-runs the HiFT of one batched flow call's chunks together, one call per mel length (app/model/hift_batch.py).
+The `Synthesizer` makes one per request: the request, its segments, the segment being spoken (tokens,
+LM stream, token->wave stream), its worker and its timings. Worker threads touch it only through a
+`ChunkFinish` (one job of a request runs at a time): one chunk's HiFT alone, or `vocode_chunks`, the
+HiFT of one batched flow call's chunks together, one call per mel length (app/model/hift_batch.py).
 """
 
 from __future__ import annotations
@@ -112,15 +112,6 @@ class Utterance:
         if self.first_hop is None:
             self.first_hop = time.perf_counter()
 
-    def finish_chunk(self, plan: ChunkPlan, mel: torch.Tensor, flow_s: float) -> np.ndarray:
-        """HiFT for `plan` on its flow output (on a worker): [N] float32 samples. `flow_s`: the whole
-        (maybe batched) flow call, the time this request waited on it."""
-        seg = self.segment
-        assert seg is not None
-        t = time.perf_counter()
-        wave = seg.t2w.finish(mel, plan)
-        return self.chunk_done(wave, int(mel.shape[2]), flow_s, time.perf_counter() - t)
-
     def chunk_done(self, wave: torch.Tensor, n_frames: int, flow_s: float, hift_s: float) -> np.ndarray:
         """Count a chunk's stage times (s) and its `n_frames` flow frames; its samples as [N] float32."""
         self.hift_s += hift_s
@@ -152,14 +143,17 @@ class Utterance:
 
 @dataclass(frozen=True)
 class ChunkFinish:
-    """A flow job's finish: HiFT of `plan` for `utterance`, alone (`__call__`) or with the other jobs of its
-    flow call (`vocode_chunks`)."""
+    """A flow job's finish, on a worker: HiFT of `plan` for `utterance`, alone (`__call__`: [N] float32 samples;
+    `flow_s`, the whole maybe-batched flow call, is the time the request waited on it) or with its flow call's
+    other jobs (`vocode_chunks`)."""
 
     utterance: Utterance
     plan: ChunkPlan
 
     def __call__(self, mel: torch.Tensor, flow_s: float) -> np.ndarray:
-        return self.utterance.finish_chunk(self.plan, mel, flow_s)
+        t = time.perf_counter()
+        wave = self.utterance.segment.t2w.finish(mel, self.plan)
+        return self.utterance.chunk_done(wave, int(mel.shape[2]), flow_s, time.perf_counter() - t)
 
 
 def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float, graphs=None, *,

@@ -53,9 +53,9 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, engine: Any, cfg: VLLMConfig, model_path: Path, kwargs: dict[str, Any], *,
-                 ras: bool, started_at: float, env: dict[str, str]) -> None:
+                 started_at: float, env: dict[str, str]) -> None:
         self.engine, self.cfg, self.model_path = engine, cfg, model_path
-        self._kwargs, self._ras, self._env = kwargs, ras, env
+        self._kwargs, self._env = kwargs, env
         self.start_s = time.perf_counter() - started_at  # engine start (after the export)
         self._dtype = getattr(torch, cfg.dtype)
         self._ids = itertools.count()
@@ -114,7 +114,7 @@ class VLLMBackend:
             # and a local here would keep the AsyncLLM alive after aclose()
             # the start (15-60 s) runs in a worker thread so the serving loop keeps answering meanwhile
             return cls(await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs)), cfg,
-                       model_path, kwargs, ras=cfg.ras, started_at=t0, env=env)
+                       model_path, kwargs, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             unset_env(env)
             raise EngineStartError(explain_start_failure(e, cfg, max_pos)) from e
@@ -131,7 +131,7 @@ class VLLMBackend:
                       temperature=1.0, output_kind=RequestOutputKind.DELTA)
         if req.ignore_eos:  # fixed length: stop ids masked before RAS sees the logits (as the torch backend)
             common["allowed_token_ids"] = list(range(SPEECH_TOKEN_SIZE))
-        if self._ras:  # the logits processor turns logits into the RAS distribution; plain draw after it
+        if self.cfg.ras:  # the logits processor turns logits into the RAS distribution; plain draw after it
             # unset fields (a caller that did not resolve the config) take RASParams' defaults, the official yaml's
             ras = {k: v for k, v in (("top_p", s.top_p), ("top_k", s.top_k), ("win_size", s.win_size),
                                      ("tau_r", s.tau_r)) if v is not None}
@@ -179,8 +179,6 @@ class VLLMBackend:
             await gen.aclose()  # vLLM's generate() aborts its request on GeneratorExit/cancel
             if not finished and not engine.errored:
                 await engine.abort(rid)  # no-op when generate() already did it
-
-    # --- state ---------------------------------------------------------------------------------
 
     def n_unfinished(self) -> int:
         """Requests the engine front end still tracks (0 once every stream ended or was aborted)."""
@@ -269,7 +267,7 @@ class VLLMBackend:
         return {
             "backend": self.name, "vllm": vllm.__version__, "model_path": str(self.model_path),
             "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
-            "sampler": "RAS (app.engine.vllm_ras)" if self._ras else "vLLM top-k/top-p (no RAS)",
+            "sampler": "RAS (app.engine.vllm_ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",
             "max_model_len": mc.max_model_len, "block_size": cc.block_size,
             "engine_args": {k: v for k, v in self._kwargs.items() if k != "model"},
             "cpu_env": {k: os.environ[k] for k in cpu_env(self.cfg) if k in os.environ},
