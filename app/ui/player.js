@@ -17,7 +17,7 @@
      in a Blob (the final WAV: exactly the PCM that played), shows it as an <audio controls> with a
      download link named after the first words of the text, and fetches GET studio/requests/<X-Request-Id>
      (the request's metrics record: the same stats line and details as the standard player's) into
-     #player_result, which the page shows in place of the standard outputs (RESULT_CSS, app/ui/player.py).
+     #player_result, which the page shows in place of the standard outputs (app/ui/player.css).
 
      Timings (this page's performance.now(), ms; the Worker's converted through timeOrigin): click (the
      Generate click event's timeStamp), request, headers, firstByte, firstSound, end. firstSound is when
