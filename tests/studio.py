@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 400  # several servers starting at once on 2 cores took 125-250 s
@@ -88,9 +88,18 @@ def stop_server(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the engine process too
+        kill_session(proc.pid)
         proc.wait()
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (a server started with start_new_session=True). Not only its
+    process group: Ray puts each worker in a group of its own, and a replica's vLLM engine in that group
+    outlived a killed cluster (its raylet, which would reap it, died with the launcher's group)."""
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(p.pid) == sid:
+                p.kill()
 
 
 def save_voice(base: str, name: str, transcript: str = EXAMPLE_TRANSCRIPT) -> dict:
