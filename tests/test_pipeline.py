@@ -14,7 +14,7 @@ import torch
 from tolerances import BATCH_ATOL, OWN_TOKEN_AGREEMENT, WAVE_MAX_ATOL, WAVE_RMS_ATOL, at_least, within
 
 from app.config import load_config
-from app.engine.lm_backend import TorchLMBackend
+from app.engine.lm_backend import LMRequest, TorchLMBackend
 from app.engine.pipeline import EmptyTextError, Synthesizer
 from app.engine.requests import SynthesisRequest
 from app.model.loader import load_model
@@ -192,6 +192,24 @@ def test_closing_the_stream_stops_the_lm(tiny):
     first = asyncio.run(first_then_leave())
     assert first.samples.shape[0] > 0 and not first.is_final
     assert synth.lm.n_active == 0
+
+
+def test_lm_workers_end_even_when_their_event_loop_closed_first(tiny):
+    """Each LM stream on its own loop (asyncio.run per call, as the tests and CLIs do): the loop may close right
+    after the stream ends, before its decode thread has returned. The backend must still see every worker end
+    (health, drain), not keep a future of a closed loop pending for good (drain then hung)."""
+    synth, _ = tiny
+    lm = synth.lm
+    hidden = synth.model.hparams.llm.llm_input_size
+
+    async def one(seed: int) -> int:
+        req = LMRequest(request_id=f"loop-{seed}", prompt_embeds=torch.zeros(3, hidden), min_tokens=2, max_tokens=6,
+                        seed=seed, sampling=synth.sampling)
+        return sum([len(ids) async for ids in lm.stream(req)])
+
+    assert all(asyncio.run(one(seed)) > 0 for seed in range(30))
+    asyncio.run(asyncio.wait_for(lm.drain(), timeout=30))  # hung before the fix (6 of 30 workers never ended)
+    assert lm.n_active == 0 and lm.health().unfinished == 0
 
 
 def test_empty_text_is_refused(tiny):
