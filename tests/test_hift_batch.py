@@ -114,7 +114,7 @@ def _interleaved(hift, stream_mels, seeds=None) -> tuple[list[torch.Tensor], lis
             outs = vocode_rows(hift, [rows[b] for b in bucket])
             for b, (wav, source) in zip(bucket, outs, strict=True):
                 k = ks[b]
-                waves[k].append(streams[k].finish_vocoded(rows[b], wav, source, _plan(k, r), 0.0))
+                waves[k].append(streams[k].finish_vocoded(rows[b], wav, source, _plan(k, r)))
     return [torch.cat(w) for w in waves], sizes
 
 

@@ -198,7 +198,7 @@ def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], f
             f = finishes[i]
             try:
                 hift_s = prep_s[i] + call_s
-                wave = f.utterance.segment.t2w.finish_vocoded(rows[i], wav, source, f.plan, hift_s)
+                wave = f.utterance.segment.t2w.finish_vocoded(rows[i], wav, source, f.plan)
                 yield i, f.utterance.chunk_done(wave, int(mels[i].shape[2]), flow_s, hift_s), None
             except Exception as e:
                 yield i, None, e

@@ -25,7 +25,6 @@ request starts with a 4 s first chunk). `crossfade="complementary"` is an option
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -213,7 +212,6 @@ class Token2WavStream:
         self.hop = opts.first_hop_tokens
         self.token_offset = 0
         self.done = False
-        self.flow_s = self.hift_s = 0.0  # wall seconds spent in each stage by `run`
         self._mel_cache: Tensor | None = None  # [1, 80, 8]
         self._source_cache: Tensor | None = None  # [1, 1, 3840]
         self._speech_tail: Tensor | None = None  # [1, 3840]
@@ -314,24 +312,20 @@ class Token2WavStream:
         self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)
 
     def finish(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
-        """HiFT for `plan` on its flow output `mel` [1, 80, T], then advance; returns [samples] float32."""
-        t0 = time.perf_counter()
+        """HiFT for `plan` on its flow output `mel` [1, 80, T], then advance; returns [samples] float32.
+        (Timings are the request's, kept by its `Utterance`, not here.)"""
         wave = self.vocode(mel, plan)
-        self.hift_s += time.perf_counter() - t0
         self.advance(plan)
         return wave
 
-    def finish_vocoded(self, row: HiftRow, wav: Tensor, source: Tensor, plan: ChunkPlan, hift_s: float) -> Tensor:
-        """`finish` for a `row` (`hift_row`) whose HiFT ran in a batched call (`vocode_rows`) that took
-        `hift_s` wall seconds: emit its samples [N] float32, then advance."""
+    def finish_vocoded(self, row: HiftRow, wav: Tensor, source: Tensor, plan: ChunkPlan) -> Tensor:
+        """`finish` for a `row` (`hift_row`) whose HiFT ran in a batched call (`vocode_rows`): emit its
+        samples [N] float32, then advance."""
         wave = self.emit(row, wav, source, plan)
-        self.hift_s += hift_s
         self.advance(plan)
         return wave
 
     def run(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
-        """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32."""
-        t0 = time.perf_counter()
-        mel = self.flow_mel(tokens, plan)
-        self.flow_s += time.perf_counter() - t0
-        return self.finish(mel, plan)
+        """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32. The same
+        functions as the pipeline's jobs (`flow_batch`/`flow_step`, then `finish`), for one stream alone."""
+        return self.finish(self.flow_mel(tokens, plan), plan)
