@@ -94,9 +94,10 @@ async def reference_voice(service, reference: str | Path | bytes, transcript: ob
     """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong.
     A blank transcript is transcribed first (`transcribe`); what was done is in the features' notes."""
     note = ""
-    if transcribe:
+    if transcribe:  # checked there (and Whisper's transcript too)
         transcript, note = await fill_transcript(service, reference, transcript)
-    transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
+    else:
+        transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
     try:
         voice = await service.voice_from_audio(reference, transcript)
     except (AudioError, PromptAudioError, OSError) as e:
