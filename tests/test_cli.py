@@ -8,8 +8,33 @@ import sys
 
 import pytest
 import soundfile as sf
+import torch
+
+from app.config import load_config
+from app.model.token2wav import FlowPrompt, StreamOptions, Token2WavStream
 
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+
+
+def scheduled_chunks(n_prompt: int, n_tokens: int, stream: bool) -> int:
+    """Chunks the hop schedule gives `n_tokens` speech tokens after a prompt of `n_prompt` (the first
+    hop carries the alignment pad, -n_prompt % 25, so the count depends on the sampled lengths)."""
+    s = load_config().streaming  # the CLI runs the default config; the tiny model's flow has chunk 25, look-ahead 3
+    opts = StreamOptions(first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth,
+                         max_hop_tokens=s.max_hop_tokens, align_first_hop=s.align_first_hop)
+    prompt = FlowPrompt(torch.zeros(1, n_prompt), torch.zeros(1, 2 * n_prompt, 80), torch.zeros(1, 192))
+    t2w, n = Token2WavStream(None, None, prompt, opts, stream=stream), 0
+    while (plan := t2w.next_plan(n_tokens, lm_finished=True)) is not None:
+        t2w.advance(plan)
+        n += 1
+    return n
+
+
+def test_scheduled_chunks_follow_the_official_schedule():
+    # 110 prompt tokens: pad 15, so the first hop is 40 tokens + 3 of look-ahead
+    assert [scheduled_chunks(110, n, True) for n in (42, 43, 92, 93, 193)] == [1, 2, 2, 3, 4]
+    assert scheduled_chunks(100, 28, True) == 2 and scheduled_chunks(100, 27, True) == 1
+    assert scheduled_chunks(110, 500, False) == 1
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -27,7 +52,7 @@ def test_synthesize_cli(tiny_model_dir, tmp_path, stream):
     assert sr == 24000 and audio.ndim == 1
     assert audio.shape[0] == round(report["audio_s"] * 24000) > 0
     assert sum(report["chunk_samples"]) == audio.shape[0]
-    assert (len(report["chunk_samples"]) > 1) == (stream and report["n_tokens"] > 28)
+    assert len(report["chunk_samples"]) == scheduled_chunks(report["prompt_tokens"], report["n_tokens"], stream)
 
 
 def test_synthesize_cli_reports_bad_model_dir(tmp_path):

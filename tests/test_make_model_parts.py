@@ -181,7 +181,7 @@ def test_speech_tokenizer_varied_on_speech(tmp_path, golden):
     sess = _session(write_speech_tokenizer(tmp_path / "tok.onnx", seed=0))
     fe = golden("frontend")
     a, b = _tokens(sess, fe["a_whisper_logmel"]), _tokens(sess, fe["b_whisper_logmel"])
-    assert a.shape == (1, 111)  # = the official tokenizer's count for this prompt
+    assert a.shape == fe["a_speech_token_raw"].shape  # = the official tokenizer's count for this prompt
     assert len(np.unique(a)) > 50 and np.mean(a[0, 1:] != a[0, :-1]) > 0.7
     assert np.mean(a == b) > 0.6  # same speech via another resampling path: mostly the same tokens
     spk = _session(write_campplus(tmp_path / "campplus.onnx", seed=0))

@@ -69,7 +69,8 @@ async def run(args: argparse.Namespace) -> dict:
             "checkpoint_counts": service.model.checkpoint_counts, "load_s": round(load_s, 3),
             "frontend_s": round(prepared.reference_s, 3), "mode": prepared.request.mode, "notes": list(prepared.notes),
             "ttfa_ms": round(stats.ttfa_ms, 1), "rtf": round(stats.rtf, 3), "audio_s": round(stats.audio_s, 3),
-            "n_tokens": stats.n_tokens, "tokens_per_s": round(stats.tokens_per_s, 1),
+            "n_tokens": stats.n_tokens, "prompt_tokens": prepared.request.voice.n_prompt_tokens,
+            "tokens_per_s": round(stats.tokens_per_s, 1),
             "n_segments": stats.n_segments, "chunk_samples": chunk_lens,
             "lm_s": round(stats.lm_s, 3), "flow_s": round(stats.flow_s, 3), "hift_s": round(stats.hift_s, 3)}
 
