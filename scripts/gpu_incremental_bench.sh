@@ -3,7 +3,7 @@
 # 250-token requests at 1 and 16 streams, and one 1,500-token segment (flow ms per emitted frame by
 # chunk position: `flow_ms_per_frame_by_chunk` in the report). Reports land in $OUT as sweep_<step>.json.
 #   run(carry=[".carry1"], command="bash .carry1/install_vllm.sh && STEPS='base inc' bash scripts/gpu_incremental_bench.sh")
-# STEPS (space-separated): base | inc | fast | fast_inc | long_base | long_inc | hops (the flow alone:
+# STEPS (space-separated): base | inc | fast | fast_inc | long_base | long_fast | long_inc | hops (the flow alone:
 # incremental hops batched vs alone vs the re-solve at 1/4/16 streams, fp32 and fp16, and the states'
 # memory: scripts/gpu_incremental_graphs.py -> incremental_hops_{float32,float16}.json). INC_GIB: flow_state_gib for
 # the incremental steps (default 90: the H200 has ~139 GiB; vLLM keeps a 2 GiB KV cache).
@@ -23,6 +23,8 @@ for step in ${STEPS:-base inc long_base long_inc}; do
       SWEEP_TIMEOUT=240 bash scripts/gpu_serve_bench.sh ;;
     long_base) TAG=$step PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt \
       SWEEP_TIMEOUT=240 bash scripts/gpu_serve_bench.sh ;;
+    long_fast) TAG=$step PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt \
+      CONFIG=configs/fast.toml SWEEP_TIMEOUT=240 bash scripts/gpu_serve_bench.sh ;;
     long_inc) TAG=$step PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt \
       SETS="$INC" SWEEP_TIMEOUT=240 bash scripts/gpu_serve_bench.sh ;;
     hops) for dt in float32 float16; do
