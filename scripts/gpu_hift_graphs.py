@@ -59,7 +59,8 @@ def serving_check(hift, graphs, streams, frames) -> dict:
             with torch.cuda.stream(streams[w]), torch.inference_mode():
                 for rows, (spec_w, source_w) in zip(jobs[w], want[w], strict=True):
                     spec, source = graphs(hift, rows)
-                    diffs.append(max((spec - spec_w).abs().max().item(), (source - source_w).abs().max().item()))
+                    d = max((spec - spec_w).abs().max().item(), (source - source_w).abs().max().item())
+                    diffs.append((d, len(rows), rows[0].n_frames, w))
         except Exception as e:  # reported
             errors.append(repr(e))
 
@@ -87,7 +88,9 @@ def serving_check(hift, graphs, streams, frames) -> dict:
     with torch.cuda.stream(streams[0]), torch.inference_mode():
         graphs(hift, rows_for(hift, 2, 137, 7))  # a final's free length: eager
     return {"calls": sum(len(j) for j in jobs), "wall_s": round(time.perf_counter() - t0, 3), "errors": errors,
-            "max_diff_vs_alone": max(diffs, default=None), "captures_after_warm_up": graphs.stats.captures - before,
+            "max_diff_vs_alone": max((d[0] for d in diffs), default=None),
+            "largest_diffs_rows_frames_worker": sorted(diffs, reverse=True)[:5],
+            "captures_after_warm_up": graphs.stats.captures - before,
             "uncaptured_length_ran_eager": graphs.stats.eager == eager_before + 1}
 
 

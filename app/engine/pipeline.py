@@ -190,9 +190,10 @@ class Synthesizer:
         e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
-                                     "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames},
-                                 "hift_graphs": None if self.hift_graphs is None else vars(self.hift_graphs.stats) | {
-                                     "kept": self.hift_graphs.n_graphs, "frozen": self.hift_graphs.frozen}}
+                                     "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
+        if self.hift_graphs is not None:  # engine.hift_graphs on a GPU
+            facts["hift_graphs"] = vars(self.hift_graphs.stats) | {"kept": self.hift_graphs.n_graphs,
+                                                                   "frozen": self.hift_graphs.frozen}
         if cache is not None:  # engine.flow_incremental on
             prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
             facts["flow_incremental"] = {"prompt_cache": prompt,
