@@ -84,6 +84,9 @@ class StreamingConfig:
     max_hop_tokens: int = 100
     crossfade: Literal["hamming", "complementary"] = "hamming"  # official window sums to ~1.08
     nsf_noise: bool = True  # HiFT additive NSF noise (False = deterministic, as the parity goldens)
+    # the last chunk's flow call: "exact" = full attention (official); "chunk_causal" = the chunk masks
+    # (streaming=True, finalize=True), incremental with engine.flow_incremental; deviation: docs/precision.md
+    final_call: Literal["exact", "chunk_causal"] = "exact"
 
     def __post_init__(self) -> None:
         if self.first_hop_tokens < 1 or self.max_hop_tokens < self.first_hop_tokens:
@@ -92,6 +95,8 @@ class StreamingConfig:
             raise ConfigError("streaming.hop_growth must be >= 1")
         if self.crossfade not in ("hamming", "complementary"):
             raise ConfigError("streaming.crossfade must be 'hamming' or 'complementary'")
+        if self.final_call not in ("exact", "chunk_causal"):
+            raise ConfigError("streaming.final_call must be 'exact' or 'chunk_causal'")
 
 
 Backend = Literal["auto", "vllm", "torch"]
@@ -112,18 +117,23 @@ class EngineConfig:
     flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
-    hift_graphs: bool = False  # CUDA: replay captured graphs of the batched HiFT step (app/model/hift_graphs.py)
-    hift_max_graphs: int = 32  # HiFT graphs kept (least recently used dropped)
+    hift_graphs: bool = False  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
+    hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)
+    hift_graph_frames: tuple[int, ...] = ()  # exact mel lengths to capture; () = the streaming schedule's
+    hift_max_graphs: int = 160  # graphs per token->wave worker at most (buckets past it run eagerly)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hift_graph_frames", tuple(self.hift_graph_frames))  # TOML gives a list
+        if any(not isinstance(f, int) or f < 1 for f in self.hift_graph_frames):
+            raise ConfigError("engine.hift_graph_frames must be positive integers (mel frames)")
         if min(self.flow_state_gib, self.prompt_cache_gib) < 0:
             raise ConfigError("engine.flow_state_gib and engine.prompt_cache_gib must be >= 0")
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
-               self.flow_max_graphs, self.hift_max_graphs) < 1:
+               self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows) < 1:
             raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames, "
-                              "flow_max_graphs and hift_max_graphs must be >= 1")
+                              "flow_max_graphs, hift_max_graphs and hift_graph_rows must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Definitions (docs/bench.md has the long form; times in seconds from the request'
   `StudioService.stream`; over HTTP: the first body bytes). With a new voice it includes the frontend.
 * RTF: wall (start -> last audio) / audio seconds produced.
 * stall: audio piece k (k >= 1) is late when it arrives after the audio before it has finished
-  playing, playback starting at the first piece: t_k > t_0 + sum(duration of pieces < k).
+  playing, playback starting at the first piece: t_k > t_0 + sum(duration of pieces < k). Per level:
+  `stalls` (late pieces), `late_pct` (of the pieces k >= 1), `streams_stalled`, `max_late_ms`.
 Nothing here imports matplotlib at import time (the PNG needs it; `bench plot` re-draws from JSON).
 """
 
@@ -29,7 +30,7 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 LEVEL_FIELDS = ("voice", "concurrency", "n", "errors", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_max_ms", "rtf_p50",
-                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "max_late_ms", "gpu_mem_gb", "rss_gb")
+                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "late_pct", "max_late_ms", "gpu_mem_gb", "rss_gb")
 
 
 @dataclass
@@ -107,6 +108,7 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         return _r(_pct([getattr(r, key) for r in ok if getattr(r, key) is not None], 50), nd)
 
     errors = [r.error for r in results if not r.ok]
+    stalls, can_be_late = sum(r.stalls for r in ok), sum(max(r.n_pieces - 1, 0) for r in ok)  # piece 0 is never late
     return {
         "voice": voice, "concurrency": concurrency, "n": len(results), "errors": len(errors),
         "ttfa_p50_ms": _r(_pct(ttfa, 50)), "ttfa_p95_ms": _r(_pct(ttfa, 95)),
@@ -114,7 +116,8 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "rtf_p50": _r(_pct(rtf, 50), 4), "rtf_p95": _r(_pct(rtf, 95), 4),
         "audio_s_per_s": _r(audio_s / wall_s if wall_s > 0 else None, 3),
         "tokens_per_s": _r(tokens / wall_s if wall_s > 0 else None),
-        "stalls": sum(r.stalls for r in ok), "max_late_ms": _r(max((r.max_late_ms for r in ok), default=0.0)),
+        "stalls": stalls, "late_pct": _r(100 * stalls / can_be_late if can_be_late else 0.0, 2),
+        "max_late_ms": _r(max((r.max_late_ms for r in ok), default=0.0)),
         "gpu_mem_gb": _r(mem.get("gpu_mem_gb"), 2), "rss_gb": _r(mem.get("rss_gb"), 2),
         # extras
         "wall_s": _r(wall_s, 3), "audio_s_total": _r(audio_s, 3), "tokens_total": tokens,

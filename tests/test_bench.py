@@ -85,6 +85,19 @@ def test_late_pieces_definition():
     assert stalls == 1 and worst_ms == pytest.approx(200.0)  # piece 2 is due at 1.1 s; the rest are in time
 
 
+def test_late_pieces_per_level():
+    """A level's late pieces: summed, and as a share of the pieces that can be late (every piece after a
+    request's first), for the issue 26 goal "late pieces <= 1 %"."""
+    from bench.report import result_from_arrivals, summarize_level
+
+    late = result_from_arrivals(0, [(0.1, 24_000), (1.3, 12_000), (1.5, 24_000), (2.4, 2_400)], 2.5)
+    on_time = result_from_arrivals(1, [(0.1, 24_000), (1.05, 24_000), (2.1, 24_000)], 2.2)
+    level = summarize_level("saved", 2, [late, on_time], 2.5, {})
+    assert level["stalls"] == 1 and level["late_pct"] == pytest.approx(100 / 5, abs=0.01)  # 1 of 3 + 2 pieces
+    assert level["streams_stalled"] == 1 and level["max_late_ms"] == pytest.approx(200.0)
+    assert summarize_level("saved", 1, [on_time], 2.2, {})["late_pct"] == 0.0
+
+
 def test_module_imports_stay_light():
     """The H200 has torch, numpy and vLLM's deps only: importing the tool pulls none of these in."""
     code = ("import sys, bench, bench.targets, bench.memory; "

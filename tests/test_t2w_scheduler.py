@@ -98,3 +98,41 @@ def test_flow_jobs_waiting_together_share_one_call_most_urgent_first():
     assert asyncio.run(main()) == ["MEL:A", "MEL:B", "MEL:C", "MEL:D", "MEL:E"]
     # e (0.5) takes the two most urgent jobs of its key (c, d); then b (1.0) alone; then a
     assert calls == [["e", "c", "d"], ["b"], ["a"]]
+
+
+def test_first_chunks_and_streams_about_to_run_dry_go_first():
+    """Fake jobs with the deadlines real requests give (`Utterance.deadline`): a first chunk is due when
+    its request started (someone waits in silence), a later chunk when the audio already sent has played
+    out. Queued at t = 100 s: the stream that already ran dry goes first, then the two first chunks (the
+    older request first), then the stream with 0.2 s of audio left, and last the one with 7 s buffered."""
+    from app.audio import OUTPUT_SAMPLE_RATE_HZ
+    from app.engine.requests import SynthesisRequest
+    from app.engine.utterance import Utterance
+
+    def utterance(name: str, t0: float, first_audio: float | None = None, audio_s: float = 0.0) -> Utterance:
+        u = Utterance(SynthesisRequest(text=name, voice=None, request_id=name), [name])
+        u.t0, u.first_audio, u.n_samples = t0, first_audio, int(audio_s * OUTPUT_SAMPLE_RATE_HZ)
+        return u
+
+    queued = [utterance("buffered 7 s", 95.0, 97.0, 10.0),  # plays until 107.0
+              utterance("0.2 s left", 98.5, 99.0, 1.2),  # until 100.2
+              utterance("first chunk, new", 99.99),
+              utterance("ran dry", 94.0, 96.0, 3.5),  # until 99.5: already late
+              utterance("first chunk, older", 99.9)]
+
+    async def main() -> list[str]:
+        s = Token2WavScheduler(1)
+        gate, order = threading.Event(), []
+        blocker = asyncio.ensure_future(s.run(gate.wait, deadline=float("-inf")))
+        while s.queued():
+            await asyncio.sleep(0.01)
+        jobs = [asyncio.ensure_future(s.run(lambda n=u.request.text: order.append(n), deadline=u.deadline()))
+                for u in queued]
+        while s.queued() < len(queued):
+            await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(blocker, *jobs)
+        s.shutdown()
+        return order
+
+    assert asyncio.run(main()) == ["ran dry", "first chunk, older", "first chunk, new", "0.2 s left", "buffered 7 s"]

@@ -26,7 +26,7 @@ from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, bytes_after
 from app.model.flow.prompt_cache import PromptCache
-from app.model.hift_graphs import HiftGraphs
+from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, StreamOptions, Token2WavStream, flow_batch
 
@@ -45,7 +45,8 @@ class Synthesizer:
         self.stream_opts = StreamOptions(
             first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
             chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
-            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=e.flow_incremental)
+            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=e.flow_incremental,
+            chunk_causal_final=s.final_call == "chunk_causal")
         # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
         self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30)) if e.flow_incremental else None
         self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
@@ -53,13 +54,27 @@ class Synthesizer:
         # CUDA graphs of the flow estimator's ODE solve; batched HiFT after each flow call (graphs of its step)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
                                            max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and cuda else None
-        self.hift_graphs = HiftGraphs(max_graphs=e.hift_max_graphs) if e.hift_graphs and cuda else None
+        self.hift_graphs = HiftGraphs() if e.hift_graphs and cuda else None  # captured by `capture_graphs`
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
-        finish_batch = partial(vocode_chunks, model.hift, graphs=self.hift_graphs, sizes=self.hift_batch_sizes) \
-            if e.hift_batch else None
+        finish_batch = self._vocode_chunks if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs),
                                        finish_batch=finish_batch)
+
+    def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
+        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
+        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
+
+    def capture_graphs(self) -> None:
+        """Warm-up only (before the first request): capture the HiFT graphs of every (rows, frames) bucket for
+        every token->wave worker; the set is then frozen, nothing is captured while serving (a capture broke
+        other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing."""
+        if self.hift_graphs is None or self.hift_graphs.frozen:
+            return
+        e = self.cfg.engine
+        frames = e.hift_graph_frames or schedule_frames(self.stream_opts)
+        self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
+                                 max_graphs=e.hift_max_graphs)
 
     def lm_request(self, req: SynthesisRequest, segment: str, index: int) -> LMRequest:
         fe, llm, voice = self.model.frontend, self.model.llm, req.voice
@@ -176,6 +191,9 @@ class Synthesizer:
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
+        if self.hift_graphs is not None:  # engine.hift_graphs on a GPU
+            facts["hift_graphs"] = vars(self.hift_graphs.stats) | {"kept": self.hift_graphs.n_graphs,
+                                                                   "frozen": self.hift_graphs.frozen}
         if cache is not None:  # engine.flow_incremental on
             prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
             facts["flow_incremental"] = {"prompt_cache": prompt,

@@ -130,7 +130,9 @@ class StudioService:
         self.status = status
 
     async def _warm_up(self) -> None:
-        """One short request through every stage (first-call costs are paid before users arrive)."""
+        """HiFT graphs captured, then one short request through every stage (first-call costs are paid before
+        users arrive)."""
+        await asyncio.to_thread(self.synth.capture_graphs)
         example = json.loads((ASSETS_DIR / "examples.json").read_text(encoding="utf-8"))["voices"][0]
         voice = await self.voice_from_audio(ASSETS_DIR / example["audio"], example["transcript"])
         req = SynthesisRequest(text=WARMUP_TEXT, voice=voice, seed=0, stream=True)

@@ -60,6 +60,11 @@ class Token2WavScheduler:
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
         self.finish_batch = finish_batch
         self.device = torch.device(device)
+        # one CUDA stream per worker (the default stream for a single worker): workers overlap on the GPU;
+        # made here so that warm-up can capture each worker's CUDA graphs before any job runs
+        use_cuda = self.device.type == "cuda"
+        self.streams = [torch.cuda.Stream(self.device) if use_cuda and n_workers > 1 else None
+                        for _ in range(n_workers)]
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._cv = threading.Condition()
         self._seq = itertools.count()  # FIFO among equal deadlines
@@ -112,9 +117,7 @@ class Token2WavScheduler:
         return [job, *mates]
 
     def _work(self, w: int) -> None:
-        use_cuda = self.device.type == "cuda"
-        # one CUDA stream per worker (the default stream for a single worker): workers overlap on the GPU
-        stream = torch.cuda.Stream(self.device) if use_cuda and self.n_workers > 1 else None
+        stream = self.streams[w]
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
             while True:
