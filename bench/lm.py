@@ -124,7 +124,11 @@ async def run(args) -> dict:
     if args.profile_dir:
         from app.engine.vllm_backend import VLLMBackend
 
-        profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve())}
+        # a small trace, quick to write: the engine process only, 100 steps, no Python stacks or gzip
+        # (run Q's default-option trace of a 300-token request was not written within minutes)
+        profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
+                    "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
+                    "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
         backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
     else:
         backend = await make_backend(cfg, model)

