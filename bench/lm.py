@@ -1,13 +1,18 @@
 """Speech-LM benchmark: time to first token and inter-token latency at several concurrencies.
 
-    python -m bench.lm --model-dir D [--config configs/x.toml] [--conc 1,16,64]
+    python -m bench.lm --model-dir D [--config configs/x.toml] [--set vllm.KEY=VALUE ...] [--conc 1,16,64]
         [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
+        [--voice-prefix N] [--profile-dir DIR]
 
 Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
 tokens) built with the model's own embedding tables, and produces exactly `--tokens` speech tokens
 (fixed-length mode: eos ignored, as random-weight models need). A level of concurrency C starts C
 requests at once and waits for all of them (after a short warm-up at that size). TTFT = first
 token - submit; ITL = (last - first token time) / (tokens - 1). GPU memory from nvidia-smi.
+`--voice-prefix N`: every request speaks with one saved voice (the same N prompt-text ids and the same
+prompt speech tokens; only the text to speak differs), as a voice's repeat users do: what vLLM's prefix
+cache can reuse. `--profile-dir DIR` (vLLM engines): a torch profile of the engine process over one more
+1-stream request (vLLM's profiler; with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 its steps are annotated).
 Prints one JSON line per level and a Markdown table; `--out` writes the whole report.
 """
 
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from app.cli import parse_sets
 from app.config import load_config
 from app.engine.backends import make_backend
 from app.engine.lm_backend import LMRequest
@@ -64,11 +70,17 @@ async def one(backend, req: LMRequest) -> tuple[float, list[tuple[float, int]]]:
 
 def make_requests(model, cfg, n: int, args, tag: str) -> list[LMRequest]:
     g = torch.Generator().manual_seed(zlib.crc32(tag.encode()))  # hash() is salted per process
+    voice = torch.Generator().manual_seed(1)  # --voice-prefix: the same voice in every level and request
+    prompt_text = torch.randint(0, 150_000, (args.voice_prefix,), generator=voice)
+    prompt_speech = torch.randint(0, 6561, (args.prompt_tokens,), generator=voice)
     reqs = []
     for i in range(n):
         text = torch.randint(0, 150_000, (args.text_tokens,), generator=g)
         speech = torch.randint(0, 6561, (args.prompt_tokens,), generator=g)
-        emb = model.llm.build_lm_input(text, (), speech)[0].float().cpu()
+        if args.voice_prefix:
+            emb = model.llm.build_lm_input(text, prompt_text, prompt_speech)[0].float().cpu()
+        else:
+            emb = model.llm.build_lm_input(text, (), speech)[0].float().cpu()
         reqs.append(LMRequest(request_id=f"{tag}-{i}", prompt_embeds=emb, min_tokens=args.tokens,
                               max_tokens=args.tokens, seed=i, sampling=cfg.sampling, ignore_eos=True))
     return reqs
@@ -95,16 +107,37 @@ async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
             "realtime_x_per_stream": round(40 / (1e3 * statistics.mean(itl)), 1) if itl else None}
 
 
+async def profile_one(backend, model, cfg, args) -> None:
+    """One 1-stream request under vLLM's torch profiler (the engine process writes its trace)."""
+    await backend.engine.start_profile()
+    try:
+        await level(backend, model, cfg, 1, args, "profile")
+    finally:
+        await backend.engine.stop_profile()
+
+
 async def run(args) -> dict:
-    cfg = load_config(args.config, {"model.device": args.device} if args.device else {})
+    sets = {"model.device": args.device} if args.device else {}
+    cfg = load_config(args.config, sets | parse_sets(args.set))
     model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
     t0 = time.perf_counter()
-    backend = await make_backend(cfg, model)
+    if args.profile_dir:
+        from app.engine.vllm_backend import VLLMBackend
+
+        # a small trace, quick to write: the engine process only, 100 steps, no Python stacks or gzip
+        # (run Q's default-option trace of a 300-token request was not written within minutes)
+        profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
+                    "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
+                    "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
+        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
+    else:
+        backend = await make_backend(cfg, model)
     start_s = time.perf_counter() - t0
     report = {"machine": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
               "date": time.strftime("%Y-%m-%d"), "backend": backend.name, "engine_start_s": round(start_s, 1),
               "facts": getattr(backend, "facts", dict)(), "tokens": args.tokens,
-              "prompt_positions": 2 + args.text_tokens + args.prompt_tokens,
+              "prompt_positions": 2 + args.voice_prefix + args.text_tokens + args.prompt_tokens,
+              "voice_prefix": args.voice_prefix, "sets": args.set,
               "mem_after_start": gpu_memory(), "levels": []}
     try:
         for c in args.conc:
@@ -115,6 +148,8 @@ async def run(args) -> dict:
                 report["levels"].append(r)
                 print("BENCH_LM", json.dumps(r), flush=True)
         report["mem_after_runs"] = gpu_memory()
+        if args.profile_dir:
+            await profile_one(backend, model, cfg, args)
     finally:
         await backend.aclose()
     return report
@@ -124,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.lm", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--config", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--voice-prefix", type=int, default=0, help="N: one saved voice with N prompt-text ids")
+    p.add_argument("--profile-dir", default=None, help="vLLM: profile one 1-stream request into DIR")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)

@@ -55,6 +55,7 @@ class RequestResult:
     hift_s: float | None = None
     first_token_ms: float | None = None  # in-process: RequestStats.first_token_ms / first_hop_ms
     first_hop_ms: float | None = None
+    lm_ms_per_token: float | None = None  # in-process: RequestStats.lm_ms_per_token (the LM's pace in the pipeline)
     first_flow_ms: float | None = None  # in-process: the first chunk's flow call (RequestStats.chunk_flow_ms[0])
     # in-process: per chunk, flow ms per emitted mel frame (RequestStats.chunk_flow_ms / chunk_frames)
     flow_ms_per_frame: list[float] | None = None
@@ -126,6 +127,7 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "frontend_p50_s": p50("frontend_s"), "lm_p50_s": p50("lm_s"), "flow_p50_s": p50("flow_s"),
         "hift_p50_s": p50("hift_s"), "first_token_p50_ms": p50("first_token_ms", 1),
         "first_hop_p50_ms": p50("first_hop_ms", 1), "first_flow_p50_ms": p50("first_flow_ms", 1),
+        "lm_ms_per_token_p50": p50("lm_ms_per_token"),
         "kv_cache_usage_peak": _r(mem.get("kv_cache_usage_peak"), 3),
         "gpu_total_gb": _r(mem.get("gpu_total_gb"), 1), "error_examples": sorted(set(errors))[:3],
         "flow_ms_per_frame_by_chunk": flow_by_chunk(ok),

@@ -171,6 +171,7 @@ class InProcess:
         extra = {} if stats is None else dict(
             n_tokens=stats.n_tokens, server_ttfa_ms=stats.ttfa_ms, lm_s=stats.lm_s, flow_s=stats.flow_s,
             hift_s=stats.hift_s, first_token_ms=stats.first_token_ms, first_hop_ms=stats.first_hop_ms,
+            lm_ms_per_token=stats.lm_ms_per_token,
             first_flow_ms=stats.chunk_flow_ms[0] if stats.chunk_flow_ms else None,
             flow_ms_per_frame=[round(ms / n, 4) for ms, n in zip(stats.chunk_flow_ms, stats.chunk_frames, strict=True)
                                if n])

@@ -98,6 +98,21 @@ def test_late_pieces_per_level():
     assert summarize_level("saved", 1, [on_time], 2.2, {})["late_pct"] == 0.0
 
 
+def test_level_reports_the_first_audio_path_and_lm_pace():
+    """Per level: the LM's ms per token inside the pipeline, time to first token, first hop all in and the
+    first flow call, medians of the in-process requests' RequestStats (None over HTTP)."""
+    from bench.report import RequestResult, summarize_level
+
+    rows = [RequestResult(index=i, ok=True, ttfa_ms=200.0 + i, wall_s=2.0, audio_s=4.0, first_token_ms=40.0 + i,
+                          first_hop_ms=100.0 + i, first_flow_ms=80.0 + i, lm_ms_per_token=1.0 + i)
+            for i in range(3)]
+    lv = summarize_level("saved", 3, rows, wall_s=2.5, mem={})
+    assert (lv["lm_ms_per_token_p50"], lv["first_token_p50_ms"], lv["first_hop_p50_ms"],
+            lv["first_flow_p50_ms"]) == (2.0, 41.0, 101.0, 81.0)
+    over_http = summarize_level("saved", 1, [RequestResult(index=0, ok=True, ttfa_ms=1.0, wall_s=1.0)], 1.0, {})
+    assert over_http["lm_ms_per_token_p50"] is None and over_http["first_hop_p50_ms"] is None
+
+
 def test_module_imports_stay_light():
     """The H200 has torch, numpy and vLLM's deps only: importing the tool pulls none of these in."""
     code = ("import sys, bench, bench.targets, bench.memory; "

