@@ -5,12 +5,10 @@ sharing one batched flow call. Tiny random model, real CPU LM (torch backend).""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import numpy as np
 import pytest
-from test_pipeline import EN_PROMPT, collect, make_synth
+from test_pipeline import EN_PROMPT, collect, held_together, make_synth
 from tolerances import WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.config import ConfigError, load_config
@@ -66,22 +64,10 @@ def test_exact_finals_of_streams_finishing_together_share_a_call(tiny_model_dir,
     reqs = [SynthesisRequest(text=TEXT, voice=voice, seed=30 + i, stream=False, fixed_tokens=40 + 20 * i)
             for i in range(3)]
 
-    async def together():
-        gate = threading.Event()
-        blocker = asyncio.ensure_future(synth._t2w.run(gate.wait, deadline=float("-inf")))
-        runs = [asyncio.ensure_future(collect(synth, r)) for r in reqs]
-        deadline = time.monotonic() + 120
-        while synth._t2w.queued() < len(reqs):
-            assert time.monotonic() < deadline, "the finals never waited together"
-            await asyncio.sleep(0.01)
-        gate.set()
-        await blocker
-        return await asyncio.gather(*runs)
-
     try:
         alone = [asyncio.run(collect(synth, r)) for r in reqs]
         before = synth._t2w.batch_sizes.get(3, 0)
-        both = asyncio.run(together())
+        both = asyncio.run(held_together(synth, reqs, "finals"))
     finally:
         asyncio.run(synth.aclose())
     assert synth._t2w.batch_sizes.get(3, 0) == before + 1  # one flow call held the three finals

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_pipeline import collect, make_synth
+from test_pipeline import collect, held_together, make_synth
 from tolerances import BATCH_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.engine.requests import SynthesisRequest
@@ -294,22 +293,10 @@ def test_pipeline_concurrent_requests_share_hift_calls(parity_model_dir, voice):
     synth = make_synth(parity_model_dir, nsf_noise=True, flow_batch=4)
     reqs = [SynthesisRequest(text=t, voice=voice, seed=5 + i, stream=True) for i, t in enumerate(TEXTS)]
 
-    async def together():
-        gate = threading.Event()  # hold the token2wav worker until all first chunks are queued
-        blocker = asyncio.ensure_future(synth._t2w.run(gate.wait, deadline=float("-inf")))
-        runs = [asyncio.ensure_future(collect(synth, r)) for r in reqs]
-        deadline = time.monotonic() + 120
-        while synth._t2w.queued() < len(reqs):
-            assert time.monotonic() < deadline, "the first chunks never waited together"
-            await asyncio.sleep(0.01)
-        gate.set()
-        await blocker
-        return await asyncio.gather(*runs)
-
     try:
         alone = [asyncio.run(collect(synth, r)) for r in reqs]
         before = dict(synth.hift_batch_sizes)
-        both = asyncio.run(together())
+        both = asyncio.run(held_together(synth, reqs))
     finally:
         asyncio.run(synth.aclose())
     shared = {n: c - before.get(n, 0) for n, c in synth.hift_batch_sizes.items() if n > 1}

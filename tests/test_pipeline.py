@@ -36,6 +36,22 @@ async def collect(synth: Synthesizer, req: SynthesisRequest):
     return [c async for c in synth.stream(req)]
 
 
+async def held_together(synth: Synthesizer, reqs: list[SynthesisRequest], what: str = "first chunks",
+                        timeout_s: float = 120.0) -> list:
+    """Stream `reqs` concurrently with the token->wave worker held until one job of each waits in its
+    queue, so the jobs meet in one batched call; returns each request's chunks."""
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(synth._t2w.run(gate.wait, deadline=float("-inf")))
+    runs = [asyncio.ensure_future(collect(synth, r)) for r in reqs]
+    deadline = time.monotonic() + timeout_s
+    while synth._t2w.queued() < len(reqs):
+        assert time.monotonic() < deadline, f"the {what} never waited together"
+        await asyncio.sleep(0.01)
+    gate.set()
+    await blocker
+    return await asyncio.gather(*runs)
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     synth = make_synth(tiny_model_dir)
