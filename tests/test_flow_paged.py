@@ -188,3 +188,26 @@ def test_bytes_per_frame(flow):
     assert bytes_per_frame(flow) == per * 4 and state_bytes(flow, 2) / 2 >= bytes_per_frame(flow)
     print(f"pool bytes per frame on the fixture flow: {bytes_per_frame(flow):.0f} fp32, "
           f"{bytes_per_frame(flow, torch.float16):.0f} fp16; tail slot {pool.tail_bytes} B per stream")
+
+
+def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
+    """A prompt cache on the pool: an evicted voice drops its references; its blocks go back to the pool
+    only once the stream started from it ends (the stream keeps reading them meanwhile)."""
+    from app.model.flow.prompt_cache import PromptCache
+
+    pool = KVPool(flow, n_blocks=32)
+    a, b = prompt, other_voice(prompt)
+    one = build_voice_prefix(flow, a.tokens, a.mel, a.embedding, pool=pool)
+    cache = PromptCache(max_bytes=int(1.5 * one.nbytes), pool=pool)
+    one.release()
+    first = cache.get("a", flow, a.tokens, a.mel, a.embedding)
+    s = Token2WavStream(flow, None, a, StreamOptions(incremental=True), stream=True, voice_prefix=first, flow_pool=pool)
+    s.flow_state  # noqa: B018  (the stream starts from the prefix: one more reference per block)
+    blocks = list(first.state.est.table)
+    cache.get("b", flow, b.tokens, b.mel, b.embedding)  # over max_bytes: "a" is evicted
+    assert cache.stats.evictions == 1 and len(cache) == 1
+    assert all(pool.refcount(x) == 1 for x in blocks)  # the stream's references only
+    s.drop_flow_state()
+    assert all(pool.refcount(x) == 0 for x in blocks)
+    cache.clear()
+    assert pool.used_blocks == 0
