@@ -215,6 +215,7 @@ class Synthesizer:
                     "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
                     "paged_graphs": None if self.paged_graphs is None else {
                         "kept": len(self.paged_graphs.buckets), "replays": self.paged_graphs.replays,
+                        "capture_failures": self.paged_graphs.capture_failures,
                         "eager": self.paged_graphs.misses}}
         return facts
 

@@ -13,6 +13,7 @@ the output clone (the clone is taken on the caller's stream before the lock is r
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 
 import torch
@@ -21,6 +22,8 @@ from torch import Tensor
 from app.model.flow.flow import CausalFlow
 from app.model.flow.paged import KVPool, PagedEstCall, block_bytes
 from app.model.flow.paged_solve import PagedInputs, bucket_up, paged_solve
+
+log = logging.getLogger(__name__)
 
 
 def make_pool(flow: CausalFlow, max_bytes: int, *, graphs: bool, max_rows: int = 16,
@@ -45,7 +48,7 @@ class PagedGraphs:
         self.rows, self.frames, self.key_blocks = tuple(sorted(rows)), tuple(sorted(frames)), tuple(sorted(key_blocks))
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PagedInputs, Tensor]] = {}
         self.lock = threading.Lock()
-        self.replays = self.misses = 0
+        self.replays = self.misses = self.capture_failures = 0
 
     @staticmethod
     def available(pool: KVPool) -> bool:
@@ -87,8 +90,14 @@ class PagedGraphs:
                 torch.cuda.current_stream().wait_stream(side)
                 torch.cuda.synchronize(self.pool.device)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=mempool):
-                    out = paged_solve(self.flow, self.pool, inp)
+                try:
+                    with torch.cuda.graph(g, pool=mempool):
+                        out = paged_solve(self.flow, self.pool, inp)
+                except RuntimeError as e:  # that bucket then runs eagerly; the next capture gets a new pool
+                    log.warning("paged flow graph %s not captured: %s", key, e)
+                    self.capture_failures += 1
+                    mempool = torch.cuda.graph_pool_handle()
+                    continue
                 self._graphs[key] = (g, inp, out)
             torch.cuda.synchronize(self.pool.device)
         return len(self._graphs)
