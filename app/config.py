@@ -117,6 +117,10 @@ class EngineConfig:
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
     flow_incremental: bool = False  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
     flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
+    flow_paged: bool = True  # incremental states in one block pool of flow_state_gib (app/model/flow/paged.py)
+    flow_paged_graphs: bool = False  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
+    flow_paged_graph_rows: int = 16  # graph buckets: 1, 4, 16, ... streams up to this
+    flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
     hift_graphs: bool = False  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
@@ -133,9 +137,11 @@ class EngineConfig:
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
-               self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows) < 1:
+               self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows, self.flow_paged_graph_rows,
+               self.flow_paged_graph_blocks) < 1:
             raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames, "
-                              "flow_max_graphs, hift_max_graphs and hift_graph_rows must be >= 1")
+                              "flow_max_graphs, hift_max_graphs, hift_graph_rows, flow_paged_graph_rows and "
+                              "flow_paged_graph_blocks must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, bytes_after
+from app.model.flow.paged import PoolFull, blocks_needed
+from app.model.flow.paged_graphs import make_pool
 from app.model.flow.prompt_cache import PromptCache
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.loader import CosyVoice2Model
@@ -48,9 +50,15 @@ class Synthesizer:
             crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=e.flow_incremental,
             chunk_causal_final=s.final_call == "chunk_causal")
         # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
-        self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30)) if e.flow_incremental else None
-        self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
         cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
+        # paged: one block pool of flow_state_gib (a full pool refuses hops: the re-solve takes over)
+        self.flow_pool, self.paged_graphs = make_pool(
+            model.flow, int(e.flow_state_gib * 2**30), graphs=e.flow_paged_graphs and cuda,
+            max_rows=e.flow_paged_graph_rows, max_blocks=e.flow_paged_graph_blocks) \
+            if e.flow_incremental and e.flow_paged else (None, None)
+        self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool) \
+            if e.flow_incremental else None
+        self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
         # CUDA graphs of the flow estimator's ODE solve; batched HiFT after each flow call (graphs of its step)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
                                            max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and cuda else None
@@ -58,7 +66,8 @@ class Synthesizer:
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
         finish_batch = self._vocode_chunks if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs),
+                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs,
+                                                       paged_graphs=self.paged_graphs),
                                        finish_batch=finish_batch)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
@@ -104,8 +113,7 @@ class Synthesizer:
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
         t2w = seg.t2w
         incremental = t2w.opts.incremental and plan.streaming and not seg.resolve
-        if incremental and not self.flow_budget.admit(  # the bytes its state may hold after this hop
-                t2w, bytes_after(self.model.flow, t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens)):
+        if incremental and not self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
             # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
             incremental = False
             seg.resolve = True
@@ -115,9 +123,24 @@ class Synthesizer:
                                plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
         try:
             return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
+        except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
+            seg.resolve = True
+            t2w.drop_flow_state()
+            return await self._t2w.run_flow(t2w.flow_item(tokens, plan), ChunkFinish(u, plan),
+                                            deadline=u.deadline(), key=u.worker)
         finally:  # this stream's job is over (done, failed or cancelled): count what it holds
             if incremental:
                 self.flow_budget.update(t2w, t2w.flow_state_bytes)
+
+    def _bytes_after(self, t2w: Token2WavStream, plan: ChunkPlan) -> int:
+        # the bytes a stream's state may hold after this hop (its own: a voice prefix is held once, by the cache);
+        # pooled: whole blocks, and the worker's allocation checks the pool itself (PoolFull -> re-solve)
+        state, n_tokens = t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens
+        if self.flow_pool is None:
+            return bytes_after(self.model.flow, state, n_tokens)
+        pool = self.flow_pool
+        own = len(state.est.table) - state.est.n_shared if state is not None else 0
+        return (own + blocks_needed(pool, state, n_tokens)) * pool.block_bytes + pool.tail_bytes
 
     def _flow_state(self, t2w: Token2WavStream, voice_key) -> FlowState:
         # the stream's incremental state, from its voice's prefix (a prompt cache miss builds it here, on a worker)
@@ -152,7 +175,8 @@ class Synthesizer:
         # its prefill and first hop run while our last chunks are vocoded, so the join does not stall
         # (the same requests and seeds as one after the other)
         req, t2w = u.request, Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
-                                             stream=u.request.stream, speed=u.request.speed, generator=hift_gen)
+                                             stream=u.request.stream, speed=u.request.speed, generator=hift_gen,
+                                             flow_pool=self.flow_pool)
         lm, first = u.take_next_lm()
         u.segment = seg = Segment(seg_i, text, t2w, lm or self.lm.stream(self.lm_request(req, text, seg_i)), [])
         try:
@@ -184,6 +208,11 @@ class Synthesizer:
         finally:
             await seg.lm.aclose()  # aborts the LM request if we stopped early
             self.flow_budget.release(t2w)
+            if t2w.flow_state_or_none is not None:  # pooled blocks back, after any hop of ours still running
+                try:  # (our worker runs jobs one at a time, so this waits for it)
+                    await self._t2w.run(t2w.drop_flow_state, deadline=time.perf_counter(), key=u.worker)
+                finally:  # idempotent; also when the scheduler is closed
+                    t2w.drop_flow_state()
 
     def facts(self) -> dict[str, Any]:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
@@ -198,6 +227,14 @@ class Synthesizer:
             prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
             facts["flow_incremental"] = {"prompt_cache": prompt,
                                          "state_bytes": budget.held_bytes, "refused_streams": budget.refused}
+            if self.flow_pool is not None:
+                pool = self.flow_pool
+                facts["flow_incremental"] |= {
+                    "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
+                    "paged_graphs": None if self.paged_graphs is None else {
+                        "kept": len(self.paged_graphs.buckets), "replays": self.paged_graphs.replays,
+                        "capture_failures": self.paged_graphs.capture_failures,
+                        "eager": self.paged_graphs.misses}}
         return facts
 
     async def aclose(self) -> None:

@@ -36,6 +36,7 @@ from torch import Tensor
 from app.audio import MEL_FRAMES_PER_TOKEN
 from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import FlowState, VoicePrefix, incremental_inference
+from app.model.flow.paged import KVPool
 from app.model.hift_batch import HiftRow, make_row, vocode_rows
 
 MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
@@ -122,7 +123,8 @@ class IncrementalItem:
 
 
 @torch.inference_mode()
-def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None) -> list[Tensor | ValueError]:
+def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None,
+               paged_graphs=None) -> list[Tensor | ValueError]:
     """New mel frames [1, 80, T_i] (float32) for each item, computed in one batched flow call.
 
     Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
@@ -131,14 +133,15 @@ def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None)
     `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager);
     a batch's rows are padded to a power of two there, so 5 row counts cover a batch of 16.
     `IncrementalItem`s (all of them, or none) run `incremental_batch` (app/model/flow/batch.py, eager):
-    an item whose call is refused gets its ValueError as its output, the others still run.
+    an item whose call is refused gets its ValueError as its output, the others still run
+    (`paged_graphs`: the pooled states' captured solves, app/model/flow/paged_graphs.py).
     """
     if isinstance(items[0], IncrementalItem):
         if not all(isinstance(it, IncrementalItem) for it in items):
             raise ValueError("flow_batch cannot mix incremental hops and re-solve calls")
         return incremental_batch(flow, [it.state() for it in items], [it.tokens for it in items],
                                  finalize=[it.finalize for it in items],
-                                 token_offsets=[it.token_offset for it in items])
+                                 token_offsets=[it.token_offset for it in items], graphs=paged_graphs)
     device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
     if len(items) == 1:
         it = items[0]
@@ -197,12 +200,13 @@ class Token2WavStream:
 
     def __init__(self, flow, hift, prompt: FlowPrompt, opts: StreamOptions, *, stream: bool,
                  speed: float = 1.0, generator: torch.Generator | None = None,
-                 voice_prefix: VoicePrefix | None = None) -> None:
+                 voice_prefix: VoicePrefix | None = None, flow_pool: KVPool | None = None) -> None:
         if speed != 1.0 and stream:
             raise ValueError("speed change is only supported without streaming (as upstream)")
         if voice_prefix is not None and not opts.incremental:
             raise ValueError("voice_prefix is used by the incremental flow only: set StreamOptions.incremental")
         self.voice_prefix = voice_prefix  # shared, read only (PromptCache entry)
+        self.flow_pool = flow_pool  # the paged state pool of the incremental flow (None: growable buffers)
         self._flow_state: FlowState | None = None  # incremental flow state, made on first use
         self.flow, self.hift, self.prompt, self.opts = flow, hift, prompt, opts
         self.stream, self.speed, self.generator = stream, speed, generator
@@ -246,7 +250,8 @@ class Token2WavStream:
         """This request's incremental flow state (from the voice prefix if one was given)."""
         if self._flow_state is None:
             p = self.prompt
-            self._flow_state = FlowState(self.flow, p.tokens, p.mel, p.embedding, prefix=self.voice_prefix)
+            self._flow_state = FlowState(self.flow, p.tokens, p.mel, p.embedding, prefix=self.voice_prefix,
+                                         pool=self.flow_pool)
         return self._flow_state
 
     @property
@@ -260,7 +265,10 @@ class Token2WavStream:
         return self._flow_state.nbytes if self._flow_state is not None else 0
 
     def drop_flow_state(self) -> None:
-        """Free the incremental state; later hops then re-solve (`flow_item` + `flow_batch`), same mel."""
+        """Free the incremental state (its pooled blocks too); later hops then re-solve (`flow_item` +
+        `flow_batch`), same mel. Idempotent: the stream's `finally` calls it."""
+        if self._flow_state is not None:
+            self._flow_state.release()
         self._flow_state = None
 
     def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
@@ -306,7 +314,7 @@ class Token2WavStream:
         """Move the schedule past `plan` (call after its audio was produced)."""
         if plan.finalize:
             self.done = True
-            self._flow_state = None  # the incremental state is not needed after the final call
+            self.drop_flow_state()  # the incremental state is not needed after the final call
             return
         self.token_offset += self._this_hop()
         self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)

@@ -29,6 +29,7 @@ from app.model.flow.cache import StageCall
 from app.model.flow.estimator import MASK_BIAS
 from app.model.flow.flow import CausalFlow, cosine_time_grid
 from app.model.flow.incremental import CFG_ROWS, FlowState, _solve_new, prepare_hop
+from app.model.flow.paged_solve import solve_calls
 
 
 class BatchCall:
@@ -160,12 +161,13 @@ def solve_batch(flow: CausalFlow, calls: list[StageCall], mus: list[Tensor], spk
 
 @torch.inference_mode()
 def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor], *,
-                      finalize: list[bool], token_offsets: list[int]) -> list[Tensor | ValueError]:
+                      finalize: list[bool], token_offsets: list[int], graphs=None) -> list[Tensor | ValueError]:
     """`incremental_inference` of B streams (one call each, distinct states), the estimator batched.
 
     tokens[i]: [1, N_i] stream i's generated prefix; finalize/token_offsets: per stream. Returns per
     stream its fp32 mel [1, 80, T_i], or the ValueError that refused its call (its state unchanged;
-    the other streams still run).
+    the other streams still run; `PoolFull` when a pooled state found no free blocks). Pooled states
+    (app/model/flow/paged.py) solve together over the pool (`graphs`: a `PagedGraphs` to replay).
     """
     assert len({id(s) for s in states}) == len(states), "one call per stream state"
     out: list[Tensor | ValueError] = []
@@ -178,7 +180,20 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
             out.append(e)
     if not hops:
         return out
-    if len(hops) == 1:  # one stream: its own keys/values in place, no gather (the alone path)
+    all_hops = list(hops)
+    paged = [h for h in hops if h.state.paged]
+    if paged:  # over the pool: one static-shape solve (replayed when a captured bucket fits)
+        mels = solve_calls(flow, [h.est_call for h in paged], [h.mu for h in paged],
+                           [h.state.spks for h in paged], [h.cond for h in paged], graphs)
+        done = {id(h): m for h, m in zip(paged, mels, strict=True)}
+        hops = [h for h in hops if not h.state.paged]
+        mels = solve_batch(flow, [h.est_call for h in hops], [h.mu for h in hops],
+                           [h.state.spks for h in hops], [h.cond for h in hops]) if len(hops) > 1 else \
+            [_solve_new(flow, h.est_call, h.mu, h.state.spks, h.cond) for h in hops]
+        done |= {id(h): m for h, m in zip(hops, mels, strict=True)}
+        hops = all_hops
+        mels = [done[id(h)] for h in hops]
+    elif len(hops) == 1:  # one stream: its own keys/values in place, no gather (the alone path)
         h = hops[0]
         mels = [_solve_new(flow, h.est_call, h.mu, h.state.spks, h.cond)]
     else:

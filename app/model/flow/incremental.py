@@ -43,6 +43,8 @@ from torch import Tensor
 
 from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
 from app.model.flow.flow import CausalFlow, cosine_time_grid
+from app.model.flow.paged import KVPool, PagedEstCall, PagedStage
+from app.model.flow.paged_solve import solve_calls
 
 CFG_ROWS = 2  # every Euler evaluation runs a conditional and an unconditional row
 
@@ -67,6 +69,8 @@ def bytes_after(flow: CausalFlow, state: FlowState | None, n_tokens: int) -> int
     """Upper bound on the bytes `state` (None: a new one) holds after a call that encodes up to
     `n_tokens` prompt + generated tokens: its buffers grown by `next_capacity` (conv tails excluded)."""
     chunk = flow.dims.estimator.static_chunk_size
+    if state is not None and isinstance(state.est, PagedStage):  # whole blocks, none grown by copies
+        return state_bytes(flow, -(-2 * n_tokens // chunk) * chunk)
     capacity = 0 if state is None or state.est.kv.shared else state.est.kv.capacity
     return state_bytes(flow, next_capacity(capacity, 2 * n_tokens, chunk))
 
@@ -77,11 +81,14 @@ class FlowState:
 
     `n_tokens` prompt + generated tokens are committed (a multiple of the 25-token chunk), i.e.
     `2·n_tokens` mel frames. `prefix`: the shared voice state this one started from (read only).
-    Lives on the per-request object, never on the shared flow module.
+    `pool`: keep the estimator's keys/values and conv tails in this `KVPool` (app/model/flow/paged.py;
+    a prefix must then be built on the same pool, and its blocks are shared, not copied); `release()`
+    gives them back (call it from the stream's `finally`). Lives on the per-request object, never on
+    the shared flow module.
     """
 
     def __init__(self, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor,
-                 *, prefix: VoicePrefix | None = None) -> None:
+                 *, prefix: VoicePrefix | None = None, pool: KVPool | None = None) -> None:
         w = next(flow.parameters())
         self.dtype, self.device = w.dtype, w.device
         self.prompt_tokens = prompt_tokens.to(self.device).long()  # [1, P]
@@ -95,6 +102,8 @@ class FlowState:
             if not prefix.matches(self.prompt_tokens, self.prompt_mel, self.embedding):
                 raise ValueError("voice prefix was built from another prompt (tokens, mel or x-vector differ)")
             src = prefix.state
+            if (src.est.pool if isinstance(src.est, PagedStage) else None) is not pool:
+                raise ValueError("voice prefix and stream state must use the same flow state pool (or none)")
             self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
             self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
             return
@@ -105,9 +114,9 @@ class FlowState:
                              chunk=chunk)
         self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
                             chunk=2 * chunk)
-        self.est = new_stage(e.n_blocks * (e.num_mid_blocks + 2), flow.dims.n_timesteps, CFG_ROWS,
-                             e.num_heads, e.attention_head_dim, self.dtype, self.device, positions=False,
-                             chunk=e.static_chunk_size)
+        self.est = PagedStage(pool) if pool is not None else new_stage(
+            e.n_blocks * (e.num_mid_blocks + 2), flow.dims.n_timesteps, CFG_ROWS, e.num_heads, e.attention_head_dim,
+            self.dtype, self.device, positions=False, chunk=e.static_chunk_size)
         self.token_ids = self.prompt_tokens[:, :0]
 
     @property
@@ -127,6 +136,15 @@ class FlowState:
         """Bytes this state holds itself (a prefix it still aliases is not counted)."""
         return sum(s.nbytes for s in self.stages)
 
+    @property
+    def paged(self) -> bool:
+        return isinstance(self.est, PagedStage)
+
+    def release(self) -> None:
+        """Gives pooled blocks and the tail slot back (idempotent; no-op without a pool)."""
+        if isinstance(self.est, PagedStage):
+            self.est.release()
+
 
 class VoicePrefix:
     """Read-only flow state of a voice's prompt-only chunks (`build_voice_prefix`), shared by streams."""
@@ -135,6 +153,11 @@ class VoicePrefix:
         self.state = state
         self.n_tokens, self.n_frames = state.n_tokens, state.n_frames
         self.nbytes = state.nbytes
+
+    def release(self) -> None:
+        """Drops the prefix's own references to its pooled blocks (a prompt cache eviction); streams
+        started from it keep theirs until they end."""
+        self.state.release()
 
     def matches(self, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor) -> bool:
         s = self.state
@@ -145,10 +168,11 @@ class VoicePrefix:
 
 @torch.inference_mode()
 def build_voice_prefix(flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
-                       embedding: Tensor) -> VoicePrefix:
+                       embedding: Tensor, pool: KVPool | None = None) -> VoicePrefix:
     """State of the prompt-only chunks of a voice (prompt_tokens [1, P], prompt_mel [1, 2P, 80],
-    embedding [1, 192]); zero chunks (a short prompt) gives an empty prefix."""
-    state = FlowState(flow, prompt_tokens, prompt_mel, embedding)
+    embedding [1, 192]); zero chunks (a short prompt) gives an empty prefix. `pool`: its estimator
+    blocks live there, shared by reference with the streams started from it."""
+    state = FlowState(flow, prompt_tokens, prompt_mel, embedding, pool=pool)
     chunk, n_ctx = flow.dims.encoder.static_chunk_size, flow.dims.pre_lookahead_len
     n = prompt_only_chunks(state.prompt_tokens.shape[1], chunk, n_ctx) * chunk
     if n:
@@ -256,13 +280,16 @@ def _encode_new(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize:
         cond[:, :, :m] = state.prompt_mel[:, f0 : f0 + m].transpose(1, 2).to(mu.dtype)
     e = dims.estimator
     assert (up * commit) % e.static_chunk_size == 0 or finalize, "encoder and estimator chunks disagree"
-    est_call = StageCall(state.est, f0, f1, up * commit, e.static_chunk_size, e.num_decoding_left_chunks)
+    est_call = PagedEstCall(state.est, f0, f1, up * commit) if state.paged else \
+        StageCall(state.est, f0, f1, up * commit, e.static_chunk_size, e.num_decoding_left_chunks)
     return Hop(state, (tok_call, frm_call, est_call), mu, cond, tokens, commit + n_ctx,
                f0 if first is None else first, finalize)
 
 
 def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
     """`CausalFlow._solve` on the new frames only (mu, cond [1, 80, n]; spks [1, 80]) -> fp32 [1, 80, n]."""
+    if isinstance(call, PagedEstCall):
+        return solve_calls(flow, [call], [mu], [spks], [cond])[0]
     w = flow.dims.inference_cfg_rate
     estimator = flow.decoder["estimator"]
     x = flow.noise(call.end, mu.device, mu.dtype)[:, :, call.start:]  # frames by absolute index

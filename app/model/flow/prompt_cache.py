@@ -3,7 +3,9 @@
 Owned by the engine (one per flow module); keys are the engine's voice keys. A hit is checked
 against the prompt it is asked for (tokens, mel, x-vector compared exactly), so a reused key with
 another prompt rebuilds instead of returning a wrong state. Entries are read only: streams start
-from them with `FlowState(..., prefix=entry)` and copy a buffer before extending it.
+from them with `FlowState(..., prefix=entry)` and copy a buffer before extending it; with a `KVPool`
+(app/model/flow/paged.py) the estimator blocks are shared by reference instead, and an evicted entry
+drops its references (the blocks go back when the last stream started from it ends).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
 from app.model.flow.incremental import VoicePrefix, build_voice_prefix
+from app.model.flow.paged import KVPool
 
 
 @dataclass
@@ -30,10 +33,11 @@ class PromptCache:
     """At most `max_entries` voice prefixes and `max_bytes` of their state (an entry larger than
     `max_bytes` is built and returned but not kept)."""
 
-    def __init__(self, *, max_bytes: int, max_entries: int = 64) -> None:
+    def __init__(self, *, max_bytes: int, max_entries: int = 64, pool: KVPool | None = None) -> None:
         if max_bytes < 0 or max_entries < 1:
             raise ValueError("PromptCache needs max_bytes >= 0 and max_entries >= 1")
         self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.pool = pool  # prefixes' estimator blocks live there (an evicted entry drops its references)
         self.stats = PromptCacheStats()
         self._entries: OrderedDict[Hashable, VoicePrefix] = OrderedDict()
         self._lock = threading.Lock()  # token2wav workers may share the cache
@@ -59,11 +63,14 @@ class PromptCache:
                     self._entries.move_to_end(key)
                     self.stats.hits += 1
                     return entry
-                del self._entries[key]  # same key, another prompt: rebuild
+                self._entries.pop(key).release()  # same key, another prompt: rebuild
             self.stats.misses += 1
-        entry = build_voice_prefix(flow, prompt_tokens, prompt_mel, embedding)
+        entry = build_voice_prefix(flow, prompt_tokens, prompt_mel, embedding, pool=self.pool)
         with self._lock:
             if entry.nbytes <= self.max_bytes:
+                old = self._entries.pop(key, None)  # two streams of a new voice both built it
+                if old is not None:
+                    old.release()
                 self._entries[key] = entry
                 self._entries.move_to_end(key)
                 self._evict()
@@ -71,15 +78,20 @@ class PromptCache:
 
     def discard(self, key: Hashable) -> None:
         with self._lock:
-            self._entries.pop(key, None)
+            entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.release()
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            entries, self._entries = list(self._entries.values()), OrderedDict()
+        for entry in entries:
+            entry.release()
 
     def _evict(self) -> None:
         total = sum(p.nbytes for p in self._entries.values())
         while self._entries and (len(self._entries) > self.max_entries or total > self.max_bytes):
             _, old = self._entries.popitem(last=False)
+            old.release()  # pooled blocks go back once no stream started from it holds them
             total -= old.nbytes
             self.stats.evictions += 1
