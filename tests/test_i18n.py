@@ -242,7 +242,7 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
                                    timeout=10_000)
             body = page.locator("body").inner_text()
             for zh in ("停止", "要朗读的文本", "参考录音的文字稿", "识别文字", "文本中的标记", "引擎实时面板",
-                       "英文，零样本", "授权声明", "低延迟播放器：就绪"):  # (and the banner: the tiny model is marked random)
+                       "英文，零样本", "授权声明", "低延迟播放器：就绪"):  # (the banner too: the tiny model is random)
                 assert zh in body, zh
             page.reload()  # the choice is remembered (cookie): Chinese again, labels and the server's lines
             page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('状态')",
