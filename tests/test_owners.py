@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -341,3 +342,47 @@ def test_one_clients_flood_leaves_another_clients_request_admitted(server):
         holder.join(timeout=300)
     metrics = httpx.get(f"{server}/metrics", timeout=30).text
     assert 'cosyvoice_refused_share_total{reason="client_streams"} 10.0' in metrics
+
+
+def test_two_browsers_see_only_their_own_voices_on_the_page(server):
+    """Real Chromium: each browser context is a visitor (its HttpOnly cookie); a voice saved through /v1 with
+    the browser's cookie shows in that page's saved-voice list and not in the other browser's."""
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+
+    _need(Path(CHROMIUM).exists(), f"{CHROMIUM} is not installed")
+    playwright = pytest.importorskip("playwright.sync_api")
+
+    def choices(page) -> list[str]:
+        page.get_by_text("Saved voices", exact=True).click()  # open the accordion
+        page.locator("#voice input").click()
+        names = [li.inner_text().strip().split("\n")[-1] for li in page.locator("ul[role=listbox] li").all()]
+        page.keyboard.press("Escape")
+        return names
+
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            pages = []
+            for _ in range(2):
+                page = browser.new_context().new_page()
+                page.goto(server)
+                page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                       timeout=60_000)
+                pages.append(page)
+            a, b = pages
+            cookie = [c for c in a.context.cookies() if c["name"] == "cosyvoice_visitor"]
+            assert cookie and cookie[0]["httpOnly"] and "cosyvoice_visitor" not in a.evaluate("document.cookie")
+            r = a.request.post(f"{server}/v1/voices", multipart={  # the browser's own cookie goes along
+                "audio": {"name": "ref.wav", "mimeType": "audio/wav", "buffer": EXAMPLE_WAV.read_bytes()},
+                "transcript": EXAMPLE_TRANSCRIPT, "name": "chrome-fox"})
+            assert r.status == 201, r.text()
+            for page in pages:
+                page.reload()
+                page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                       timeout=60_000)
+            assert "chrome-fox" in choices(a)
+            assert "chrome-fox" not in choices(b)
+            assert b.request.delete(f"{server}/v1/voices/chrome-fox").status == 404
+            assert a.request.delete(f"{server}/v1/voices/chrome-fox").status == 200
+        finally:
+            browser.close()
