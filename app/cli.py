@@ -2,7 +2,7 @@
 
 `add_config_args(parser)` adds --config, --model-dir, --set KEY=VALUE (and --device); `config_from_cli(args)`
 applies, in order: configs/default.toml, the override file (--config, else COSYVOICE_CONFIG, else
-configs/cpu.toml when there is no CUDA device), the environment (COSYVOICE_API_KEY, COSYVOICE_AUTH,
+configs/cpu.toml when there is no CUDA device), the environment (COSYVOICE_API_KEY(S), _ADMIN_KEY, _AUTH,
 COSYVOICE_MODEL_DIR, GRADIO_SERVER_NAME / _PORT, SYSTEM=spaces), then the flags.
 """
 
@@ -58,6 +58,10 @@ def config_from_cli(args: argparse.Namespace) -> Config:
         overrides["server.api_key"] = api_key
     if auth := os.environ.get("COSYVOICE_AUTH"):  # "user:password[,user2:password2]" for the page and /studio
         overrides["server.auth"] = auth
+    for env, key in (("COSYVOICE_API_KEYS", "api_keys"), ("COSYVOICE_ADMIN_KEY", "admin_key"),
+                     ("COSYVOICE_METRICS_TOKEN", "metrics_token")):
+        if value := os.environ.get(env):
+            overrides[f"server.{key}"] = value
     if model_dir := getattr(args, "model_dir", None) or os.environ.get("COSYVOICE_MODEL_DIR"):
         overrides["model.dir"] = model_dir
     spaces_host = "0.0.0.0" if os.environ.get("SYSTEM") == "spaces" else None

@@ -217,7 +217,8 @@ class LimitsConfig:
                 raise ConfigError(f"limits.{k} must be >= 1")
 
 
-LIMITS = LimitsConfig()  # the defaults, for checks called without a config (tests, tools)
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")  # a bind to one of these serves this machine only
+PUBLIC_STREAMS_PER_CLIENT, PUBLIC_REQUESTS_PER_MINUTE = 2, 30  # the "auto" fair share of a public bind
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,14 @@ class ServerConfig:
     voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
     api_key: str = ""  # bearer token the /v1 API requires ("" = open); COSYVOICE_API_KEY overrides it
     auth: str = ""  # "user:password[,user2:password2]" for the page and /studio ("" = open); COSYVOICE_AUTH
-    rate_limit_per_minute: int = 0  # synthesis requests per client IP and minute (0 = no limit)
+    api_keys: str = ""  # "owner:key[,owner2:key2]": more /v1 keys, each its owner's (COSYVOICE_API_KEYS)
+    admin_key: str = ""  # a /v1 key that sees and deletes every voice and reads /health details (COSYVOICE_ADMIN_KEY)
+    metrics_token: str = ""  # bearer token for /metrics besides the login and keys (COSYVOICE_METRICS_TOKEN)
+    # fair share per client (signed-in user, API key, else address): "auto" = on for a public bind, off on localhost
+    rate_limit_per_minute: int | str = "auto"  # synthesis requests per client and minute (0 = no limit)
+    max_streams_per_client: int | str = "auto"  # syntheses one client runs at once (0 = no limit)
     trust_proxy: bool = False  # True: the client IP is the last X-Forwarded-For entry (one proxy in front)
+    trusted_proxies: str = ""  # "ip[,ip2]": X-Forwarded-For is taken only from these peers (trust_proxy: any)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -242,26 +249,59 @@ class ServerConfig:
                 raise ConfigError(f"server.{k} must be >= 1")
         if not self.host or not self.voices_dir:
             raise ConfigError("server.host and server.voices_dir must not be empty")
-        if self.rate_limit_per_minute < 0:
-            raise ConfigError("server.rate_limit_per_minute must be >= 0 (0 = no limit)")
+        for k in ("rate_limit_per_minute", "max_streams_per_client"):
+            if getattr(self, k) != "auto" and (not isinstance(getattr(self, k), int) or getattr(self, k) < 0):
+                raise ConfigError(f"server.{k} must be \"auto\" or >= 0 (0 = no limit)")
         auth_pairs(self.auth)  # raises ConfigError on a malformed value (without echoing it)
+        auth_pairs(self.api_keys, "server.api_keys", "owner:key")
 
     @property
     def auth_users(self) -> list[tuple[str, str]]:
         """[(user, password), ...] from `auth`; [] = no login."""
         return auth_pairs(self.auth)
 
+    @property
+    def api_key_pairs(self) -> list[tuple[str, str]]:  # [(owner, key), ...] from `api_keys`
+        return auth_pairs(self.api_keys, "server.api_keys", "owner:key")
 
-def auth_pairs(auth: str) -> list[tuple[str, str]]:
-    """Parse `[server] auth`: 'u:p,u2:p2' -> [("u", "p"), ("u2", "p2")]; a password may hold ':' but not ','."""
+    @property
+    def public(self) -> bool:  # bound to an address other machines reach (Spaces: 0.0.0.0)
+        return self.host not in LOCAL_HOSTS
+
+    @property
+    def requests_per_minute(self) -> int:  # rate_limit_per_minute, "auto" resolved (public bind: on)
+        v = self.rate_limit_per_minute
+        return (PUBLIC_REQUESTS_PER_MINUTE if self.public else 0) if v == "auto" else int(v)
+
+    @property
+    def streams_per_client(self) -> int:  # max_streams_per_client, "auto" resolved (public bind: on)
+        v = self.max_streams_per_client
+        return (PUBLIC_STREAMS_PER_CLIENT if self.public else 0) if v == "auto" else int(v)
+
+
+def auth_pairs(auth: str, key: str = "server.auth", shape: str = "user:password") -> list[tuple[str, str]]:
+    """Parse `[server] auth` (or api_keys): 'u:p,u2:p2' -> [("u", "p"), ("u2", "p2")]; the second part may
+    hold ':' but not ','."""
     pairs = []
     for item in filter(None, (part.strip() for part in auth.split(","))):
         user, sep, password = item.partition(":")
         if not sep or not user.strip() or not password:
-            raise ConfigError("server.auth must be 'user:password' pairs separated by commas, "
-                              "each with a non-empty user and password")
+            raise ConfigError(f"{key} must be '{shape}' pairs separated by commas, each with non-empty parts")
         pairs.append((user.strip(), password))
     return pairs
+
+
+@dataclass(frozen=True)
+class VoicesConfig:  # who sees a saved voice (app/engine/owners.py)
+    scope: str = "auto"  # "private": each owner their own | "shared": one store for all | "auto" (see `resolved`)
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("auto", "private", "shared"):
+            raise ConfigError(f"voices.scope must be auto, private or shared, got {self.scope!r}")
+
+    def resolved(self, server: ServerConfig) -> str:
+        """"auto" is private for a public bind (a Space, 0.0.0.0) and shared on localhost."""
+        return self.scope if self.scope != "auto" else ("private" if server.public else "shared")
 
 
 @dataclass(frozen=True)
@@ -329,6 +369,7 @@ class Config:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
     ui: UIConfig = field(default_factory=UIConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -360,7 +401,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 _SECTIONS: dict[str, type] = {
     "ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig, "StreamingConfig": StreamingConfig,
     "EngineConfig": EngineConfig, "VLLMConfig": VLLMConfig, "ServerConfig": ServerConfig, "UIConfig": UIConfig,
-    "LimitsConfig": LimitsConfig, "AsrConfig": AsrConfig, "ClusterConfig": ClusterConfig,
+    "LimitsConfig": LimitsConfig, "VoicesConfig": VoicesConfig, "AsrConfig": AsrConfig, "ClusterConfig": ClusterConfig,
 }
 
 

@@ -228,7 +228,7 @@ def test_saved_voice_by_name(client, server):
         client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
     assert client.predict(api_name="/list_voices")[0]["prompt_text"]  # still the first one's transcript
     msg, _ = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
-                            replace=True, api_name="/save_voice")
+                            overwrite=True, api_name="/save_voice")
     assert "Saved voice" in msg
     with pytest.raises(AppError, match="invalid voice name"):
         client.predict(name="../evil", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")

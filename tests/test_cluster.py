@@ -273,7 +273,7 @@ def test_a_voice_saved_through_the_page_is_used_through_v1(cluster, page, oai):
     from gradio_client import handle_file
 
     msg, name = page.predict(name="page-voice", prompt_audio=handle_file(str(EXAMPLE_WAV)),
-                             prompt_text=EXAMPLE_TRANSCRIPT, replace=True, api_name="/save_voice")
+                             prompt_text=EXAMPLE_TRANSCRIPT, overwrite=True, api_name="/save_voice")
     assert name == "page-voice" and "Saved voice" in msg, msg
     listed = page.predict(api_name="/list_voices")  # a list of voice dicts
     assert "page-voice" in {v["name"] for v in listed}

@@ -140,7 +140,9 @@ def test_login_guards_page_studio_and_api(locked_app):
     assert c.get("/gradio_api/info").status_code == 401 and c.get("/config").status_code == 401  # Gradio's own
     assert c.get("/v1/models", headers=_basic("alice", "wrong")).status_code == 401
     assert c.get("/v1/models", headers=_basic("alice", "s3cret:pw")).status_code == 200  # Basic on /v1 (no api_key)
-    assert c.get("/health").status_code == 503 and c.get("/v1/openapi.json").status_code == 200  # probes, schema
+    assert c.get("/health").status_code == 503  # probes
+    assert c.get("/v1/openapi.json").status_code == 401 and c.get("/metrics").status_code == 401  # follow the login
+    assert c.get("/v1/openapi.json", headers=_basic("alice", "s3cret:pw")).status_code == 200
     r = c.post("/login", data={"username": "alice", "password": "s3cret:pw"})  # the page's login form
     assert r.status_code == 200
     assert c.get("/gradio_api/info").status_code == 200

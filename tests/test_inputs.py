@@ -24,12 +24,14 @@ import soundfile as sf
 from studio import run_studio, save_voice
 
 from app.audio import MAX_DECODE_SECONDS, AudioError, decode_audio, load_audio
+from app.config import LimitsConfig
 from app.engine import inputs
 from app.engine.inputs import MAX_SEED, InputError
 
 TRANSCRIPT = "Hello there, how are you today?"
 SHORT = "Hi there."
 LIMIT = 2000  # [limits] max_text_chars (default)
+D = LimitsConfig()  # the default [limits]
 UPLOAD_MB = 1  # the server's [limits] max_upload_mb here, so the oversized case stays small
 FFMPEG = shutil.which("ffmpeg")
 
@@ -174,17 +176,18 @@ def test_check_text_cleans():
 
 def test_transcript_and_instruction():
     with pytest.raises(InputError, match="transcript has 1500 characters") as e:
-        inputs.check_transcript("abcd" * 375)
+        inputs.check_transcript("abcd" * 375, D.max_transcript_chars)
     assert e.value.param == "prompt_text"
     for nothing in ("", None, "  ", "...", "<|endofprompt|>", "\x00"):
-        assert inputs.check_transcript(nothing) == ""  # -> cross-lingual fallback
-    assert inputs.check_transcript("Hi <|im_end|>there") == "Hi  there"
-    assert inputs.check_instruct("Speak slowly.<|endofprompt|>", "instruct") == "Speak slowly."
+        assert inputs.check_transcript(nothing, D.max_transcript_chars) == ""  # -> cross-lingual fallback
+    assert inputs.check_transcript("Hi <|im_end|>there", D.max_transcript_chars) == "Hi  there"
+    assert inputs.check_instruct("Speak slowly.<|endofprompt|>", "instruct", D.max_instruct_chars) == \
+        "Speak slowly."
     for empty in ("", "<|endofprompt|>", "!!"):
         with pytest.raises(InputError, match="needs an instruction"):
-            inputs.check_instruct(empty, "instruct")
+            inputs.check_instruct(empty, "instruct", D.max_instruct_chars)
     with pytest.raises(InputError, match="limit is 500"):
-        inputs.check_instruct("x" * 501, "instruct")
+        inputs.check_instruct("x" * 501, "instruct", D.max_instruct_chars)
     with pytest.raises(InputError, match="Unknown mode 'sing'"):
         inputs.check_mode("sing")
 
@@ -269,7 +272,7 @@ def test_special_tokens_never_reach_the_lm_input(model, audio, monkeypatch):
     assert specials & set(fe.text_ids(evil).tolist())  # unchecked, the LM would see them
 
     text = inputs.check_text(evil, LIMIT)
-    transcript = inputs.check_transcript("The fox <|endofprompt|>jumps<|im_start|>.")
+    transcript = inputs.check_transcript("The fox <|endofprompt|>jumps<|im_start|>.", D.max_transcript_chars)
     voice = fe.voice_from_audio(audio["8k.wav"], transcript)
     assert not specials & set(voice.prompt_text_ids.tolist())
 
@@ -277,7 +280,8 @@ def test_special_tokens_never_reach_the_lm_input(model, audio, monkeypatch):
     seen: list[list[int]] = []
     real = fe.text_ids
     monkeypatch.setattr(fe, "text_ids", lambda s: seen.append(real(s).tolist()) or real(s))  # records, delegates
-    instruct = inputs.check_instruct("Speak <|im_start|>slowly.<|endofprompt|>", "instruct")
+    instruct = inputs.check_instruct("Speak <|im_start|>slowly.<|endofprompt|>", "instruct",
+                                     D.max_instruct_chars)
     eop = ids_of["<|endofprompt|>"]
     for mode, instruction in (("zero_shot", ""), ("instruct", instruct)):
         req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruction)

@@ -68,7 +68,8 @@ def test_auth_and_error_shapes_without_engine(app_not_ready):
     r = c.get("/v1/nothing-here", headers=auth)
     assert r.status_code == 404 and error_of(r)["type"] == "not_found_error"
     assert c.get("/health").status_code == 503  # probes need no key
-    assert c.get("/v1/openapi.json").json()["paths"]["/v1/audio/speech"]
+    assert c.get("/v1/openapi.json").status_code == 401  # the schema follows /v1's key
+    assert c.get("/v1/openapi.json", headers=auth).json()["paths"]["/v1/audio/speech"]
 
 
 # --- the real server ---------------------------------------------------------------------------------

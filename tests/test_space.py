@@ -207,21 +207,23 @@ def test_copy_serves_synthesis_through_vllm(space):
     assert "Uvicorn running on http://0.0.0.0:" in log_path.read_text()  # SYSTEM=spaces binds every address
     assert "gradio" in httpx.get(f"{base}/", timeout=30).text.lower()
 
+    visitor = httpx.Client(timeout=300)  # a Space keeps voices private: the visitor is its cookie, kept here
     with EXAMPLE_WAV.open("rb") as f:
-        r = httpx.post(f"{base}/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
-                       data={"transcript": EXAMPLE_TRANSCRIPT, "name": "space"}, timeout=120)
+        r = visitor.post(f"{base}/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
+                         data={"transcript": EXAMPLE_TRANSCRIPT, "name": "space"})
     assert r.status_code == 201, r.text
+    assert r.headers["set-cookie"].startswith("cosyvoice_visitor=") and "HttpOnly" in r.headers["set-cookie"]
+    assert httpx.get(f"{base}/v1/voices", timeout=30).json()["data"] == []  # another visitor sees nothing
     t0 = time.perf_counter()
-    r = httpx.post(f"{base}/v1/audio/speech", json={"model": "cosyvoice2", "input": "Hello from a Space.",
-                                                    "voice": "space", "response_format": "pcm", "seed": 1},
-                   timeout=300)
+    r = visitor.post(f"{base}/v1/audio/speech", json={"model": "cosyvoice2", "input": "Hello from a Space.",
+                                                      "voice": "space", "response_format": "pcm", "seed": 1})
     assert r.status_code == 200 and len(r.content) > 2 * 2400, r.text[:300]
     print(f"/v1/audio/speech: {len(r.content) / 48_000:.2f} s of audio in {time.perf_counter() - t0:.2f} s, "
           f"TTFA {r.headers['x-ttfa-ms']} ms")
 
     from gradio_client import Client
 
-    client = Client(f"{base}/", verbose=False)
+    client = Client(f"{base}/", verbose=False, httpx_kwargs={"cookies": dict(visitor.cookies)})  # the same visitor
     _, wav_path, _, details = client.predict(
         text="The studio page, through its Gradio API.", prompt_audio=None, prompt_text="", mode="zero_shot",
         instruct_text="", voice="space", seed=2, speed=1.0, stream=False, api_name="/synthesize")

@@ -58,9 +58,10 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
     import ray.exceptions
 
+    from app.cluster.page import LOCAL_CLIENT
     from app.server.errors import ApiError, error_response, install_error_handlers
     from app.server.limits import AccessLimits, Gate
-    from app.server.main import mount_page
+    from app.server.main import may_see_details, mount_page
     from app.server.openai_api import BODY_SLACK_BYTES
     from app.server.speech import RETRY_AFTER_S
     from app.server.studio_stream import add_studio_routes
@@ -68,21 +69,21 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.ui.handlers import ArrivalStamp
 
     gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone
-    srv, cl = cfg.server, cfg.cluster
+    cl = cfg.cluster
     max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(ArrivalStamp)  # the page's queue wait (as build_api)
     api.add_middleware(EarlyScript)
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here
-    gate = Gate.from_config(srv)
+    gate = Gate.from_config(cfg)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 
     async def each(request: Request, path: str) -> list[Any]:
         """Every live replica's whole answer to GET `path` (the caller's headers), or the exception."""
         req = {"method": "GET", "path": path, "query_string": b"", "headers": list(request.scope["headers"]),
-               "body": b"", "client": request.scope.get("client")}
+               "body": b"", "client": LOCAL_CLIENT}  # the ingress reads the details; it tells strangers less
         try:
             return await replicas.broadcast("call", req).results_async(
                 timeout_s=cl.replica_timeout_s, return_exceptions=True)
@@ -94,6 +95,12 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
         """200 when at least one replica is ready, else 503; each replica's /health under "replicas"."""
         body = merge_health(await each(request, "/health"))
         await page.observe(body)  # the page's status is this fresh too
+        if not may_see_details(request.scope):  # anybody: ready, backend, model name, version
+            from app import __version__
+
+            facts = page.facts()
+            body = {"ready": body["ready"], "backend": facts.get("backend"), "model": page.model_name(),
+                    "random_model": page.random_model, "version": __version__}
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @api.get("/metrics")

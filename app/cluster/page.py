@@ -35,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Config
+from app.engine.fair_share import FairShare
 from app.engine.metrics import Metrics, RequestRecord
+from app.engine.owners import OwnedVoices
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.engine.service import NotReadyError
-from app.engine.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 
+LOCAL_CLIENT = ("127.0.0.1", 0)  # the ingress asks the replicas as a local client (their /health details)
 HEALTH_TTL_S = 2.0  # the page's readings of the cluster's state are at most this old (plus one refresh)
 
 
@@ -95,7 +97,10 @@ class ClusterService:
         self.metrics = Metrics()  # the page's requests, finished with the replicas' records (`add`)
         self.admission = PassThroughAdmission()
         self.asr = ClusterAsr(self)
-        self.voices = VoiceStore(cfg.server.voices_dir)  # fingerprint: the replicas', once one answered
+        # the shared store, owners and all (app/engine/owners.py); fingerprint: the replicas', once one answered
+        self.voices = OwnedVoices(cfg.server.voices_dir, cfg.voices.resolved(cfg.server),
+                                  cfg.limits.max_transcript_chars)
+        self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # the page's clients, as on one server
         self.health: dict[str, Any] = {"ready": False, "status": "waiting for the replicas", "replicas": []}
         self._fetched_at = -float("inf")  # time.monotonic()
         self._fingerprinted = False
@@ -108,7 +113,8 @@ class ClusterService:
         """Read every replica's /health (and, once, the model fingerprint) into `health`."""
         from app.cluster.metrics import merge_health
 
-        req = {"method": "GET", "path": "/health", "query_string": b"", "headers": [], "body": b"", "client": None}
+        req = {"method": "GET", "path": "/health", "query_string": b"", "headers": [], "body": b"",
+               "client": LOCAL_CLIENT}  # the details: a local client
         try:
             answers = await self.replicas.broadcast("call", req).results_async(
                 timeout_s=self.cfg.cluster.replica_timeout_s, return_exceptions=True)
@@ -158,6 +164,10 @@ class ClusterService:
     def require_ready(self) -> None:
         if not self.ready:
             raise NotReadyError(f"the cluster is still starting ({self.status}); try again in a moment")
+
+    def model_name(self) -> str:
+        ready = [r for r in self._state()["replicas"] if r.get("ready")]
+        return str(ready[0].get("model", "")) if ready else ""
 
     def facts(self) -> dict[str, Any]:
         """A ready replica's facts (backend, device, model), the replicas, and the cluster's totals."""

@@ -1,7 +1,8 @@
 """Checks of user inputs shared by every way in (the page, its Gradio API, the HTTP API).
 
 Each check returns the cleaned value or raises `InputError` saying what to do, with the field in
-`param` (a `gr.Error` on the page, a 400 over HTTP). Limits default to the `[limits]` section's.
+`param` (a `gr.Error` on the page, a 400 over HTTP). Every limit is passed in: the configured
+`[limits]` (app/engine/prepare.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 import secrets
 import unicodedata
 
-from app.config import LIMITS
 from app.engine.requests import MODES
 
 MAX_SEED = 2**31 - 1
@@ -83,7 +83,7 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def check_instruct(instruct_text: object, mode: str, limit: int = LIMITS.max_instruct_chars) -> str:
+def check_instruct(instruct_text: object, mode: str, limit: int) -> str:
     """The instruction without special tokens (the pipeline appends <|endofprompt|>); needed in instruct mode."""
     instruct_text = clean_text(str(instruct_text or ""))
     if mode == "instruct" and not speakable(instruct_text):
@@ -94,7 +94,7 @@ def check_instruct(instruct_text: object, mode: str, limit: int = LIMITS.max_ins
     return instruct_text
 
 
-def check_transcript(prompt_text: object, limit: int = LIMITS.max_transcript_chars) -> str:
+def check_transcript(prompt_text: object, limit: int) -> str:
     """The reference's transcript; "" (cross-lingual fallback) when it has nothing speakable."""
     prompt_text = clean_text(str(prompt_text or ""))
     if len(prompt_text) > limit:
@@ -139,7 +139,7 @@ def check_speed(speed: object, stream: bool) -> float:
     return value
 
 
-def check_fixed_tokens(n: object, limit: int = LIMITS.max_fixed_tokens) -> int:
+def check_fixed_tokens(n: object, limit: int) -> int:
     """Benchmark mode: exactly `n` speech tokens per text segment (stop tokens ignored); 0 = off."""
     if n is None:
         return 0

@@ -76,6 +76,7 @@ class Metrics:
         self.n_started = 0
         self.outcomes: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # inputs refused before a request started, by reason (InputError.code)
+        self.over_share: Counter[str] = Counter()  # requests refused for their client's fair share, by reason
         self.audio_s_total = 0.0  # audio produced by requests that finished ok
         self.tokens_total = 0  # speech tokens produced by the LM
         self._listeners: list[Callable[[RequestRecord], None]] = []
@@ -163,11 +164,17 @@ class Metrics:
         with self._lock:
             self.refused[reason] += 1
 
+    def share_refused(self, reason: str) -> None:
+        """A request was refused because its client used its fair share ("rate_limit", "client_streams")."""
+        with self._lock:
+            self.over_share[reason] += 1
+
     def counters(self) -> dict[str, Any]:
         with self._lock:
             return {"started": self.n_started, "active_streams": self._active,
                     "outcomes": {k: self.outcomes.get(k, 0) for k in OUTCOMES},
-                    "refused_inputs": dict(self.refused), "audio_s_total": self.audio_s_total,
+                    "refused_inputs": dict(self.refused),
+                    "refused_share": dict(self.over_share), "audio_s_total": self.audio_s_total,
                     "tokens_total": self.tokens_total}
 
     # --- memory ------------------------------------------------------------------------------------

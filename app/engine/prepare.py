@@ -18,6 +18,7 @@ from app.audio import AudioError
 from app.engine import inputs
 from app.engine.asr import AsrUnavailable
 from app.engine.inputs import InputError
+from app.engine.owners import ANYONE, Owner
 from app.engine.requests import SynthesisRequest
 from app.engine.voices import VoiceError
 from app.model.frontend import PromptAudioError, VoiceFeatures
@@ -43,6 +44,7 @@ class SpeechInputs:
     speed: object = 1.0
     stream: bool | None = True  # None: stream unless speed != 1.0 (speed needs the whole utterance)
     fixed_tokens: object = 0
+    owner: Owner = ANYONE  # whose saved voices `voice` names (app/engine/owners.py)
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,10 @@ def _named(e: Exception, reference: str | Path | bytes | None) -> str:
     return msg
 
 
-async def load_voice(service, name: str) -> VoiceFeatures:
-    """A saved voice, or `InputError(param="voice", code="voice_not_found")`."""
+async def load_voice(service, name: str, owner: Owner = ANYONE) -> VoiceFeatures:
+    """`owner`'s saved voice `name`, or `InputError(param="voice", code="voice_not_found")`."""
     try:
-        return await asyncio.to_thread(service.voices.load, name)
+        return await asyncio.to_thread(service.voices.of(owner).load, name)
     except VoiceError as e:
         raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) or upload a reference clip",
                          "voice", code="voice_not_found") from e
@@ -130,7 +132,7 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
     fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
     if x.voice:
-        voice = await load_voice(service, x.voice)
+        voice = await load_voice(service, x.voice, x.owner)
     elif x.reference:
         reference = x.reference() if callable(x.reference) else x.reference
         # the other modes never read the transcript: nothing to transcribe

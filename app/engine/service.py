@@ -25,10 +25,12 @@ from app.config import Config
 from app.engine.admission import Admission
 from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
+from app.engine.fair_share import FairShare
 from app.engine.metrics import Metrics
+from app.engine.owners import OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
-from app.engine.voices import VoiceFeatureCache, VoiceStore
+from app.engine.voices import VoiceFeatureCache
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
 from app.model.loader import CosyVoice2Model, load_model
@@ -87,12 +89,14 @@ class StudioService:
         self.model: CosyVoice2Model | None = None
         self.backend: Any = None  # SpeechTokenSource, once started
         self.synth: Synthesizer | None = None
-        self.voices = VoiceStore(cfg.server.voices_dir)
+        self.voices = OwnedVoices(cfg.server.voices_dir, cfg.voices.resolved(cfg.server),
+                                  cfg.limits.max_transcript_chars)
         self.metrics = Metrics()
         self.started_at = time.time()
         self.start_s: float | None = None
         self.voice_cache = VoiceFeatureCache(VOICE_CACHE_SIZE)
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
+        self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
@@ -223,11 +227,29 @@ class StudioService:
             facts["service_start_s"] = round(self.start_s, 1)
         return facts
 
+    def model_name(self) -> str:
+        """The model's name without its path: "Org/Name" of a Hugging Face snapshot, else the folder's name."""
+        if self.model_dir is None:
+            return self.cfg.model.repo_id if not self.cfg.model.dir else Path(self.cfg.model.dir).name
+        parts = self.model_dir.parts
+        if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+            return parts[-3].removeprefix("models--").replace("--", "/")
+        return self.model_dir.name
+
+    def public_health(self) -> dict[str, Any]:
+        """What /health tells anybody: ready, backend, the model's name, the version (no paths, no settings)."""
+        from app import __version__
+
+        backend = self.backend.name if self.backend is not None else self.cfg.engine.backend
+        return {"ready": self.health()["ready"], "backend": backend, "model": self.model_name(),
+                "random_model": self.random_model, "version": __version__}
+
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""
         h = self.backend.health() if self.backend is not None else None
         fault = h.fault if self.ready and h else None
         return {"ready": self.ready and fault is None, "status": fault or self.status, "error": self.error or None,
+                "model": self.model_name(),
                 "random_model": self.random_model, "active_streams": self.metrics.active_streams,
                 "http_waiting": self.admission.waiting,
                 "lm_unfinished": h.unfinished if h else None, "requests": self.metrics.counters(),

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from app.audio import TOKEN_RATE_HZ
-from app.config import LIMITS
 from app.model.frontend import VoiceFeatures
 
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
@@ -46,6 +45,7 @@ class VoiceInfo:
     prompt_seconds: float  # length of the reference, from its speech tokens (25 Hz)
     created: float  # unix time
     model_fingerprint: str
+    owner: str = ""  # who saved it (app/engine/owners.py); "" = saved before voices had owners
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,10 +86,13 @@ class VoiceFeatureCache:
 class VoiceStore:
     """Saved voices in one folder. Thread-safe; every method may be called from worker threads."""
 
-    def __init__(self, root: str | Path, model_fingerprint: str = "") -> None:
+    def __init__(self, root: str | Path, model_fingerprint: str = "", *, owner: str = "",
+                 max_transcript_chars: int | None = None, lock: threading.Lock | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.model_fingerprint = model_fingerprint  # "" = accept voices of any model
-        self._lock = threading.Lock()
+        self.owner = owner  # written into each voice saved here
+        self.max_transcript_chars = max_transcript_chars  # [limits]; None: features came through prepare()'s check
+        self._lock = lock or threading.Lock()
 
     def _paths(self, name: str) -> tuple[Path, Path]:
         name = check_name(name)
@@ -123,7 +126,7 @@ class VoiceStore:
             d = json.loads(meta.read_text(encoding="utf-8"))
             info = VoiceInfo(name=check_name(d["name"]), prompt_text=str(d["prompt_text"]),
                              prompt_seconds=float(d["prompt_seconds"]), created=float(d["created"]),
-                             model_fingerprint=str(d.get("model_fingerprint", "")))
+                             model_fingerprint=str(d.get("model_fingerprint", "")), owner=str(d.get("owner", "")))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # a foreign or damaged file in the folder: not a voice
         return info if meta.stem == info.name else None
@@ -152,12 +155,13 @@ class VoiceStore:
     def save(self, name: str, voice: VoiceFeatures, *, overwrite: bool = False) -> VoiceInfo:
         """Store `voice` under `name` (atomically); `VoiceError` if the name is invalid or taken."""
         name = check_name(name)
-        if len(voice.prompt_text) > LIMITS.max_transcript_chars:  # the default: features come through prepare()
-            raise VoiceError(f"the transcript is longer than {LIMITS.max_transcript_chars} characters")
+        limit = self.max_transcript_chars
+        if limit is not None and len(voice.prompt_text) > limit:
+            raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)")
         npz, meta = self._paths(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
                          prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2), created=time.time(),
-                         model_fingerprint=self.model_fingerprint)
+                         model_fingerprint=self.model_fingerprint, owner=self.owner)
         with self._lock:
             if meta.exists() and not overwrite:
                 raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name")

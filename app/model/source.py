@@ -58,6 +58,14 @@ def download_model(repo_id: str, report: Callable[[int, int], None]) -> Path:
     return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS, tqdm_class=progress_class(report)))
 
 
+RANDOM_MARKER = "RANDOM_WEIGHTS.json"  # written by app/model/random/make.py into every folder it generates
+
+
+def is_random(folder: Path) -> bool:
+    """A folder of generated random weights (its marker file; no official or converted folder has one)."""
+    return (folder / RANDOM_MARKER).is_file()
+
+
 def random_model(folder: Path) -> Path:
     """A tiny random model in `folder`, generated once (atomically: built beside it, then renamed)."""
     with contextlib.suppress(ModelFolderError):
@@ -97,12 +105,13 @@ def resolve_model_dir(m: ModelConfig, set_status: Callable[[str], None]) -> tupl
     if m.dir:  # given explicitly: use it or fail, never fall back silently
         path = Path(m.dir).expanduser().resolve()
         check_model_dir(path)
-        return path, False
+        return path, is_random(path)
     if m.download:
         set_status(f"looking for {m.repo_id} (cache, then the Hugging Face Hub)")
         try:
-            return download_model(m.repo_id, lambda done, total: set_status(
-                f"downloading {m.repo_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB")), False
+            path = download_model(m.repo_id, lambda done, total: set_status(
+                f"downloading {m.repo_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"))
+            return path, is_random(path)
         except Exception as e:  # offline, DNS, HTTP errors, HF_HUB_OFFLINE=1: all mean "use the fallback"
             log.warning("cannot download %s (%s): falling back to a generated tiny random model",
                         m.repo_id, str(e).splitlines()[0] if str(e) else type(e).__name__)

@@ -3,16 +3,19 @@ per-client rate limit.
 
 `AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). Per HTTP request:
 
-1. Rate limit (`[server] rate_limit_per_minute` > 0): synthesis requests (POST /v1/audio/speech,
-   /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` queue joins, told apart by
-   the body's `fn_index`) take a token from their client's bucket, else 429 with Retry-After. The
-   client is the connection's IP, or with `[server] trust_proxy` the last X-Forwarded-For entry (the
-   one the proxy wrote; earlier ones come from the client).
+0. Identity (app/server/identity.py): the request's owner and client into its state; a new visitor's
+   cookie onto the answer.
+1. Rate limit (`[server] rate_limit_per_minute`, "auto": on for a public bind): synthesis requests (POST
+   /v1/audio/speech, /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` queue joins,
+   told apart by the body's `fn_index`) take a token from their client's bucket, else 429 with
+   Retry-After (counted in /metrics as `rate_limit`). The client: the API key's owner, the login's
+   user, else the address (identity.py; X-Forwarded-For only from trusted proxies).
 2. Login (`[server] auth`): Gradio guards its own routes; /studio/* needs the page's login cookie or
-   HTTP Basic, and so does /v1/* unless `[server] api_key` (COSYVOICE_API_KEY in app.py) is set: then
-   `bearer_auth`, the /v1 router's dependency, wants `Authorization: Bearer <key>` (what the `openai`
-   SDK sends for `api_key=`), compared in constant time. /health, /metrics, /v1/docs and
-   /v1/openapi.json stay open for probes, scrapers and readers.
+   HTTP Basic, and so does /v1/* unless an API key is configured (`api_key`, `api_keys`, `admin_key`):
+   then `bearer_auth`, the /v1 router's dependency, wants `Authorization: Bearer <key>` (what the `openai`
+   SDK sends for `api_key=`), compared in constant time. /v1/docs and /v1/openapi.json follow /v1;
+   /metrics wants the login, a key or `[server] metrics_token` once any of them is set; /health is open
+   (its details only for the admin key and local clients: app/server/main.py).
 
 Refusals are OpenAI-shaped JSON. Nothing of the request is logged.
 """
@@ -31,13 +34,14 @@ from typing import Any
 
 from fastapi import Request
 
-from app.config import ServerConfig
+from app.config import Config
 from app.server.errors import ApiError, error_body
+from app.server.identity import Identity, client_ip, cookie, headers_of, with_cookie  # noqa: F401 (client_ip)
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
-OPEN_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
+DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
 MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
 
@@ -72,37 +76,21 @@ class RateLimiter:
         return len(self._buckets)
 
 
-def bearer_auth(api_key: str):
-    """A FastAPI dependency that checks the bearer token against `api_key` ("" = no auth)."""
+def bearer_auth(identity: Identity):
+    """A FastAPI dependency: a configured API key in `Authorization: Bearer` (none configured = no auth)."""
 
     async def check(request: Request) -> None:
-        if not api_key:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        if identity.any_key and identity.bearer(request.scope) is None:
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (the server's "
-                           "[server] api_key / COSYVOICE_API_KEY)", code="invalid_api_key",
+                           "[server] api_key / api_keys / admin_key)", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
 
     return check
 
 
-def _headers(scope: dict, name: bytes) -> list[str]:
-    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
-
-
-def client_ip(scope: dict, trust_proxy: bool) -> str:
-    """The client's IP: the connection's, or behind a trusted proxy the last X-Forwarded-For entry."""
-    forwarded = _headers(scope, b"x-forwarded-for") if trust_proxy else []
-    if forwarded and (last := forwarded[-1].split(",")[-1].strip()):
-        return last
-    client = scope.get("client")
-    return client[0] if client else "unknown"
-
-
 def basic_credentials(scope: dict) -> tuple[str, str] | None:
     """(user, password) from an `Authorization: Basic` header (the first one), else None."""
-    scheme, _, token = (_headers(scope, b"authorization") or [""])[0].partition(" ")
+    scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
     if scheme.lower() != "basic":
         return None
     try:
@@ -112,57 +100,67 @@ def basic_credentials(scope: dict) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-def _cookie(scope: dict, name: str) -> str | None:
-    for header in _headers(scope, b"cookie"):
-        for part in header.split(";"):
-            key, _, value = part.strip().partition("=")
-            if key == name:
-                return value
-    return None
-
-
 class Gate:
     """The settings `AccessLimits` applies; `gradio_app` and `limited_fns` are filled in once Gradio is mounted."""
 
-    def __init__(self, *, users: list[tuple[str, str]], api_key: str, rate_limit_per_minute: int,
-                 trust_proxy: bool) -> None:
-        self.users, self.api_key, self.trust_proxy = users, api_key, trust_proxy
-        self.limiter = RateLimiter(rate_limit_per_minute) if rate_limit_per_minute > 0 else None
+    def __init__(self, cfg: Config, on_refused: Callable[[str], None] | None = None) -> None:
+        srv = cfg.server
+        self.identity = Identity(cfg)
+        self.users, self.metrics_token = srv.auth_users, srv.metrics_token
+        self.limiter = RateLimiter(srv.requests_per_minute) if srv.requests_per_minute > 0 else None
+        self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
         self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
 
     @classmethod
-    def from_config(cls, srv: ServerConfig) -> Gate:
-        """The gate of `[server]` auth, api_key, rate_limit_per_minute and trust_proxy."""
-        return cls(users=srv.auth_users, api_key=srv.api_key, rate_limit_per_minute=srv.rate_limit_per_minute,
-                   trust_proxy=srv.trust_proxy)
+    def from_config(cls, cfg: Config, on_refused: Callable[[str], None] | None = None) -> Gate:
+        return cls(cfg, on_refused)
+
+    def basic_user(self, scope: dict) -> str | None:
+        """The user of valid HTTP Basic credentials of a configured login, else None."""
+        creds = basic_credentials(scope)
+        if creds is None:
+            return None
+        ok = False
+        for user, password in self.users:  # every pair is compared: no timing hint of which user exists
+            ok |= secrets.compare_digest(creds[0].encode(), user.encode()) & secrets.compare_digest(
+                creds[1].encode(), password.encode())
+        return creds[0] if ok else None
 
     def logged_in(self, scope: dict) -> bool:
         """A valid login cookie of the Gradio page, or HTTP Basic credentials of a configured user."""
-        creds = basic_credentials(scope)
-        if creds is not None:
-            ok = False
-            for user, password in self.users:  # every pair is compared: no timing hint of which user exists
-                ok |= secrets.compare_digest(creds[0].encode(), user.encode()) & secrets.compare_digest(
-                    creds[1].encode(), password.encode())
-            return ok
+        if basic_credentials(scope) is not None:
+            return self.basic_user(scope) is not None
         app = self.gradio_app
         if app is None:
             return False
         for name in (f"access-token-{app.cookie_id}", f"access-token-unsecure-{app.cookie_id}"):
-            token = _cookie(scope, name)
+            token = cookie(scope, name)
             if token and app.tokens.get(token) is not None:
                 return True
         return False
 
-    def needs_login(self, path: str) -> bool:
-        if not self.users or path in OPEN_PATHS:
-            return False
-        return path.startswith("/studio/") or (path.startswith("/v1/") and not self.api_key)
+    def allowed(self, scope: dict, path: str) -> bool:
+        """Whether `path` may be served to this request (the /v1 routes check their key themselves)."""
+        ident = self.identity
+        if path == "/metrics":
+            if not (self.users or ident.any_key or self.metrics_token):
+                return True
+            scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
+            metrics_ok = bool(self.metrics_token) and scheme.lower() == "bearer" and secrets.compare_digest(
+                token.strip().encode(), self.metrics_token.encode())
+            return metrics_ok or ident.bearer(scope) is not None or (bool(self.users) and self.logged_in(scope))
+        if path in DOC_PATHS and ident.any_key:
+            return ident.bearer(scope) is not None
+        if not self.users:
+            return True
+        if path.startswith("/studio/") or (path.startswith("/v1/") and not ident.any_key):
+            return self.logged_in(scope)
+        return True
 
 
 class AccessLimits:
-    """ASGI middleware applying a `Gate` (rate limit first, then the login guard)."""
+    """ASGI middleware applying a `Gate` (identity, then the rate limit, then the login guard)."""
 
     def __init__(self, app: Any, gate: Gate) -> None:
         self.app, self.gate = app, gate
@@ -171,18 +169,26 @@ class AccessLimits:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         gate, path = self.gate, scope.get("path", "")
+        who = gate.identity.identify(scope, gate.basic_user(scope) if gate.users else None)
+        if who.set_cookie:
+            send = with_cookie(send, who.set_cookie)
         if gate.limiter is not None and scope.get("method") == "POST":
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
                 body, receive = await _peek_body(receive, MAX_JOIN_BODY)
                 limited = _fn_index(body) in gate.limited_fns
-            if limited and (wait_s := gate.limiter.acquire(client_ip(scope, gate.trust_proxy))) > 0:
+            if limited and (wait_s := gate.limiter.acquire(who.client)) > 0:
+                gate.on_refused("rate_limit")
                 retry_s = max(1, math.ceil(wait_s))
                 per_min = int(gate.limiter.capacity)
                 return await _json(send, 429, error_body(
                     429, f"rate limit: at most {per_min} synthesis requests per minute per client; try again in "
                     f"{retry_s} s", code="rate_limit_exceeded"), {"retry-after": str(retry_s)})
-        if gate.needs_login(path) and not gate.logged_in(scope):
+        if not gate.allowed(scope, path):
+            if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
+                return await _json(send, 401, error_body(
+                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"),
+                    {"www-authenticate": "Bearer"})
             return await _json(send, 401, error_body(
                 401, "log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
                 "[server] auth / COSYVOICE_AUTH)", code="login_required"),

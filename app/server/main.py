@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from fastapi import Request  # at module level: the routes' annotations are resolved by name
+
 from app.config import Config
 
 if TYPE_CHECKING:
@@ -64,6 +66,15 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
     return app
 
 
+def may_see_details(scope: dict) -> bool:
+    """/health's details: for the admin key (app/server/identity.py) and loopback clients no proxy forwarded."""
+    from app.engine.owners import OWNER_STATE_KEY
+    from app.server.identity import is_local
+
+    owner = scope.get("state", {}).get(OWNER_STATE_KEY)
+    return bool(owner is not None and owner.admin) or is_local(scope)
+
+
 def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tuple[Any, Any]:
     """The FastAPI app without the page: /health, /metrics, /v1 and /studio for `service`, behind
     `AccessLimits`; returns (app, gate). `build_server` mounts the page on it; a Ray Serve replica
@@ -83,18 +94,19 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
                   openapi_url="/v1/openapi.json")
     api.add_middleware(ArrivalStamp)
     api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/ui/early_script.py)
-    gate = Gate.from_config(cfg.server)
+    gate = Gate.from_config(cfg, service.metrics.share_refused)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 
     @api.get("/health", tags=["ops"])
-    def health():
-        """200 when ready to synthesise, else 503; the reason, counters and engine facts either way."""
-        body = service.health()
+    def health(request: Request):
+        """200 when ready to synthesise, else 503. Anybody: ready, backend, model name, version; the admin key
+        and local clients: also the reason, counters and engine facts (paths, engine arguments)."""
+        body = service.health() if may_see_details(request.scope) else service.public_health()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     add_metrics_route(api, service)
 
-    api.include_router(api_router(service))
+    api.include_router(api_router(service, gate.identity))
     add_studio_routes(api, service)
     return api, gate

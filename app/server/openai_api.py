@@ -9,29 +9,28 @@
 
 `voice` is a saved voice's id (the page's store). Formats: `wav` (default), `pcm` (raw s16le mono
 24 kHz). `instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`,
-`fixed_tokens` (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key.
+`fixed_tokens` (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key
+(app/server/identity.py: a key names its owner). The voice routes: app/server/voices_api.py. The schema's
+limits are the configured `[limits]` (`speech_body`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-from functools import partial
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from app.config import ModelConfig
-from app.engine import inputs
-from app.engine.inputs import InputError
-from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs, reference_voice
+from app.config import LimitsConfig, ModelConfig
+from app.engine.owners import CLIENT_STATE_KEY
+from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
 from app.engine.service import NotReadyError, StudioService
-from app.engine.voices import VoiceError, check_name
 from app.server.errors import ApiError, error_response
+from app.server.identity import Identity
 from app.server.limits import bearer_auth
 from app.server.speech import map_error, prepare_or_raise, speech_response
+from app.server.voices_api import owner_of, voices_router
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -60,17 +59,33 @@ class SpeechRequest(BaseModel):
     model: str = Field(MODEL_ID, max_length=128, description=f"{MODEL_ID!r}, the model's repo id or name, or one of "
                        f"OpenAI's {', '.join(OPENAI_TTS_MODELS)}: all speak with the one loaded model",
                        json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
-    input: str = Field(max_length=100_000, description="the text to speak (limit: [limits] max_text_chars)")
+    input: str = Field(description="the text to speak (limit: [limits] max_text_chars)")
     voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
         "wav", description="wav (streamed, unknown-length header) or pcm (s16le mono 24 kHz); others refused")
     speed: float = Field(1.0, description="0.5-2.0; other than 1.0 the audio is made whole, then sent")
-    instructions: str | None = Field(None, max_length=10_000, description="style instruction: instruct mode")
+    instructions: str | None = Field(None, description="style instruction: instruct mode")
     stream_format: Literal["audio", "sse"] = Field("audio", description="only 'audio' (a streamed body)")
     seed: int | None = Field(None, description="sampling seed (0..2^31-1); none or -1 = random")
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
         None, description="default: instruct when instructions are given, else zero_shot")
     fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
+
+
+def speech_body(lim: LimitsConfig) -> type[SpeechRequest]:
+    """`SpeechRequest` whose schema states the configured limits (checked in app/engine/prepare.py, with
+    messages that say what to do; the body's size is capped by `capped_route`)."""
+
+    return create_model(
+        "SpeechRequest", __base__=SpeechRequest,
+        input=(str, Field(description="the text to speak ([limits] max_text_chars)",
+                          json_schema_extra={"maxLength": lim.max_text_chars})),
+        instructions=(str | None, Field(None, description="style instruction: instruct mode ([limits] "
+                                        "max_instruct_chars)",
+                                        json_schema_extra={"maxLength": lim.max_instruct_chars})),
+        fixed_tokens=(int, Field(0, description="benchmarks: exactly this many speech tokens per segment ([limits] "
+                                 "max_fixed_tokens)",
+                                 json_schema_extra={"minimum": 0, "maximum": lim.max_fixed_tokens})))
 
 
 def capped_route(max_mb: int) -> type[APIRoute]:
@@ -106,11 +121,11 @@ def capped_route(max_mb: int) -> type[APIRoute]:
     return CappedRoute
 
 
-def api_router(service: StudioService) -> APIRouter:
-    """The /v1 routes bound to the process's service (auth from `[server] api_key`)."""
+def api_router(service: StudioService, identity: Identity) -> APIRouter:
+    """The /v1 routes bound to the process's service (auth: the keys `identity` knows)."""
     cfg = service.cfg
     models = accepted_models(cfg.model.repo_id)
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(cfg.server.api_key))], tags=["v1"],
+    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(identity))], tags=["v1"],
                        route_class=capped_route(cfg.limits.max_upload_mb))
 
     def require_ready() -> None:
@@ -119,9 +134,7 @@ def api_router(service: StudioService) -> APIRouter:
         except NotReadyError as e:
             raise map_error(e) from e
 
-    @router.post("/audio/speech", response_class=Response,
-                 responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
-    async def create_speech(body: SpeechRequest):
+    async def create_speech(body: SpeechRequest, request: Request):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
         if body.model.casefold() not in {m.casefold() for m in models}:
             service.metrics.input_refused("unknown_model")
@@ -137,67 +150,17 @@ def api_router(service: StudioService) -> APIRouter:
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
-            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens), V1_PARAMS)
+            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
+            owner=owner_of(request)), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
         return await speech_response(service, prepared.request, body.response_format, headers=notes,
-                                     prepared=prepared)
+                                     prepared=prepared, client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
 
-    @router.post("/voices", status_code=201)
-    async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
-                                                                       "ogg/mp3, webm/m4a with ffmpeg; 1-30 s "
-                                                                       "of one speaker)")],
-                           transcript: Annotated[str, Form(max_length=10_000, description=(
-                               "the words spoken in the clip; blank: Whisper transcribes it where available "
-                               "(prompt_text and warnings in the response say what was used)"))] = "",
-                           name: Annotated[str | None, Form(max_length=200)] = None,
-                           overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
-                           ) -> dict:
-        """Compute and store a voice's features from a reference recording and its transcript (409 when the
-        name is taken, unless `overwrite`)."""
-        require_ready()
-        try:
-            name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
-            transcript = inputs.check_transcript(transcript)  # before the upload is read
-        except VoiceError as e:
-            raise ApiError(400, str(e), param="name", code="invalid_value") from e
-        except InputError as e:
-            raise ApiError(400, str(e), param="transcript", code="invalid_value") from e
-        if name in service.voices.names() and not overwrite:
-            raise ApiError(409, f"a voice named {name!r} exists already; delete it first, choose another name, or "
-                           "send overwrite=true", param="name", code="voice_exists")
-        data = await _read_upload(audio, cfg.limits.max_upload_mb)
-        try:
-            features = await reference_voice(service, data, transcript)
-            info = await asyncio.to_thread(partial(service.voices.save, overwrite=overwrite), name, features)
-        except InputError as e:
-            raise ApiError(400, str(e), param="audio", code=e.code) from e
-        except VoiceError as e:
-            raise ApiError(409 if "exists" in str(e) else 400, str(e), param="name", code="invalid_voice") from e
-        # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well
-        return {"id": info.name, "object": "voice", **info.to_dict(), "warnings": list(features.notes)}
-
-    @router.get("/voices")
-    async def list_voices() -> dict:
-        """The saved voices of the loaded model, newest first."""
-        voices = await asyncio.to_thread(service.voices.list)
-        return {"object": "list", "data": [{"id": v.name, "object": "voice", **v.to_dict()} for v in voices]}
-
-    @router.get("/voices/{voice_id}")
-    async def get_voice(voice_id: str) -> dict:
-        try:
-            info = await asyncio.to_thread(service.voices.info, voice_id)
-        except VoiceError as e:
-            raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
-        return {"id": info.name, "object": "voice", **info.to_dict()}
-
-    @router.delete("/voices/{voice_id}")
-    async def delete_voice(voice_id: str) -> dict:
-        try:
-            await asyncio.to_thread(service.voices.delete, voice_id)
-        except VoiceError as e:
-            raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
-        return {"id": voice_id, "object": "voice", "deleted": True}
+    create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
+    router.post("/audio/speech", response_class=Response, responses={
+        200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})(create_speech)
+    router.include_router(voices_router(service, require_ready, capped_route(cfg.limits.max_upload_mb)))
 
     @router.get("/models")
     async def list_models() -> dict:
@@ -211,14 +174,3 @@ def api_router(service: StudioService) -> APIRouter:
 
     return router
 
-
-async def _read_upload(upload: UploadFile, max_mb: int) -> bytes:
-    """The upload's bytes; 413 when it passes `max_mb` (one byte more is read to tell), 400 when empty."""
-    limit = max_mb * 1024 * 1024
-    data = await upload.read(limit + 1)
-    if len(data) > limit:
-        raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([limits] max_upload_mb); send a "
-                       "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
-    if not data:
-        raise ApiError(400, "the audio upload is empty", param="audio", code="invalid_audio")
-    return data

@@ -34,6 +34,7 @@ RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5
 # Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
 STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STAGES = ("lm", "flow", "vocoder", "queue")
+SHARE_REASONS = ("rate_limit", "client_streams")  # app/server/limits.py, app/engine/fair_share.py
 
 
 class PrometheusExporter:
@@ -89,6 +90,9 @@ class PrometheusExporter:
         yield _family(CounterMetricFamily, "cosyvoice_refused_inputs", "Inputs refused with a message before "
                       "synthesis started, by reason (invalid_value, voice_not_found, invalid_audio, ...).", ["reason"],
                       [([reason], n) for reason, n in sorted(c["refused_inputs"].items())])
+        yield _family(CounterMetricFamily, "cosyvoice_refused_share", "Requests refused because their client had "
+                      "used its fair share, by reason (rate_limit: requests per minute; client_streams: syntheses "
+                      "at once).", ["reason"], [([r], c["refused_share"].get(r, 0)) for r in SHARE_REASONS])
         yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
                                   "finished ok.", value=c["audio_s_total"])
         yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",

@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.admission import BusyError
+from app.engine.fair_share import ShareError
 from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import Prepared, SpeechInputs, prepare
@@ -66,6 +67,8 @@ def map_error(e: BaseException, params: dict[str, str] | None = None) -> ApiErro
     `InputError.param` (prepare's field names) to the door's."""
     if isinstance(e, InputError):
         return ApiError(400, str(e), param=(params or {}).get(e.param, e.param), code=e.code)
+    if isinstance(e, ShareError):
+        return ApiError(429, str(e), code="client_share_exceeded", headers={"Retry-After": str(e.retry_after_s)})
     for kind, code, retry_s in UNAVAILABLE:
         if isinstance(e, kind):
             return ApiError(503, str(e), code=code, headers={"Retry-After": str(retry_s)})
@@ -96,13 +99,15 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
-                          prepared: Prepared | None = None) -> StreamingResponse:
+                          prepared: Prepared | None = None, client: str = "") -> StreamingResponse:
     """The streamed response for `req` in format `fmt` ("wav" | "pcm", checked by the door); `ApiError`
-    before any audio. `prepared` (what made `req`) goes into the request's metrics record."""
+    before any audio. `prepared` (what made `req`) goes into the request's metrics record; `client`
+    (app/server/identity.py) holds one of its fair-share places until the body ends."""
     assert fmt in MEDIA_TYPES, fmt
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
+        stack.enter_context(service.share.hold(client))  # before the queue: a client over its share waits nowhere
         queue_s = await stack.enter_async_context(service.admission.admit())
         t_start = time.perf_counter()
         chunks = service.stream(req, queue_wait_s=queue_s, prepared=prepared)

@@ -23,6 +23,7 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY
 from app.engine.prepare import SpeechInputs
 from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
@@ -103,11 +104,14 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # ArrivalStamp
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
+        state = request.scope.get("state", {})
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
-            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True), STUDIO_PARAMS)
+            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True,
+            owner=state.get(OWNER_STATE_KEY, ANYONE)), STUDIO_PARAMS)
         response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
-                                         headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"})
+                                         headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
+                                         client=state.get(CLIENT_STATE_KEY, ""))
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response

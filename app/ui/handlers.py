@@ -28,8 +28,10 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine.admission import BusyError
+from app.engine.fair_share import ShareError
 from app.engine.inputs import MAX_SEED, InputError
 from app.engine.metrics import RequestRecord
+from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
 from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
@@ -83,6 +85,25 @@ def queue_wait_s(request: gr.Request | None, now: float) -> float:
     return max(0.0, now - arrived) if arrived is not None else 0.0
 
 
+def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None,
+           voices: OwnedVoices | None = None) -> tuple[Owner, str]:
+    """(owner, fair-share client) of a page event: the signed-in Hugging Face user (Gradio hands the profile
+    to handlers on a Space with hf_oauth), the page's login user, else what app/server/identity.py found
+    (an API key's owner, the visitor cookie; the client's address). `voices` learns which user the browser
+    signed in as, for its /studio/speech requests (`OwnedVoices.link`)."""
+    raw = getattr(request, "request", None) if request is not None else None
+    state = getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+    visitor = state.get(OWNER_STATE_KEY, ANYONE)
+    user = Owner(f"hf:{profile.username}") if profile is not None else None
+    if voices is not None:
+        voices.link(visitor, user)
+    if user is not None:
+        return user, user.id
+    if request is not None and getattr(request, "username", None):  # the page's login: its share per address
+        return Owner(f"user:{request.username}"), state.get(CLIENT_STATE_KEY, "")
+    return visitor, state.get(CLIENT_STATE_KEY, "")
+
+
 def live_playback() -> bool:
     """Gradio encodes streamed audio with ffmpeg; without it only the final WAV can play."""
     return shutil.which("ffmpeg") is not None
@@ -132,7 +153,8 @@ class Handlers:
 
     async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
                          instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
-                         stop: StopSignal | None = None, request: gr.Request = None):
+                         stop: StopSignal | None = None, request: gr.Request = None,
+                         profile: gr.OAuthProfile | None = None):
         """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details).
 
         The final WAV is a file named after the voice and text (`wav_name`). After the page's Stop
@@ -141,6 +163,7 @@ class Handlers:
         queue_s = queue_wait_s(request, t_start)
         lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
         stream = bool(stream)
+        owner, client = caller(request, profile)
         stop = stop if stop is not None else StopSignal()
         if stop.stopped:  # Stop while this request waited in the queue
             yield None, None, translate("Stopped before it started.", lang), None
@@ -148,7 +171,7 @@ class Handlers:
         try:
             prepared = await prepare(self.service, SpeechInputs(
                 text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text,
-                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream))
+                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner))
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready", print_exception=False) from e
         except InputError as e:
@@ -167,6 +190,7 @@ class Handlers:
         try:
             try:
                 async with contextlib.AsyncExitStack() as stack:
+                    stack.enter_context(self.service.share.hold(client))  # this client's fair share first
                     queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
                     chunks = await stack.enter_async_context(contextlib.aclosing(
                         self.service.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop.event)))
@@ -182,6 +206,8 @@ class Handlers:
                                 yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
             except BusyError as e:
                 raise gr.Error(str(e), title="Busy", print_exception=False) from e
+            except ShareError as e:
+                raise gr.Error(str(e), title="Your share is in use", print_exception=False) from e
             except EmptyTextError as e:
                 raise refused(e) from e
             except NotReadyError as e:
@@ -244,46 +270,51 @@ class Handlers:
 
     # --- saved voices --------------------------------------------------------------------------
 
-    async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str,
-                         replace: bool = False, request: gr.Request = None) -> tuple[str, str]:
-        """Compute the reference's features and store them under `name`; returns (message, the saved name). A
-        voice of that name is replaced only with `replace` (the page's "Replace a saved voice..." box), else refused."""
+    async def save_voice(self, name: str, prompt_audio: str | None, prompt_text: str, overwrite: bool = False,
+                         request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
+        """Compute the reference's features and store them under `name` among the caller's voices; returns
+        (message, the saved name). A voice of that name is replaced only with `overwrite` (the page's
+        "Replace a saved voice..." box), else refused."""
         try:
             self.service.require_ready()
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready") from e
         if not prompt_audio:
             raise gr.Error("Upload or record the reference clip to save first.")
+        store = self.service.voices.of(caller(request, profile)[0])
         try:
             features = await reference_voice(self.service, prompt_audio, prompt_text)
-            info = self.service.voices.save(name or "", features, overwrite=bool(replace))
+            info = store.save(name or "", features, overwrite=bool(overwrite))
         except (VoiceError, InputError, OSError) as e:
             if isinstance(e, VoiceError) and "exists already" in str(e):
-                raise gr.Error(f"{e}. Tick \"Replace a saved voice of that name\" to overwrite it.",
-                               title="Name taken") from e
+                raise gr.Error(f"{e}. Replace it: tick \"Replace a saved voice of that name\" on the page, or "
+                               "pass overwrite=True through the API.", title="Name taken") from e
             raise _error(e, prompt_audio) from e
         lang = lang_of(request)  # the message and each note (features.notes) in the page's language
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
         notes = "".join(f"\n\n- {translate(n, lang)}" for n in features.notes)
         return translate(f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", lang) + notes, info.name
 
-    def delete_voice(self, voice: str | None) -> tuple[str, str]:
-        """Delete the saved voice `voice`. Returns (message, "")."""
+    def delete_voice(self, voice: str | None, request: gr.Request = None,
+                     profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
+        """Delete the caller's saved voice `voice`. Returns (message, "")."""
         if not voice:
             raise gr.Error("Pick a saved voice to delete.")
         try:
-            self.service.voices.delete(voice)
+            self.service.voices.of(caller(request, profile)[0]).delete(voice)
         except VoiceError as e:
             raise gr.Error(str(e)) from e
         return f"Deleted voice **{voice}**.", ""
 
-    def list_voices(self) -> list[dict]:
-        """The saved voices of the loaded model: name, transcript, length, creation time."""
-        return [v.to_dict() for v in self.service.voices.list()]
+    def list_voices(self, request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> list[dict]:
+        """The caller's saved voices of the loaded model: name, transcript, length, creation time."""
+        return [{k: v for k, v in info.to_dict().items() if k != "owner"}
+                for info in self.service.voices.visible(caller(request, profile)[0])]
 
-    def voice_choices(self, current: str | None = "") -> gr.Dropdown:
-        """The dropdown's choices, refreshed from the store (keeps `current` if it still exists)."""
-        names = self.service.voices.names()
+    def voice_choices(self, current: str | None = "", request: gr.Request = None,
+                      profile: gr.OAuthProfile | None = None) -> gr.Dropdown:
+        """The dropdown's choices: the caller's voices (keeps `current` if it still exists)."""
+        names = self.service.voices.of(caller(request, profile, self.service.voices)[0]).names()  # each page load
         return gr.Dropdown(choices=[NO_VOICE, *names], value=current if current in names else "")
 
     # --- status --------------------------------------------------------------------------------
@@ -294,7 +325,7 @@ class Handlers:
         if s.ready:
             facts = s.facts()
             text = t(lang, "status_ready", backend=facts.get("backend", "?"), device=facts.get("device"),
-                     model=facts.get("model_dir"))
+                     model=s.model_name())  # the name, never the server's path
         elif s.error:
             text = t(lang, "status_failed", error=translate(s.error, lang))
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import gradio as gr
@@ -77,6 +78,12 @@ def malformed(event: str, problem: str) -> gr.Error:
                     title="Malformed request", print_exception=False)
 
 
+def signs_in() -> bool:
+    """A Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): the page offers
+    Hugging Face sign-in. Nowhere else: Gradio's LoginButton off a Space logs in with this machine's token."""
+    return bool(os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"))
+
+
 def voice_api_info() -> dict[str, Any]:
     """The saved-voice dropdown's API type: any name (its choices change at run time), so `str`, not a Literal
     of the choices at build time. Set on the instance: a gr.Dropdown subclass would make Gradio write a .pyi."""
@@ -112,6 +119,8 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
             gr.Markdown(f"# {cfg.ui.title}")
             lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
                             scale=0, min_width=200)
+            if signs_in():  # a Space with hf_oauth: voices belong to the signed-in user (app/engine/owners.py)
+                gr.LoginButton(scale=0, min_width=160, elem_id="login")
         gr.Markdown(i18n("intro"))
         banner = gr.Markdown(visible=False, elem_id="banner")
         status = gr.Markdown("**Status:** starting…", elem_id="status")

@@ -56,7 +56,8 @@ class TranscriptionEvents:
                    request: gr.Request = None, progress: gr.Progress = gr.Progress()):  # noqa: B008
         """The transcript box after Generate / Save voice: Whisper's words for a blank one, else unchanged."""
         asr = self.service.asr
-        if (not prompt_audio or voice or mode not in (None, "", "zero_shot") or check_transcript(prompt_text)
+        limit = self.service.cfg.limits.max_transcript_chars
+        if (not prompt_audio or voice or mode not in (None, "", "zero_shot") or check_transcript(prompt_text, limit)
                 or not asr.cfg.enabled):
             return gr.skip()
         lang = lang_of(request)

@@ -10,6 +10,7 @@ noise by design. Nothing is written outside OUT.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from app.model.random.sizes import ModelSize
 from app.model.random.standins import write_campplus, write_speech_tokenizer
 from app.model.random.tokenizer_files import write_qwen2_tokenizer, write_qwen_config, write_safetensors_skeleton
 from app.model.random.yaml_template import render_cosyvoice2_yaml
+from app.model.source import RANDOM_MARKER
 
 BLANK_EN = "CosyVoice-BlankEN"
 
@@ -76,6 +78,9 @@ def make_model(out: Path, size: ModelSize, seed: int = 0, tokenizer_from: Path |
     _save(hift.state_dict(), out / "hift.pt")  # torch>=2.1 weight-norm key style, as official
     report["files"]["hift"] = _counts(hift.state_dict())
     report["seconds"] = round(time.perf_counter() - t0, 1)
+    # the mark the service reads (app/model/source.py:is_random): /health's random_model, the page's notice
+    (out / RANDOM_MARKER).write_text(json.dumps({"random_weights": True, "size": size.name, "seed": seed}),
+                                     encoding="utf-8")
     return report
 
 

@@ -1,0 +1,96 @@
+"""Who owns a saved voice, and which voices a caller sees (`[voices] scope`).
+
+Every caller of the voice store is an `Owner`: a signed-in Hugging Face user ("hf:<username>"), a user
+of the page's login ("user:<name>"), an API key's owner ("key:<owner>"), or a browser ("visitor:<id>",
+the signed cookie of app/server/identity.py). The doors work out who it is; the store only keeps it.
+
+    shared   one store for everybody (the folder `[server] voices_dir` itself), as before owners existed;
+             each voice still records who saved it
+    private  each owner a folder of their own: `<voices_dir>/o-<sha256(owner)[:24]>/`. An owner lists,
+             uses and deletes only those voices; two owners may use the same name. The admin key's
+             store is the top folder (where voices saved before owners existed, or in shared scope,
+             stay: ownerless voices are the admin's) and its listing holds every owner's voices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.voices import VoiceInfo, VoiceStore
+
+SCOPES = ("private", "shared")
+# keys of a request's ASGI state (app/server/identity.py writes them, the doors read them)
+OWNER_STATE_KEY, CLIENT_STATE_KEY = "studio_owner", "studio_client"
+OWNER_DIR_PREFIX = "o-"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The caller a voice belongs to; `admin` sees every voice."""
+
+    id: str
+    admin: bool = False
+
+
+ADMIN = Owner("admin", admin=True)
+ANYONE = Owner("")  # shared scope's stand-in where no door said who (tools, tests)
+
+
+def owner_dir(owner_id: str) -> str:
+    """The folder name of `owner_id`'s voices (a hash: owner ids hold characters no path should)."""
+    return OWNER_DIR_PREFIX + hashlib.sha256(owner_id.encode("utf-8")).hexdigest()[:24]
+
+
+class OwnedVoices:
+    """The saved voices of every owner under one folder; `of(owner)` is the `VoiceStore` that owner may use."""
+
+    def __init__(self, root: str | Path, scope: str, max_transcript_chars: int | None = None) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        self.root = Path(root).expanduser().resolve()
+        self.scope = scope
+        self.model_fingerprint = ""  # set once the model is loaded (voices of another model are refused)
+        self.max_transcript_chars = max_transcript_chars
+        self._lock = threading.Lock()  # one for every store: a name's two files are written together
+        # visitor id -> the Hugging Face user signed in on that browser (the page's events know the profile; its
+        # /studio/speech requests carry only the cookie): set and cleared by the page (app/ui/handlers.py:caller)
+        self.signed_in: dict[str, Owner] = {}
+
+    def link(self, visitor: Owner, user: Owner | None) -> None:
+        """Browser `visitor` is signed in as `user` (None: signed out)."""
+        if visitor.id.startswith("visitor:"):
+            if user is None:
+                self.signed_in.pop(visitor.id, None)
+            else:
+                self.signed_in[visitor.id] = user
+
+    @property
+    def private(self) -> bool:
+        return self.scope == "private"
+
+    def of(self, owner: Owner, target: str | None = None) -> VoiceStore:
+        """The store `owner` reads and writes; the admin may name another owner's (`target`, an owner id)."""
+        owner = self.signed_in.get(owner.id, owner)
+        folder = self.root
+        if owner.admin and target:
+            folder = self.root / owner_dir(target)
+        elif self.private and not owner.admin:
+            folder = self.root / owner_dir(owner.id)
+        return VoiceStore(folder, self.model_fingerprint, owner=target or owner.id,
+                          max_transcript_chars=self.max_transcript_chars, lock=self._lock)
+
+    def visible(self, owner: Owner) -> list[VoiceInfo]:
+        """What `owner` may list, newest first: their own; for the admin in private scope every owner's too."""
+        owner = self.signed_in.get(owner.id, owner)
+        if not (owner.admin and self.private):
+            return self.of(owner).list()
+        found = self.of(owner).list()
+        if self.root.is_dir():
+            for folder in sorted(self.root.glob(OWNER_DIR_PREFIX + "*")):
+                if folder.is_dir():
+                    found += VoiceStore(folder, self.model_fingerprint).list()
+        return sorted(found, key=lambda v: (-v.created, v.name))
+

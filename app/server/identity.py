@@ -1,0 +1,176 @@
+"""Who is calling: the owner of the voices a request may use, and the client its fair share is counted for.
+
+Per HTTP request `Identity.identify(scope)` works out, first match wins:
+
+    owner   the admin key (`[server] admin_key`: every voice) | an API key's owner (`api_keys` "owner:key",
+            `api_key` = owner "api") | a user of the page's login (HTTP Basic) | the browser: a signed,
+            HttpOnly cookie (`VISITOR_COOKIE`, "<id>.<hmac>") set on the first answer when it is missing
+            or forged. A client that keeps the cookie is the same visitor on the page and on /v1.
+    client  "key:<owner>" | "ip:<address>" (a login's user too: one password is often a group's), where the
+            address is the connection's, or the last
+            X-Forwarded-For entry when the connection comes from a trusted proxy (`trusted_proxies`, or any
+            peer with `trust_proxy`). A cookie never names a client (it costs nothing to drop).
+
+Both go into the request's ASGI state (`OWNER_STATE_KEY`, `CLIENT_STATE_KEY`): the /v1 routes and the
+page's handlers (app/ui/handlers.py, which prefer the Hugging Face user Gradio hands them) read them.
+The visitor cookie exists only in private scope (shared scope has nobody to tell apart). Its key:
+COSYVOICE_SECRET, else a random one kept in `<voices_dir>/.visitor-secret` (every process and replica
+on that folder signs alike; cookies survive restarts).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.config import Config
+from app.engine.owners import CLIENT_STATE_KEY, OWNER_STATE_KEY, Owner
+
+VISITOR_COOKIE = "cosyvoice_visitor"
+COOKIE_MAX_AGE_S = 400 * 24 * 3600  # browsers cap a cookie's life at 400 days
+SECRET_FILE = ".visitor-secret"
+
+
+def headers_of(scope: dict, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+
+
+def cookie(scope: dict, name: str) -> str | None:
+    for header in headers_of(scope, b"cookie"):
+        for part in header.split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == name:
+                return value
+    return None
+
+
+def client_ip(scope: dict, trust_proxy: bool, trusted: frozenset[str] = frozenset()) -> str:
+    """The client's IP: the connection's, or, from a trusted proxy, the last X-Forwarded-For entry (the one
+    the proxy wrote; earlier ones come from the client)."""
+    client = scope.get("client")
+    peer = client[0] if client else "unknown"
+    forwarded = headers_of(scope, b"x-forwarded-for") if trust_proxy or peer in trusted else []
+    if forwarded and (last := forwarded[-1].split(",")[-1].strip()):
+        return last
+    return peer
+
+
+def is_local(scope: dict) -> bool:
+    """A loopback connection that no proxy forwarded (a proxied request is never "local")."""
+    client = scope.get("client")
+    if not client or headers_of(scope, b"x-forwarded-for"):
+        return False
+    try:
+        return ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return client[0] == "localhost"
+
+
+def load_secret(voices_dir: str) -> bytes:
+    """COSYVOICE_SECRET, else the key kept beside the voices (made once, readable by this user only)."""
+    if env := os.environ.get("COSYVOICE_SECRET"):
+        return env.encode()
+    path = Path(voices_dir).expanduser() / SECRET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:  # another process racing here reads the file the winner wrote
+        f.write(secrets.token_hex(32).encode())
+    return path.read_bytes()
+
+
+@dataclass(frozen=True)
+class Who:
+    owner: Owner
+    client: str
+    set_cookie: str | None = None  # a Set-Cookie value for the answer (a new visitor)
+
+
+class Identity:
+    """The owner and client of each request (see the module docstring)."""
+
+    def __init__(self, cfg: Config) -> None:
+        srv = cfg.server
+        self.keys: list[tuple[str, Owner]] = [(k, Owner(f"key:{o}")) for o, k in srv.api_key_pairs]
+        if srv.api_key:
+            self.keys.append((srv.api_key, Owner("key:api")))
+        if srv.admin_key:
+            self.keys.append((srv.admin_key, Owner("admin", admin=True)))
+        self.users = srv.auth_users
+        self.trust_proxy = srv.trust_proxy
+        self.trusted = frozenset(filter(None, (p.strip() for p in srv.trusted_proxies.split(","))))
+        self.private = cfg.voices.resolved(srv) == "private"
+        self._voices_dir, self._secret = srv.voices_dir, b""
+
+    @property
+    def any_key(self) -> bool:
+        return bool(self.keys)
+
+    def key_owner(self, token: str) -> Owner | None:
+        """The owner of API key `token` (every key compared in constant time), else None."""
+        found = None
+        for key, owner in self.keys:
+            if secrets.compare_digest(token.encode(), key.encode()):
+                found = owner
+        return found
+
+    def bearer(self, scope: dict) -> Owner | None:
+        scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
+        return self.key_owner(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+
+    def identify(self, scope: dict, basic_user: str | None) -> Who:
+        """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user); also written into its state."""
+        ip = client_ip(scope, self.trust_proxy, self.trusted)
+        set_cookie = None
+        if (owner := self.bearer(scope)) is not None:
+            client = owner.id
+        elif basic_user:  # a login is often one password for a whole group: its share stays per address
+            owner, client = Owner(f"user:{basic_user}"), f"ip:{ip}"
+        else:
+            visitor, set_cookie = self._visitor(scope) if self.private else ("", None)
+            owner, client = Owner(f"visitor:{visitor}" if visitor else ""), f"ip:{ip}"
+        state = scope.setdefault("state", {})
+        state[OWNER_STATE_KEY], state[CLIENT_STATE_KEY] = owner, client
+        return Who(owner, client, set_cookie)
+
+    # --- the visitor cookie ------------------------------------------------------------------------
+
+    def _sign(self, visitor: str) -> str:
+        if not self._secret:
+            self._secret = load_secret(self._voices_dir)
+        mac = hmac.new(self._secret, visitor.encode(), hashlib.sha256).digest()[:18]
+        return base64.urlsafe_b64encode(mac).decode()
+
+    def _visitor(self, scope: dict) -> tuple[str, str | None]:
+        """(visitor id, Set-Cookie value or None): the cookie's id if its signature holds, else a new id whose
+        cookie also goes into the request's own headers (a proxy behind us, e.g. the cluster's replicas,
+        then sees the same visitor on this first request)."""
+        raw = cookie(scope, VISITOR_COOKIE) or ""
+        visitor, _, mac = raw.partition(".")
+        if visitor and mac and hmac.compare_digest(mac, self._sign(visitor)):
+            return visitor, None
+        visitor = secrets.token_hex(12)
+        value = f"{visitor}.{self._sign(visitor)}"
+        others = [p.strip() for h in headers_of(scope, b"cookie") for p in h.split(";")
+                  if p.strip() and p.strip().partition("=")[0] != VISITOR_COOKIE]
+        scope["headers"] = [*(h for h in scope.get("headers", ()) if h[0] != b"cookie"),
+                            (b"cookie", "; ".join([*others, f"{VISITOR_COOKIE}={value}"]).encode())]
+        https = scope.get("scheme") == "https" or "https" in headers_of(scope, b"x-forwarded-proto")
+        attrs = "SameSite=None; Secure" if https else "SameSite=Lax"  # a Space's page is an iframe over HTTPS
+        return visitor, f"{VISITOR_COOKIE}={value}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; {attrs}"
+
+def with_cookie(send, set_cookie: str):
+    """`send` that adds `set_cookie` to the response's start message."""
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", set_cookie.encode())]}
+        await send(message)
+    return sending

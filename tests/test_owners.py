@@ -1,0 +1,388 @@
+"""Safe in public: saved voices belong to whoever saved them, /health tells strangers nothing of the machine,
+the schema states the configured limits, and one client's share leaves room for the others.
+
+In-process (FastAPI TestClient, no engine) for the gate; an in-process service on the torch backend for the
+signed-in Hugging Face user (the `gr.OAuthProfile` Gradio hands the page's handlers, passed as Gradio
+passes it); one `python app.py` (tiny model, real vLLM CPU engine) for visitors' cookies, API keys,
+the admin key, the page through `gradio_client`, raised limits and the fair share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
+
+from app.engine.owners import ADMIN, OwnedVoices, Owner, owner_dir
+from app.engine.voices import VoiceError, VoiceStore
+from app.model.frontend import VoiceFeatures
+
+
+def _voice(text: str = "hello") -> VoiceFeatures:
+    g = torch.Generator().manual_seed(0)
+    return VoiceFeatures(prompt_text=text, prompt_text_ids=torch.arange(5, dtype=torch.int32),
+                         speech_tokens=torch.randint(0, 6561, (1, 50), generator=g, dtype=torch.int32),
+                         speech_mel=torch.randn(1, 100, 80, generator=g), embedding=torch.randn(1, 192, generator=g))
+
+
+# --- the store -------------------------------------------------------------------------------------
+
+
+def test_private_store_keeps_owners_apart_and_old_voices_go_to_the_admin(tmp_path):
+    root = tmp_path / "voices"
+    VoiceStore(root).save("old", _voice("saved before owners"))
+    meta = json.loads((root / "old.json").read_text())
+    del meta["owner"]  # as an earlier version wrote it
+    (root / "old.json").write_text(json.dumps(meta))
+    voices = OwnedVoices(root, "private")
+    alice, bob = Owner("visitor:a"), Owner("key:bob")
+    voices.of(alice).save("fox", _voice("alice's"))
+    voices.of(bob).save("fox", _voice("bob's"))  # the same name, another owner: no clash
+    assert voices.of(alice).load("fox").prompt_text == "alice's" and voices.of(bob).load("fox").prompt_text == "bob's"
+    assert [v.name for v in voices.visible(alice)] == ["fox"] and voices.visible(alice)[0].owner == "visitor:a"
+    assert "old" not in voices.of(alice).names()  # an ownerless voice is nobody's but the admin's
+    with pytest.raises(VoiceError, match="no saved voice"):
+        voices.of(bob).load("old")
+    everything = voices.visible(ADMIN)
+    assert sorted((v.name, v.owner) for v in everything) == [("fox", "key:bob"), ("fox", "visitor:a"), ("old", "")]
+    voices.of(ADMIN, "visitor:a").delete("fox")  # the admin may name another owner's voice
+    assert voices.of(alice).names() == [] and voices.of(bob).names() == ["fox"]
+    assert (root / owner_dir("key:bob") / "fox.npz").is_file()
+    shared = OwnedVoices(root, "shared")  # today's behaviour: one store, the owner only recorded
+    shared.of(alice).save("hare", _voice())
+    assert set(shared.of(bob).names()) == {"hare", "old"} and shared.of(bob).info("hare").owner == "visitor:a"
+
+
+def test_configured_transcript_limit_reaches_the_store(tmp_path):
+    voices = OwnedVoices(tmp_path, "shared", max_transcript_chars=1200)
+    voices.of(Owner("x")).save("long", _voice("a" * 1100))  # over the default 1000, under the configured 1200
+    with pytest.raises(VoiceError, match="longer than 1200"):
+        voices.of(Owner("x")).save("longer", _voice("a" * 1201))
+
+
+def test_random_weights_are_marked(tiny_model_dir, tmp_path):
+    from app.model.source import RANDOM_MARKER, is_random
+
+    assert is_random(tiny_model_dir) and (tiny_model_dir / RANDOM_MARKER).is_file()
+    assert not is_random(tmp_path)  # a folder without the mark (as every official one)
+
+
+# --- the gate, in-process ------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def gated(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.api_keys": "alice:ka,bob:kb", "server.admin_key": "adm",
+                             "server.metrics_token": "scrape", "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "models" / "secret-folder"), "voices.scope": "private",
+                             "limits.max_text_chars": 2400, "limits.max_transcript_chars": 1200,
+                             "limits.max_instruct_chars": 600, "limits.max_fixed_tokens": 1700})
+    app = build_server(cfg)  # lifespan not run: never ready
+    return cfg, (lambda ip: TestClient(app, raise_server_exceptions=False, client=(ip, 50000)))
+
+
+def test_health_holds_no_path_for_a_stranger(gated):
+    _, client = gated
+    stranger = client("203.0.113.9")
+    body = stranger.get("/health").json()
+    assert set(body) == {"ready", "backend", "model", "random_model", "version"}, body
+    assert body["model"] == "secret-folder" and "/" not in json.dumps(body)
+    proxied = client("127.0.0.1").get("/health", headers={"X-Forwarded-For": "203.0.113.9"}).json()
+    assert "facts" not in proxied  # a forwarded request is never a local one
+    assert "facts" in client("127.0.0.1").get("/health").json()  # the machine's own operator
+    details = stranger.get("/health", headers={"Authorization": "Bearer adm"}).json()
+    assert {"facts", "requests", "status"} <= set(details)  # the admin key
+    assert "facts" not in stranger.get("/health", headers={"Authorization": "Bearer ka"}).json()  # any other key
+
+
+def test_schema_limits_are_the_configured_ones_and_metrics_follow_the_keys(gated):
+    cfg, client = gated
+    c = client("203.0.113.9")
+    assert c.get("/v1/openapi.json").status_code == 401 and c.get("/v1/docs").status_code == 401
+    schema = c.get("/v1/openapi.json", headers={"Authorization": "Bearer kb"}).json()["components"]["schemas"]
+    speech = schema["SpeechRequest"]["properties"]
+    lim = cfg.limits
+    assert speech["input"]["maxLength"] == lim.max_text_chars == 2400
+    assert speech["instructions"]["maxLength"] == lim.max_instruct_chars
+    assert speech["fixed_tokens"]["maximum"] == lim.max_fixed_tokens
+    (form,) = [v for v in schema.values() if "transcript" in v.get("properties", {})]
+    assert form["properties"]["transcript"]["maxLength"] == lim.max_transcript_chars
+    assert c.get("/metrics").status_code == 401
+    for token in ("scrape", "ka", "adm"):
+        assert c.get("/metrics", headers={"Authorization": f"Bearer {token}"}).status_code == 200, token
+
+
+def test_visitor_cookie_is_signed_and_http_only(gated):
+    _, client = gated
+    c = client("203.0.113.9")
+    r = c.get("/v1/voices", headers={"Authorization": "Bearer ka"})
+    assert r.status_code == 200 and "set-cookie" not in r.headers  # a key names its owner: no cookie
+    r = c.get("/config")
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith("cosyvoice_visitor=") and "HttpOnly" in cookie and "Path=/" in cookie
+    assert "set-cookie" not in c.get("/config").headers  # kept (TestClient's jar): the same visitor
+    forged = client("203.0.113.9")
+    forged.cookies.set("cosyvoice_visitor", cookie.split(";")[0].split("=", 1)[1].split(".")[0] + ".forged")
+    assert forged.get("/config").headers["set-cookie"] != cookie  # a bad signature: a new visitor
+
+
+def test_rate_limit_refusals_are_counted_by_reason(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.rate_limit_per_minute": 1, "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "missing")})
+    c = TestClient(build_server(cfg), raise_server_exceptions=False)
+    body = {"model": "cosyvoice2", "input": "hi", "voice": "x"}
+    assert [c.post("/v1/audio/speech", json=body).status_code for _ in range(2)] == [503, 429]
+    assert 'cosyvoice_refused_share_total{reason="rate_limit"} 1.0' in c.get("/metrics").text
+
+
+# --- a signed-in Hugging Face user (the profile Gradio hands the page's handlers) --------------------------
+
+
+def test_signed_in_users_keep_their_voices_apart(tiny_model_dir, tmp_path):
+    import gradio as gr
+
+    from app.config import CONFIG_DIR, load_config
+    from app.engine.service import StudioService
+    from app.ui.handlers import Handlers
+
+    cfg = load_config(CONFIG_DIR / "cpu.toml", {"model.dir": str(tiny_model_dir), "engine.backend": "torch",
+                                               "server.voices_dir": str(tmp_path / "v"), "voices.scope": "private"})
+    service = StudioService(cfg)
+
+    def profile(user: str) -> gr.OAuthProfile:  # what Gradio builds from the signed-in session's userinfo
+        return gr.OAuthProfile({"name": user.title(), "preferred_username": user,
+                                "profile": f"https://huggingface.co/{user}", "picture": ""})
+
+    alice, bob = profile("alice"), profile("bob")
+
+    async def scenario():
+        await service.start()
+        assert service.ready and service.random_model, service.status  # the tiny model's mark
+        h = Handlers(service)
+        line, banner, _ = h.status()
+        assert banner.visible and "random" in banner.value  # the page's notice: the output is noise
+        assert "tiny" in line and str(tiny_model_dir) not in line and "/" not in line.split("model")[-1], line
+        msg, name = await h.save_voice("mine", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, profile=alice)
+        assert name == "mine" and "Saved voice" in msg
+        assert [v["name"] for v in h.list_voices(profile=alice)] == ["mine"]
+        assert h.list_voices(profile=bob) == [] and h.list_voices() == []  # bob, and a visitor without a cookie
+        with pytest.raises(gr.Error, match="no saved voice"):  # bob cannot use it
+            async for _ in h.synthesize("Hello.", None, "", "zero_shot", "", "mine", 1, 1.0, True, profile=bob):
+                pass
+        with pytest.raises(gr.Error, match="no saved voice"):  # nor delete it
+            h.delete_voice("mine", profile=bob)
+        outputs = [o async for o in h.synthesize("Hello.", None, "", "zero_shot", "", "mine", 1, 1.0, False,
+                                                 profile=alice)]
+        assert outputs[-1][3]["voice"] == "mine"  # alice can
+        with pytest.raises(gr.Error, match="overwrite=True"):  # a taken name, said in API terms too
+            await h.save_voice("mine", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, profile=alice)
+        await h.save_voice("mine", str(EXAMPLE_WAV), "Replaced.", overwrite=True, profile=alice)
+        assert h.delete_voice("mine", profile=alice)[0].startswith("Deleted")
+        await service.aclose()
+
+    asyncio.run(scenario())
+
+
+# --- the real server: visitors, keys, the admin, the page, raised limits, the fair share ------------------
+
+RAISED = {"max_text_chars": 2400, "max_transcript_chars": 1200, "max_instruct_chars": 600}
+DEFAULTS = {"max_text_chars": 2000, "max_transcript_chars": 1000, "max_instruct_chars": 500}
+LONG_TRANSCRIPT = ("The quick brown fox jumps over the lazy dog. " * 25)[:1100]  # between default and raised
+LONG_INSTRUCTION = ("Speak slowly, calmly and warmly, like a storyteller by the fire. " * 9)[:550]
+LONG_INPUT = ("Hello there, how are you today. " * 70)[:2100]
+
+
+def _start(tiny_model_dir, tmp_path_factory, sets: dict[str, str]):
+    from studio import run_studio
+
+    base = {"voices.scope": '"private"', "server.concurrency_limit": "4", "server.max_streams_per_client": "1",
+            **{f"limits.{k}": str(v) for k, v in RAISED.items()}}
+    return run_studio(tiny_model_dir, tmp_path_factory.mktemp("owners"), {**base, **sets})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """/v1 without keys: visitors are their cookies; clients their X-Forwarded-For (127.0.0.1 is a trusted proxy)."""
+    with _start(tiny_model_dir, tmp_path_factory, {"server.trusted_proxies": '"127.0.0.1"'}) as (base, _):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir, tmp_path_factory):
+    """/v1 with two owners' keys and the admin key."""
+    sets = {"server.api_keys": '"alice:ka,bob:kb"', "server.admin_key": '"adm"'}
+    with _start(tiny_model_dir, tmp_path_factory, sets) as (base, _):
+        yield base
+
+
+def _save(client, base: str, name: str, transcript: str = EXAMPLE_TRANSCRIPT, **headers):
+    with EXAMPLE_WAV.open("rb") as f:
+        return client.post(f"{base}/v1/voices", files={"audio": ("ref.wav", f, "audio/wav")},
+                           data={"transcript": transcript, "name": name}, headers=headers)
+
+
+def _speak(client, base: str, voice: str, text: str = "Hello there.", **body):
+    return client.post(f"{base}/v1/audio/speech", json={"model": "cosyvoice2", "input": text, "voice": voice,
+                                                         "response_format": "pcm", "seed": 1, **body})
+
+
+def test_visitors_cannot_see_use_or_delete_each_others_voices(server):
+    import httpx
+
+    assert all(RAISED[k] > DEFAULTS[k] for k in RAISED)
+    a, b = httpx.Client(timeout=300), httpx.Client(timeout=300)  # two browsers: each keeps its cookie
+    r = _save(a, server, "fox")
+    assert r.status_code == 201 and "owner" not in r.json(), r.text
+    assert b.get(f"{server}/v1/voices").status_code == 200
+    assert a.cookies["cosyvoice_visitor"] != b.cookies["cosyvoice_visitor"]
+    assert _save(a, server, "long", LONG_TRANSCRIPT).status_code == 201  # a raised [limits] holds on /v1/voices
+    assert {v["id"] for v in a.get(f"{server}/v1/voices").json()["data"]} == {"fox", "long"}
+    assert b.get(f"{server}/v1/voices").json()["data"] == []
+    assert b.get(f"{server}/v1/voices/fox").status_code == 404
+    r = _speak(b, server, "fox")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "voice_not_found"
+    assert b.delete(f"{server}/v1/voices/fox").status_code == 404
+    r = _speak(a, server, "fox", LONG_INPUT, fixed_tokens=2, instructions=LONG_INSTRUCTION)  # raised limits hold
+    assert r.status_code == 200 and len(r.content) > 0, r.text[:300]
+    assert _save(b, server, "fox").status_code == 201  # the same name for another owner: no clash
+
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    page_a = Client(f"{server}/", verbose=False, httpx_kwargs={"cookies": dict(a.cookies)})  # a's browser
+    page_c = Client(f"{server}/", verbose=False)  # a third visitor (gradio_client keeps the cookie it is given)
+    assert {v["name"] for v in page_a.predict(api_name="/list_voices")} == {"fox", "long"}
+    assert page_c.predict(api_name="/list_voices") == []
+    with pytest.raises(AppError, match="no saved voice"):
+        page_c.predict(text="Hi.", prompt_audio=None, prompt_text="", mode="zero_shot", instruct_text="",
+                       voice="fox", seed=1, speed=1.0, stream=False, api_name="/synthesize")
+    with pytest.raises(AppError, match="no saved voice"):
+        page_c.predict(voice="fox", api_name="/delete_voice")
+    *_, details = page_a.predict(text="Hi.", prompt_audio=None, prompt_text="", mode="instruct",
+                                        instruct_text=LONG_INSTRUCTION, voice="fox", seed=1, speed=1.0, stream=False,
+                                        api_name="/synthesize")  # a raised limit through the page
+    assert details["voice"] == "fox" and details["mode"] == "instruct"
+    _, name = page_c.predict(name="mine", prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text=LONG_TRANSCRIPT,
+                               api_name="/save_voice")
+    assert name == "mine" and [v["name"] for v in page_c.predict(api_name="/list_voices")] == ["mine"]
+    assert "mine" not in {v["id"] for v in a.get(f"{server}/v1/voices").json()["data"]}
+    assert a.delete(f"{server}/v1/voices/fox").json()["deleted"]  # the owner may
+
+
+def test_api_keys_keep_voices_apart_and_the_admin_sees_all(keyed):
+    import httpx
+
+    alice, bob, admin = ({"Authorization": f"Bearer {k}"} for k in ("ka", "kb", "adm"))
+    server, c = keyed, httpx.Client(timeout=300)
+    assert c.get(f"{server}/v1/voices").status_code == 401  # keys configured: /v1 wants one
+    assert _save(c, server, "hare", **alice).status_code == 201
+    assert c.get(f"{server}/v1/voices", headers=bob).json()["data"] == []
+    assert _speak(c, server, "hare").status_code == 401
+    r = c.post(f"{server}/v1/audio/speech", headers=alice, json={"model": "cosyvoice2", "input": "Hi.",
+                                                                 "voice": "hare", "response_format": "pcm"})
+    assert r.status_code == 200 and len(r.content) > 0  # its owner may use it
+    r = c.post(f"{server}/v1/audio/speech", headers=bob, json={"model": "cosyvoice2", "input": "Hi.",
+                                                               "voice": "hare", "response_format": "pcm"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "voice_not_found"
+    assert c.delete(f"{server}/v1/voices/hare", headers=bob).status_code == 404
+    everything = c.get(f"{server}/v1/voices", headers=admin).json()["data"]
+    assert ("hare", "key:alice") in {(v["id"], v["owner"]) for v in everything}
+    assert c.get(f"{server}/v1/voices/hare", headers=admin, params={"owner": "key:alice"}).status_code == 200
+    assert c.delete(f"{server}/v1/voices/hare", headers=admin, params={"owner": "key:alice"}).json()["deleted"]
+    assert c.get(f"{server}/v1/voices", headers=alice).json()["data"] == []
+
+
+def test_one_clients_flood_leaves_another_clients_request_admitted(server):
+    import threading
+
+    import httpx
+
+    # two clients (their addresses, as the trusted proxy says), each a browser keeping its visitor cookie
+    alice, bob = (httpx.Client(timeout=300, headers={"X-Forwarded-For": ip}) for ip in ("198.51.100.1", "198.51.100.2"))
+    for c in (alice, bob):
+        assert _save(c, server, "share").status_code == 201
+    long = {"model": "cosyvoice2", "input": "Keep talking for a while.", "response_format": "pcm", "fixed_tokens": 1500,
+            "voice": "share"}
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with alice.stream("POST", f"{server}/v1/audio/speech", json=long) as r:
+            assert r.status_code == 200
+            pieces = r.iter_bytes()  # one iterator, kept: a discarded one closes the response
+            next(pieces)
+            started.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert started.wait(120)
+        flood = [alice.post(f"{server}/v1/audio/speech", json=long) for _ in range(10)]  # 10x alice's share
+        assert {r.status_code for r in flood} == {429}  # refused at once: no queue place taken from anybody
+        err = flood[0].json()["error"]
+        assert err["code"] == "client_share_exceeded" and int(flood[0].headers["retry-after"]) > 0
+        r = bob.post(f"{server}/v1/audio/speech", json={**long, "fixed_tokens": 25})  # bob: within his share
+        assert r.status_code == 200 and len(r.content) > 0
+    finally:
+        release.set()
+        holder.join(timeout=300)
+    metrics = httpx.get(f"{server}/metrics", timeout=30).text
+    assert 'cosyvoice_refused_share_total{reason="client_streams"} 10.0' in metrics
+
+
+def test_two_browsers_see_only_their_own_voices_on_the_page(server):
+    """Real Chromium: each browser context is a visitor (its HttpOnly cookie); a voice saved through /v1 with
+    the browser's cookie shows in that page's saved-voice list and not in the other browser's."""
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+
+    _need(Path(CHROMIUM).exists(), f"{CHROMIUM} is not installed")
+    playwright = pytest.importorskip("playwright.sync_api")
+
+    def choices(page) -> list[str]:
+        page.get_by_text("Saved voices", exact=True).click()  # open the accordion
+        page.locator("#voice input").click()
+        names = [li.inner_text().strip().split("\n")[-1] for li in page.locator("ul[role=listbox] li").all()]
+        page.keyboard.press("Escape")
+        return names
+
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            pages = []
+            for _ in range(2):
+                page = browser.new_context().new_page()
+                page.goto(server)
+                page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                       timeout=60_000)
+                pages.append(page)
+            a, b = pages
+            cookie = [c for c in a.context.cookies() if c["name"] == "cosyvoice_visitor"]
+            assert cookie and cookie[0]["httpOnly"] and "cosyvoice_visitor" not in a.evaluate("document.cookie")
+            r = a.request.post(f"{server}/v1/voices", multipart={  # the browser's own cookie goes along
+                "audio": {"name": "ref.wav", "mimeType": "audio/wav", "buffer": EXAMPLE_WAV.read_bytes()},
+                "transcript": EXAMPLE_TRANSCRIPT, "name": "chrome-fox"})
+            assert r.status == 201, r.text()
+            for page in pages:
+                page.reload()
+                page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                       timeout=60_000)
+            assert "chrome-fox" in choices(a)
+            assert "chrome-fox" not in choices(b)
+            assert b.request.delete(f"{server}/v1/voices/chrome-fox").status == 404
+            assert a.request.delete(f"{server}/v1/voices/chrome-fox").status == 200
+        finally:
+            browser.close()
