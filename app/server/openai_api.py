@@ -8,7 +8,8 @@
     GET    /v1/models         the one model this server speaks with
 
 `voice` is a saved voice's id (the page's store). Formats: `wav` (default), `pcm` (raw s16le mono
-24 kHz). `instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`,
+24 kHz), `mp3`, `opus` (Ogg), `aac` (ADTS), `flac`, each streamed as encoded (app/audio_formats.py).
+`instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`,
 `fixed_tokens` (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key.
 """
 
@@ -23,6 +24,7 @@ from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Resp
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
+from app import audio_formats
 from app.config import ModelConfig
 from app.engine import inputs
 from app.engine.inputs import InputError
@@ -63,7 +65,8 @@ class SpeechRequest(BaseModel):
     input: str = Field(max_length=100_000, description="the text to speak (limit: [limits] max_text_chars)")
     voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
-        "wav", description="wav (streamed, unknown-length header) or pcm (s16le mono 24 kHz); others refused")
+        "wav", description="wav (unknown-length header), pcm (s16le mono 24 kHz), mp3, opus (Ogg), aac (ADTS) or "
+        "flac: 24 kHz mono, streamed as encoded (docs/api.md)")
     speed: float = Field(1.0, description="0.5-2.0; other than 1.0 the audio is made whole, then sent")
     instructions: str | None = Field(None, max_length=10_000, description="style instruction: instruct mode")
     stream_format: Literal["audio", "sse"] = Field("audio", description="only 'audio' (a streamed body)")
@@ -120,7 +123,8 @@ def api_router(service: StudioService) -> APIRouter:
             raise map_error(e) from e
 
     @router.post("/audio/speech", response_class=Response,
-                 responses={200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})
+                 responses={200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
+                                  "description": "the speech"}})
     async def create_speech(body: SpeechRequest):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
         if body.model.casefold() not in {m.casefold() for m in models}:
@@ -131,8 +135,10 @@ def api_router(service: StudioService) -> APIRouter:
         if body.stream_format != "audio":
             raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
                            param="stream_format", code="unsupported_value")
-        if body.response_format not in ("wav", "pcm"):
-            raise ApiError(400, f"response_format {body.response_format!r} is not supported: use 'wav' or 'pcm'",
+        fmt = body.response_format
+        if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
+            raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
+                           f"{', '.join(f for f in audio_formats.FORMATS if audio_formats.available(f))}",
                            param="response_format", code="unsupported_value")
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
         prepared = await prepare_or_raise(service, SpeechInputs(
@@ -140,8 +146,9 @@ def api_router(service: StudioService) -> APIRouter:
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
-        return await speech_response(service, prepared.request, body.response_format, headers=notes,
-                                     prepared=prepared)
+        response = await speech_response(service, prepared.request, "wav" if fmt == "wav" else "pcm",
+                                         headers=notes, prepared=prepared)
+        return audio_formats.encoded_response(response, fmt)
 
     @router.post("/voices", status_code=201)
     async def create_voice(audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
