@@ -170,3 +170,22 @@ def test_page_converts_the_final_take(tmp_path):
         n = audio.size * OUTPUT_SAMPLE_RATE_HZ // rate
         assert 0 <= n - wave.size <= LENGTH_SLACK[fmt] * rate // OUTPUT_SAMPLE_RATE_HZ, (fmt, n)
         assert abs(rms(audio) / rms(wave) - 1) <= RMS_REL_TOL, fmt
+
+
+def test_bench_formats_prints_and_writes_its_report(tmp_path):
+    """`python -m bench formats`: one row per (format, library) pair, the chosen ones marked, JSON written."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "formats.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "formats", "--seconds", "3", "--repeats", "1",
+                           "--out", str(out)], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| first_byte_ms |" in done.stdout.replace("| format | backend | chosen ", "|")
+    rows = json.loads(out.read_text())["rows"]
+    chosen = {r["format"]: r for r in rows if r["chosen"]}
+    assert set(chosen) == set(audio_formats.ENCODED)
+    for fmt, r in chosen.items():
+        assert r["first_audio_block"] == 0 and r["first_byte_ms"] > 0 and r["encode_ms_per_audio_s"] > 0, (fmt, r)
