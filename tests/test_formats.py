@@ -189,3 +189,50 @@ def test_bench_formats_prints_and_writes_its_report(tmp_path):
     assert set(chosen) == set(audio_formats.ENCODED)
     for fmt, r in chosen.items():
         assert r["first_audio_block"] == 0 and r["first_byte_ms"] > 0 and r["encode_ms_per_audio_s"] > 0, (fmt, r)
+
+
+def test_page_download_choice_in_chromium(server):
+    """The page in headless Chromium: a take with the standard player, then "Download as" mp3 and flac
+    give files that decode to the final WAV's audio (flac: the same samples)."""
+    import importlib.util
+
+    from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+
+    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
+    _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.goto(server)
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                   timeout=60_000)
+            page.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+            page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                                   state="attached", timeout=30_000)
+            page.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+            page.locator("#player").get_by_label("standard (Gradio)").check()
+            page.locator("#seed input").fill(str(SEED))
+            page.locator("#text textarea").fill(TEXT)
+            page.locator("#go").click()
+            page.wait_for_selector("#final_out a[download]", timeout=180_000)
+            wav_path = page.locator("#final_out a[download]").get_attribute("href")
+            wav = httpx.get(wav_path if wav_path.startswith("http") else server + wav_path, timeout=30).content
+            ref = np.frombuffer(wav[44:], dtype="<i2").astype(np.float32) / 32768.0
+            for fmt in ("mp3", "flac"):
+                page.locator("#download_format input").click()
+                page.get_by_role("option", name=fmt, exact=True).click()
+                page.wait_for_timeout(1500)  # the conversion refreshes the button's file
+                with page.expect_download(timeout=30_000) as got:
+                    page.locator("#download_take").click()
+                download = got.value
+                assert download.suggested_filename.endswith(audio_formats.SUFFIXES[fmt]), download.suggested_filename
+                audio, rate = decode(Path(download.path()).read_bytes())
+                assert rate == OUTPUT_SAMPLE_RATE_HZ and 0 <= audio.size - ref.size <= LENGTH_SLACK[fmt], fmt
+                if fmt == "flac":
+                    np.testing.assert_array_equal(audio[:ref.size], ref)
+        finally:
+            browser.close()
