@@ -6,6 +6,7 @@
         [--out report.json] [--png report.png]
     python -m bench plot report.json --png report.png      # re-plot a sweep or memory report
     python -m bench memory --model-dir DIR [--max-model-len 1024,2048] [--gpu-util 0.1,0.3] ...
+    python -m bench formats [--seconds 20] [--chunk-s 1.0] [--out formats.json]   # mp3/opus/aac/flac encoders
 
 At concurrency C, C workers issue requests back to back until N have been issued (the last ones
 run with fewer neighbours); each level starts with `--warmup` rounds of C requests that are not
@@ -138,10 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plot", help="draw the PNG of a sweep or memory JSON report")
     pl.add_argument("report")
     pl.add_argument("--png", required=True)
+    from bench import formats as bench_formats
     from bench import memory as bench_memory
 
     bench_memory.add_parser(sub)
+    bench_formats.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "formats":
+        report = bench_formats.run(args, argv)
+        print(rep.format_table(report["rows"], bench_formats.COLUMNS))
+        write_outputs(report, args.out, None, None)
+        return 0
     if args.cmd == "plot":
         report = json.loads(Path(args.report).read_text())
         (rep.plot_memory if "rows" in report else rep.plot_sweep)(report, args.png)

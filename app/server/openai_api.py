@@ -8,8 +8,9 @@
     GET    /v1/models         the one model this server speaks with
 
 `voice` is a saved voice's id (the page's store). Formats: `wav` (default), `pcm` (raw s16le mono
-24 kHz). `instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`,
-`fixed_tokens` (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key
+24 kHz), `mp3`, `opus` (Ogg), `aac` (ADTS), `flac`, each streamed as encoded (app/audio_formats.py).
+`instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`, `fixed_tokens`
+(benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key
 (app/server/identity.py: a key names its owner). The voice routes: app/server/voices_api.py. The schema's
 limits are the configured `[limits]` (`speech_body`).
 """
@@ -22,6 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
 from app.engine.owners import CLIENT_STATE_KEY
 from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
@@ -62,7 +64,8 @@ class SpeechRequest(BaseModel):
     input: str = Field(description="the text to speak (limit: [limits] max_text_chars)")
     voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
-        "wav", description="wav (streamed, unknown-length header) or pcm (s16le mono 24 kHz); others refused")
+        "wav", description="wav (unknown-length header), pcm (s16le mono 24 kHz), mp3, opus (Ogg), aac (ADTS) or "
+        "flac: 24 kHz mono, streamed as encoded (docs/api.md)")
     speed: float = Field(1.0, description="0.5-2.0; other than 1.0 the audio is made whole, then sent")
     instructions: str | None = Field(None, description="style instruction: instruct mode")
     stream_format: Literal["audio", "sse"] = Field("audio", description="only 'audio' (a streamed body)")
@@ -144,8 +147,10 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         if body.stream_format != "audio":
             raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
                            param="stream_format", code="unsupported_value")
-        if body.response_format not in ("wav", "pcm"):
-            raise ApiError(400, f"response_format {body.response_format!r} is not supported: use 'wav' or 'pcm'",
+        fmt = body.response_format
+        if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
+            raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
+                           f"{', '.join(f for f in audio_formats.FORMATS if audio_formats.available(f))}",
                            param="response_format", code="unsupported_value")
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
         prepared = await prepare_or_raise(service, SpeechInputs(
@@ -154,12 +159,15 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             owner=owner_of(request)), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
-        return await speech_response(service, prepared.request, body.response_format, headers=notes,
-                                     prepared=prepared, client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
+        response = await speech_response(service, prepared.request, "wav" if fmt == "wav" else "pcm",
+                                         headers=notes, prepared=prepared,
+                                         client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
+        return audio_formats.encoded_response(response, fmt)
 
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
     router.post("/audio/speech", response_class=Response, responses={
-        200: {"content": {"audio/wav": {}, "audio/pcm": {}}, "description": "the speech"}})(create_speech)
+        200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
+              "description": "the speech"}})(create_speech)
     router.include_router(voices_router(service, require_ready, capped_route(cfg.limits.max_upload_mb)))
 
     @router.get("/models")

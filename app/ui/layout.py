@@ -22,6 +22,7 @@ import gradio as gr
 
 from app.engine.service import ASSETS_DIR, StudioService
 from app.ui import panels, ui_text
+from app.ui.download import build_download
 from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
@@ -172,6 +173,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                 gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
                 final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                      buttons=["download"], elem_id="final_out")
+                build_download(final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
                 stats = gr.Markdown(elem_id="stats")
                 with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
                     details = gr.JSON(elem_id="details")

@@ -1,0 +1,36 @@
+"""The final take's download in a chosen format: the standard player's final WAV, converted on the server
+to mp3, opus, aac or flac with the API's encoders (app/audio_formats.py). The low-latency player's own
+download link stays WAV (it builds that file in the browser)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from app.audio_formats import FORMATS, SUFFIXES, available, encode_whole
+
+DOWNLOAD_FORMATS = tuple(f for f in FORMATS if f != "pcm")  # a raw PCM file is no use to a listener
+
+
+def convert_take(path: str | None, fmt: str) -> str | None:
+    """The final WAV at `path` as a `fmt` file beside it (the WAV itself for wav); None without a take."""
+    if not path or fmt == "wav" or not available(fmt):
+        return path or None
+    import soundfile as sf
+
+    samples, _ = sf.read(path, dtype="int16")  # [N] mono 24 kHz, as handlers.py wrote it
+    out = Path(path).with_suffix(SUFFIXES[fmt])
+    out.write_bytes(encode_whole(np.ascontiguousarray(samples.reshape(-1)), fmt))
+    return str(out)
+
+
+def build_download(final_out: gr.Audio, i18n, **page_only) -> None:
+    """A format choice and a download button under `final_out`, refreshed when the take or the choice changes."""
+    with gr.Row():
+        fmt = gr.Dropdown([f for f in DOWNLOAD_FORMATS if available(f)], value="wav", label=i18n("download_format"),
+                          elem_id="download_format", scale=1)
+        button = gr.DownloadButton(i18n("download_take"), elem_id="download_take", scale=1)
+    final_out.change(convert_take, [final_out, fmt], button, show_progress="hidden", **page_only)
+    fmt.change(convert_take, [final_out, fmt], button, show_progress="hidden", **page_only)

@@ -1,0 +1,238 @@
+"""Response formats of /v1/audio/speech (mp3, opus, aac, flac beside wav and pcm) end to end: `python app.py`
+(tiny model, real vLLM CPU engine) asked by the official `openai` SDK, every answer decoded by FFmpeg's
+decoders (PyAV) and compared with the wav of the same seeded request; plus the encoders alone.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from studio import run_studio, save_voice
+
+from app import audio_formats
+from app.audio import OUTPUT_SAMPLE_RATE_HZ
+
+TEXT = "Hello there, how are you today? The weather is lovely."
+SEED = 11
+# decoded length - wav length, in samples at 24 kHz: lossy streams keep the encoder's priming and pad
+# their last frame (no gapless header in a stream). mp3: LAME's 576 + 529 delay + one 576-sample MPEG-2
+# frame; aac: 1024 priming + one 1024 frame; opus: its pre-skip is signalled (exact), at most one 20 ms
+# frame; flac: lossless and exact.
+LENGTH_SLACK = {"mp3": 576 + 529 + 576, "aac": 1024 + 1024, "opus": 480, "flac": 0}
+# decoded RMS / wav RMS over the take, measured on the tiny model's noise-like take (seed 11; the encoders
+# are deterministic): mp3 0.929 (64 kbit/s MPEG-2 cuts the top band), aac 0.975, opus 0.996, flac 1.0
+RMS_REL_TOL = 0.1
+
+
+def decode(data: bytes) -> tuple[np.ndarray, int]:
+    """FFmpeg's decoder (PyAV) -> (float32 [N] mono, sample rate)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        frames = [f for f in c.decode(c.streams.audio[0])]
+    rate = frames[0].sample_rate
+    parts = []
+    for f in frames:
+        arr = f.to_ndarray().astype(np.float32)
+        if f.format.name.startswith("s16"):
+            arr /= 32768.0
+        parts.append(arr.reshape(-1))
+    return np.concatenate(parts), rate
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+
+
+def test_encoders_stream_from_the_first_block():
+    """Every encoder gives bytes for the first block handed to it (no holding back a page or a buffer)."""
+    t = np.arange(OUTPUT_SAMPLE_RATE_HZ * 3) / OUTPUT_SAMPLE_RATE_HZ
+    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16)
+    block = OUTPUT_SAMPLE_RATE_HZ // 2  # 0.5 s, half the engine's first chunk
+    for fmt in audio_formats.ENCODED:
+        enc = audio_formats.make_encoder(fmt)
+        pieces = [enc.encode(pcm[i:i + block]) for i in range(0, pcm.size, block)] + [enc.finish()]
+        enc.close()
+        assert pieces[0] and all(pieces[1:-1]), (fmt, [len(p) for p in pieces])
+        audio, rate = decode(b"".join(pieces))
+        n = audio.size * OUTPUT_SAMPLE_RATE_HZ // rate
+        assert 0 <= n - pcm.size <= LENGTH_SLACK[fmt] * max(1, rate // OUTPUT_SAMPLE_RATE_HZ), (fmt, n)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with run_studio(tiny_model_dir, tmp_path_factory.mktemp("formats")) as (base, _):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def voice(server):
+    return save_voice(server, "fmt-voice")["id"]
+
+
+def speak(oai, voice: str, fmt: str, **extra) -> tuple[bytes, dict[str, str], float, float]:
+    """(body, headers, s to the first bytes, s to the end) of one streamed request in `fmt`."""
+    t0 = time.perf_counter()
+    pieces, first = [], None
+    with oai.audio.speech.with_streaming_response.create(model="tts-1", voice=voice, input=TEXT, response_format=fmt,
+                                                         extra_body={"seed": SEED, **extra}) as r:
+        headers = dict(r.headers)
+        for piece in r.iter_bytes():
+            first = first or time.perf_counter()
+            pieces.append(piece)
+    return b"".join(pieces), headers, first - t0, time.perf_counter() - t0
+
+
+def test_every_format_through_the_openai_sdk_matches_the_wav(oai, voice):
+    wav_body, _, _, _ = speak(oai, voice, "wav")
+    ref = np.frombuffer(wav_body[44:], dtype="<i2").astype(np.float32) / 32768.0
+    assert ref.size > OUTPUT_SAMPLE_RATE_HZ // 2 and rms(ref) > 0
+    again = np.frombuffer(speak(oai, voice, "pcm")[0], dtype="<i2").astype(np.float32) / 32768.0
+    np.testing.assert_array_equal(again, ref)  # the seed fixes the take: each format encodes this same audio
+    ratios = {}
+    for fmt in audio_formats.ENCODED:
+        body, headers, first_s, total_s = speak(oai, voice, fmt)
+        assert headers["content-type"] == audio_formats.MEDIA_TYPES[fmt], (fmt, headers)
+        assert headers.get("transfer-encoding") == "chunked" and "content-length" not in headers, (fmt, headers)
+        assert headers["x-seed"] == str(SEED) and first_s < total_s, fmt
+        audio, rate = decode(body)
+        if rate != OUTPUT_SAMPLE_RATE_HZ:  # Opus decoders give 48 kHz
+            audio = audio[:: rate // OUTPUT_SAMPLE_RATE_HZ]
+        extra = audio.size - ref.size
+        assert 0 <= extra <= LENGTH_SLACK[fmt], (fmt, extra)
+        if fmt == "flac":
+            np.testing.assert_array_equal(audio[: ref.size], ref)  # lossless
+        ratios[fmt] = rms(audio) / rms(ref)
+    print("decoded RMS / wav RMS:", {k: round(v, 4) for k, v in ratios.items()})
+    for fmt, ratio in ratios.items():
+        assert abs(ratio - 1) <= RMS_REL_TOL, (fmt, ratios)
+
+
+def test_formats_stream_before_the_take_is_done(server, voice):
+    """A long take (fixed_tokens: 12 s) in mp3: the first encoded bytes arrive while the engine still speaks."""
+    body = {"model": "cosyvoice2", "voice": voice, "input": TEXT, "response_format": "mp3", "fixed_tokens": 300}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", server + "/v1/audio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200 and r.headers["transfer-encoding"] == "chunked"
+        pieces = r.iter_bytes()
+        first = next(pieces)
+        first_s = time.perf_counter() - t0
+        ttfa_ms = float(r.headers["x-ttfa-ms"])
+        rest = b"".join(pieces)
+    total_s = time.perf_counter() - t0
+    assert first and rest
+    assert first_s * 1e3 >= ttfa_ms and first_s < total_s / 2, (first_s, total_s, ttfa_ms)
+
+
+def test_a_bad_format_gets_a_400_listing_the_accepted_ones(server, oai, voice):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.audio.speech.create(model="tts-1", voice=voice, input=TEXT, response_format="ogg")
+    err = e.value.response.json()["error"]
+    assert err["param"] == "response_format", err
+    for fmt in audio_formats.FORMATS:
+        assert f"'{fmt}'" in err["message"], err
+    schema = httpx.get(server + "/v1/openapi.json").json()
+    ref = schema["paths"]["/v1/audio/speech"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    name = ref["$ref"].rsplit("/", 1)[-1]
+    assert schema["components"]["schemas"][name]["properties"]["response_format"]["enum"] == list(audio_formats.FORMATS)
+    content = schema["paths"]["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
+    assert set(audio_formats.MEDIA_TYPES.values()) <= set(content)
+
+
+def test_page_converts_the_final_take(tmp_path):
+    """The page's download choice: the final WAV as written by the page, converted to each format and decoded."""
+    from app.audio import wav_bytes
+    from app.ui.download import DOWNLOAD_FORMATS, convert_take
+
+    t = np.arange(OUTPUT_SAMPLE_RATE_HZ * 2) / OUTPUT_SAMPLE_RATE_HZ
+    wave = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+    take = tmp_path / "take.wav"
+    take.write_bytes(wav_bytes(wave, OUTPUT_SAMPLE_RATE_HZ))
+    assert convert_take(None, "mp3") is None and convert_take(str(take), "wav") == str(take)
+    for fmt in set(DOWNLOAD_FORMATS) - {"wav"}:
+        out = convert_take(str(take), fmt)
+        assert out.endswith(audio_formats.SUFFIXES[fmt]), out
+        audio, rate = decode(Path(out).read_bytes())
+        n = audio.size * OUTPUT_SAMPLE_RATE_HZ // rate
+        assert 0 <= n - wave.size <= LENGTH_SLACK[fmt] * rate // OUTPUT_SAMPLE_RATE_HZ, (fmt, n)
+        assert abs(rms(audio) / rms(wave) - 1) <= RMS_REL_TOL, fmt
+
+
+def test_bench_formats_prints_and_writes_its_report(tmp_path):
+    """`python -m bench formats`: one row per (format, library) pair, the chosen ones marked, JSON written."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "formats.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "formats", "--seconds", "3", "--repeats", "1",
+                           "--out", str(out)], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| first_byte_ms |" in done.stdout.replace("| format | backend | chosen ", "|")
+    rows = json.loads(out.read_text())["rows"]
+    chosen = {r["format"]: r for r in rows if r["chosen"]}
+    assert set(chosen) == set(audio_formats.ENCODED)
+    for fmt, r in chosen.items():
+        assert r["first_audio_block"] == 0 and r["first_byte_ms"] > 0 and r["encode_ms_per_audio_s"] > 0, (fmt, r)
+
+
+def test_page_download_choice_in_chromium(server):
+    """The page in headless Chromium: a take with the standard player, then "Download as" mp3 and flac
+    give files that decode to the final WAV's audio (flac: the same samples)."""
+    import importlib.util
+
+    from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+
+    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
+    _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.goto(server)
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                   timeout=60_000)
+            page.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+            page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                                   state="attached", timeout=30_000)
+            page.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+            page.locator("#player").get_by_label("standard (Gradio)").check()
+            page.locator("#seed input").fill(str(SEED))
+            page.locator("#text textarea").fill(TEXT)
+            page.locator("#go").click()
+            page.wait_for_selector("#final_out a[download]", timeout=180_000)
+            wav_path = page.locator("#final_out a[download]").get_attribute("href")
+            wav = httpx.get(wav_path if wav_path.startswith("http") else server + wav_path, timeout=30).content
+            ref = np.frombuffer(wav[44:], dtype="<i2").astype(np.float32) / 32768.0
+            for fmt in ("mp3", "flac"):
+                page.locator("#download_format input").click()
+                page.get_by_role("option", name=fmt, exact=True).click()
+                page.wait_for_timeout(1500)  # the conversion refreshes the button's file
+                with page.expect_download(timeout=30_000) as got:
+                    page.locator("#download_take").click()
+                download = got.value
+                assert download.suggested_filename.endswith(audio_formats.SUFFIXES[fmt]), download.suggested_filename
+                audio, rate = decode(Path(download.path()).read_bytes())
+                assert rate == OUTPUT_SAMPLE_RATE_HZ and 0 <= audio.size - ref.size <= LENGTH_SLACK[fmt], fmt
+                if fmt == "flac":
+                    np.testing.assert_array_equal(audio[:ref.size], ref)
+        finally:
+            browser.close()
