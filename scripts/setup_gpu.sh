@@ -2,7 +2,7 @@
 # One setup command for a networked CUDA 13 GPU box: a venv in .venv with vllm 0.26.0 + torch 2.11.0
 # (requirements.txt, the same file a Hugging Face Space installs) and the dev tools. The project is
 # not installed: run from this checkout. Idempotent. (The offline H200 gets vLLM as wheels instead:
-# see ../shared/device/README.md and scripts/gpu_env.sh.)
+# see docs/gpu_runs.md and bench/gpu/run.sh.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.12}

@@ -7,7 +7,7 @@ into static buffers, the frozen set, the eager fallback, and the pipeline's warm
 a replay equals the eager batched call on the unpadded rows (the batched-rows bound) and on the padded
 ones (bit for bit); padding in time would not be exact (why frames are exact lengths); after warm-up
 nothing is recorded, whatever shapes come; the schedule's chunk lengths cover every non-final chunk
-the pipeline vocodes. The GPU check is scripts/gpu_hift_graphs.py.
+the pipeline vocodes. The GPU check is bench/gpu/hift_graphs.py.
 """
 
 from __future__ import annotations

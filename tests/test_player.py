@@ -10,7 +10,7 @@ the PCM body the server sent, and the final WAV the page builds from them must h
 (and the server's PCM for the same request); the stats line and details come from the request's
 metrics record (GET /studio/requests/{id}). Stop aborts the fetch and the engine request.
 /studio/speech refuses reference paths outside Gradio's upload folder and assets/. Prints both
-players' numbers (README). Saves out/player.png.
+players' numbers (docs/studio.md). Saves out/player.png.
 
 The browser stands for a listener's own machine: on a box with 2+ cores the server (app and vLLM
 engine) runs on all cores but the last and Chromium on the last (`CORES`). Sharing the cores, the

@@ -213,7 +213,7 @@ def test_frames_padded_to_a_graph_bucket_give_the_same_mel(modules, prompt, gold
     batch's rows to a power of two; the estimator is exact under right padding and rows never mix, so
     the mel equals the unpadded one (here: on the CPU, where
     the padding applies and the estimator runs eagerly; the graph replay itself is checked on a GPU by
-    scripts/gpu_flow_graphs.py)."""
+    bench/gpu/flow_graphs.py)."""
     from app.model.flow.graphs import EstimatorGraphs
     from app.model.token2wav import FlowItem, flow_batch
 

@@ -2,8 +2,8 @@
 
 Parity bounds (ours vs the official goldens) are the fixture README's §6 tolerances, verbatim.
 Consistency bounds (ours vs ours: batched vs alone, padded vs unpadded, folded weight norm) have no
-README entry; each is at least 3x the largest error measured across CPU code paths (`python
-scripts/dispatch_spread.py`: the default dispatch and MKL/oneDNN/ATen forced down to AVX2, SSE4.2
+README entry; each is at least 3x the largest error measured across CPU code paths (`python -m
+bench.dispatch_spread`: the default dispatch and MKL/oneDNN/ATen forced down to AVX2, SSE4.2
 and baseline on an AVX-512+AMX Xeon; docs/parity.md has the table), and stays orders of magnitude
 below any difference the tests must detect.
 
@@ -33,7 +33,7 @@ WAVE_MAX_ATOL, WAVE_RMS_ATOL = 5e-2, 5e-3  # HiFT inference / stream chunks / e2
 OWN_TOKEN_AGREEMENT = 0.9  # speech tokens from our own features: "case a vs b agree on 90%"
 
 # --- measured spreads (no README entry), see the module docstring ------------------------------
-# Max over the six dispatch settings of scripts/dispatch_spread.py (docs/parity_dispatch.json).
+# Max over the six dispatch settings of bench/dispatch_spread.py (docs/parity_dispatch.json).
 # x-vector from our own fbank (which itself is up to 6.5e-4 off the golden one): max 1.6e-7, as the
 # stand-in CAM++ averages over time; held to the README's x-vector tolerance.
 OWN_XVECTOR_ATOL = 1e-5

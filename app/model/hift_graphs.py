@@ -24,7 +24,7 @@ eagerly. Nothing is ever captured while serving: a capture there broke the other
 Each token->wave worker replays its own graph set (own static buffers and memory pool) on its own
 CUDA stream, in order, so a static output is read before the next replay overwrites it.
 Checked on the CPU with the recording stood in (tests/test_hift_graphs.py) and on the H200 by
-scripts/gpu_hift_graphs.py (docs/perf/NOTES.md run P: 270 graphs for two workers, 3.9 GB, 29 s).
+bench/gpu/hift_graphs.py (docs/perf/NOTES.md run P: 270 graphs for two workers, 3.9 GB, 29 s).
 """
 
 from __future__ import annotations

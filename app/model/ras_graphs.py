@@ -7,7 +7,7 @@ launch each one, on the critical path of every step. A captured graph launches t
 Shapes: one graph per batch layout (rows R, vocabulary, k_max, w_max, n_cols, whether rows differ in
 n_valid). Rows are never padded: the row count is part of every kernel's shape, so a graph computes
 exactly what the eager call computes on that batch (the same kernels on the same shapes; checked on
-the H200 by scripts/gpu_ras_graphs.py). Graphs are captured on first use (a few ms) and kept in an LRU
+the H200 by bench/gpu/ras_graphs.py). Graphs are captured on first use (a few ms) and kept in an LRU
 of `max_graphs`; all share one memory pool, which is safe because they replay one at a time, in order,
 on the engine's stream, and every tensor read after a replay (inputs, output) is held by its graph.
 Each step copies its inputs into the graph's static buffers on the same stream, replays, and the

@@ -3,7 +3,7 @@
 It ends a loop Gradio 6.31 leaves running in every open tab. While the app starts, its loader shows a
 StatusTracker whose elapsed-time counter runs on requestAnimationFrame; the loader is unmounted while
 its status is still "pending", so that counter never stops: 60 frames a second for as long as the tab
-is open, ~7 % of a core in headless Chromium on an idle page (scripts/ux_measure.py). Gradio keeps its
+is open, ~7 % of a core in headless Chromium on an idle page (bench/ux_measure.py). Gradio keeps its
 own reference to requestAnimationFrame from when its modules load, so the wrapper (early_script.js) has
 to be in place before them: a `<script>` first in `<head>`, which only a middleware can write (Gradio's
 `head=` runs after its modules). The wrapper knows the counter by its callback's code (minified: stable

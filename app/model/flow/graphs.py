@@ -10,7 +10,7 @@ row: rows never interact), and cuts the result back. The estimator is exact unde
 right padding: its convs are causal (a frame sees only earlier ones), LayerNorm is per frame and
 attention gives padded keys a -1e10 bias (weight exactly 0), so the valid frames equal the
 unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the H200 the mel was
-bit-identical: scripts/gpu_flow_graphs.py, docs/perf/NOTES.md run D).
+bit-identical: bench/gpu/flow_graphs.py, docs/perf/NOTES.md run D).
 
 One graph per (rows, padded T, dtype, device, streaming), captured on first use (one eager warm-up
 evaluation on a side stream, then the capture in thread-local mode, so other token2wav workers may

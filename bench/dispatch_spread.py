@@ -3,7 +3,7 @@
 Runs the numeric test files once per dispatch setting (MKL's instruction set, oneDNN's ISA cap,
 ATen's kernel capability, all of them down at once), each with COSYVOICE_ERROR_REPORT, and writes
 one JSON (per test bound: the measured value per setting, the bound, and whether all passed) plus a
-Markdown table. Usage: `python scripts/dispatch_spread.py [--out docs/parity_dispatch.json]`.
+Markdown table. Usage: `python -m bench.dispatch_spread [--out docs/parity_dispatch.json]`.
 """
 
 from __future__ import annotations

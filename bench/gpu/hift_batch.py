@@ -4,8 +4,8 @@ call, for R = 1, 4, 16 at the chunk lengths of the official schedule (a first ch
 source cache; mid chunks of 108 and 208 with the 8-frame mel cache and a 3840-sample source cache). NSF
 noise on, each stream with its own CUDA generator. Prints one JSON line per case and writes a report.
 
-    python3 scripts/gpu_hift_batch.py /tmp/full out/hift_batch.json   # a model folder with hift.pt
-    python3 scripts/gpu_hift_batch.py - out/hift_batch.json           # builds the `full` HiFT (random)
+    python3 -m bench.gpu.hift_batch /tmp/full out/hift_batch.json   # a model folder with hift.pt
+    python3 -m bench.gpu.hift_batch - out/hift_batch.json           # builds the `full` HiFT (random)
 
 Expect: alone == hift.inference bit for bit; batched and graphed equal alone to float rounding (rows never
 interact; the F0 predictor runs per row; on the CPU the full HiFT gave 3.7e-5 on a wave RMS of 0.03);
@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from gpu_timing import timed
 
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hift_batch import make_row, vocode_rows
@@ -30,6 +29,7 @@ from app.model.random.sizes import FULL
 from app.model.random.tokenizer_files import write_qwen_config
 from app.model.random.yaml_template import render_cosyvoice2_yaml
 from app.model.token2wav import SOURCE_CACHE_SAMPLES
+from bench.gpu.timing import timed
 
 
 def build_hift(model_dir: str) -> HiFTGenerator:

@@ -9,8 +9,8 @@ the re-solve of the same calls with the estimator's CUDA graphs; max |diff| grap
 eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); pool bytes
 per frame and per stream; the shared prefix's reference counts.
 
-    python3 scripts/gpu_paged_hops.py out/paged_hops.json                       # full random flow, H200
-    python3 scripts/gpu_paged_hops.py /tmp/x.json --size tiny --device cpu --streams 1,2 --dtypes float32
+    python3 -m bench.gpu.paged_hops out/paged_hops.json                       # full random flow, H200
+    python3 -m bench.gpu.paged_hops /tmp/x.json --size tiny --device cpu --streams 1,2 --dtypes float32
 
 Timed calls are encoder pass + solve without the commit (lengths stay; the solve rewrites the same
 positions and tail slots, so every repetition does the same work); exactness compares the first call
@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_incremental_graphs import build_flow
-from gpu_timing import timed
 
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import _solve_new, build_voice_prefix, prepare_hop
@@ -36,6 +34,8 @@ from app.model.flow.paged import KVPool, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
 from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from bench.gpu.incremental_graphs import build_flow
+from bench.gpu.timing import timed
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 

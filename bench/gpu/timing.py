@@ -1,5 +1,5 @@
 """`timed(fn)`: the median wall ms of `fn()` after one warm-up call, the device synchronised around each
-call (CUDA kernels are asynchronous). Shared by the scripts/gpu_*.py checks."""
+call (CUDA kernels are asynchronous). Shared by the bench/gpu/*.py checks."""
 
 from __future__ import annotations
 

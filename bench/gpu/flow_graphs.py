@@ -2,7 +2,7 @@
 model folder (the `full` random model for the real FLOPs): max |difference| of the mel and ms per
 flow call at the chunk lengths of a 10 s utterance with a 5 s prompt. Prints and writes JSON.
 
-    python3 scripts/gpu_flow_graphs.py /tmp/full out/flow_graphs.json
+    python3 -m bench.gpu.flow_graphs /tmp/full out/flow_graphs.json
 """
 
 import json
@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_timing import timed
 
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
+from bench.gpu.timing import timed
 
 model_dir, out = sys.argv[1], sys.argv[2]
 if os.environ.get("FLOW_TF32") == "1":  # what TF32 matmuls would give (not a project setting)

@@ -9,7 +9,7 @@ random model for the real FLOPs). Prints one JSON line per measurement and write
 - first hop: the emitted mel of `first_hop_tokens = 10, align_first_hop = false` against the
   official schedule (float32), over the whole utterance and over the first chunk's frames.
 
-    [SKIP_PRECISION=1] python3 scripts/gpu_flow_options.py /tmp/full out/flow_options.json
+    [SKIP_PRECISION=1] python3 -m bench.gpu.flow_options /tmp/full out/flow_options.json
 """
 
 import copy
@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 import torch
-from gpu_timing import timed as median_ms
 
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
 from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from bench.gpu.timing import timed as median_ms
 
 model_dir, out = sys.argv[1], sys.argv[2]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run (no graphs captured there)

@@ -8,7 +8,7 @@ difference relative to the mel's RMS, over the final chunk ("tail") and over the
 utterance ("utterance", the measure docs/precision.md gives fp16 as: 1.0 % on the `full` model);
 the re-solve (`flow_batch`) and the incremental path (`flow_step`, fp32) must give the same tail.
 
-    python scripts/final_call_deviation.py MODEL_DIR [OUT.json] [--tokens 120,250]
+    python -m bench.final_call_deviation MODEL_DIR [OUT.json] [--tokens 120,250]
 """
 
 from __future__ import annotations

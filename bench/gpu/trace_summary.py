@@ -1,4 +1,4 @@
-"""Per-step breakdown of a vLLM engine profile: `python3 scripts/trace_summary.py TRACE_DIR OUT.json`.
+"""Per-step breakdown of a vLLM engine profile: `python3 -m bench.gpu.trace_summary TRACE_DIR OUT.json`.
 
 Reads the torch profiler traces (*.json or *.json.gz) that vLLM's profiler wrote (bench/lm.py --profile-dir,
 with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 so the model runner's phases are annotated) and sums, per trace:

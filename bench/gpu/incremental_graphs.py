@@ -4,9 +4,9 @@ mid hop at 1 / 4 / 16 streams (alone one after another, batched in one call, and
 same calls batched, CUDA graphs on where the device has them); plus the states' memory (bytes per
 frame and per stream: capacity doubling vs the +25 %-in-whole-chunks rule, fp32 and fp16).
 
-    python3 scripts/gpu_incremental_graphs.py out/incremental_batch.json                 # full random flow, fp32
-    python3 scripts/gpu_incremental_graphs.py out/inc_fp16.json --dtype float16
-    python3 scripts/gpu_incremental_graphs.py /tmp/x.json --size tiny --device cpu --streams 1,2  # CPU smoke run
+    python3 -m bench.gpu.incremental_graphs out/incremental_batch.json                 # full random flow, fp32
+    python3 -m bench.gpu.incremental_graphs out/inc_fp16.json --dtype float16
+    python3 -m bench.gpu.incremental_graphs /tmp/x.json --size tiny --device cpu --streams 1,2  # CPU smoke run
 
 The flow is built from app/model/random's sizes (no folder written), random weights, seed 0. Streams
 get different voices (prompt lengths 119 - 4·i tokens) and tokens, so their committed edges and key
@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from gpu_timing import timed
 from torch import Tensor
 
 from app.model.flow import CausalFlow
@@ -37,6 +36,7 @@ from app.model.random.init import randomize
 from app.model.random.tokenizer_files import write_qwen_config
 from app.model.random.yaml_template import render_cosyvoice2_yaml
 from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from bench.gpu.timing import timed
 
 
 def build_flow(size: str, device: str, dtype: torch.dtype, *, weights: bool = True) -> CausalFlow:

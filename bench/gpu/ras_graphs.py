@@ -1,6 +1,6 @@
 """On a GPU: the RAS step as CUDA graphs (app/model/ras_graphs.py) vs the eager call.
 
-    python3 scripts/gpu_ras_graphs.py OUT.json
+    python3 -m bench.gpu.ras_graphs OUT.json
 
 For R rows (1, 4, 16, 64) of CosyVoice2-shaped logits [R, 6592] with mixed settings and histories:
 (1) the graphed log P equals the eager one bit for bit, step after step with changing inputs and a

@@ -1,8 +1,8 @@
-"""On the offline H200: `pip install --no-deps --target /tmp/site` the carried wheels in DIR whose
+"""On the offline GPU machine: `pip install --no-deps --target /tmp/site` the carried wheels in DIR whose
 distribution this Python lacks (the image's and vLLM's own versions win), plus those named by
---always (installed over an older one). Used by scripts/gpu_install_extra.sh and gpu_install_ray.sh.
+--always (installed over an older one). Used by bench/gpu/run.sh.
 
-    python3 scripts/install_missing_wheels.py DIR [--always NAME ...] [--label WORDS]
+    python3 bench/gpu/install_wheels.py DIR [--always NAME ...] [--label WORDS]
 """
 
 import argparse
@@ -11,7 +11,7 @@ import pathlib
 import subprocess
 import sys
 
-SITE = "/tmp/site"  # on PYTHONPATH through /tmp/vllm_env.sh (../shared/device/install_vllm.sh)
+SITE = "/tmp/site"  # on PYTHONPATH through /tmp/vllm_env.sh (written by `bash bench/gpu/run.sh install`)
 
 
 def main() -> None:

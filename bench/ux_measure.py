@@ -1,6 +1,6 @@
 """Screenshots and idle/shutdown numbers of the studio page, as a user meets it (issue 17).
 
-    python scripts/ux_measure.py --label before   # -> out/screens/before/*.png, out/ux_measure_before.json
+    python -m bench.ux_measure --label before   # -> out/screens/before/*.png, out/ux_measure_before.json
 
 Starts `python app.py` on a tiny random model (the tests' command line, tests/studio.py) and headless
 Debian Chromium (Playwright, executable_path; never `playwright install`), then:

@@ -12,7 +12,7 @@ captures them, then replayed. Prints one JSON line per case and writes a report.
    output must equal the same call replayed alone, 0 errors; an uncaptured length (a 137-frame final)
    runs eagerly; captures unchanged after warm-up.
 
-    python3 scripts/gpu_hift_graphs.py - out/hift_graphs.json   # `full` HiFT (random), as make_model
+    python3 -m bench.gpu.hift_graphs - out/hift_graphs.json   # `full` HiFT (random), as make_model
 Expect: captures = buckets x 2, 0 failures; replay == padded eager 0.0; replay vs unpadded eager at the
 level of batched vs alone in run L (cuDNN picks per-shape algorithms, TF32 convs); 1 row ~3.6 vs ~11.6 ms,
 16 rows ~20-40 ms; serving: 0 errors, outputs equal to alone.
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 from gpu_hift_batch import build_hift
-from gpu_timing import timed
 
 from app.model.hift_batch import make_row, stack_rows, vocode_rows, vocode_step
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.token2wav import SOURCE_CACHE_SAMPLES, StreamOptions
+from bench.gpu.timing import timed
 
 
 def rows_for(hift, n, frames, seed):

@@ -1,0 +1,1 @@
+"""GPU checks and the offline-GPU recipes: `bash bench/gpu/run.sh help` (docs/gpu_runs.md)."""
