@@ -1,5 +1,5 @@
 """Paged incremental hops on a GPU (app/model/flow/paged*.py), next to the growable path and the
-graphed re-solve measured by scripts/gpu_incremental_graphs.py (whose flow builder this reuses).
+graphed re-solve measured by bench/gpu/incremental_graphs.py (whose flow builder this reuses).
 
 Per dtype (fp32, fp16), hop (the first hop from a voice prefix: 100 new frames; a mid hop: the 3rd,
 200 new frames) and stream count (1 / 4 / 16, each stream its own voice and tokens): ms per call of
