@@ -160,7 +160,7 @@ def test_blank_transcript_transcribed_through_both_apis(tiny_model_dir, rigged, 
         assert details["mode"] == "zero_shot", details  # not cross-lingual: it was transcribed
         assert any(n.startswith("transcribed the reference") for n in details["notes"]), details
         msg, _ = client.predict(name="saved", prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="",
-                                replace=False, api_name="/save_voice")
+                                overwrite=False, api_name="/save_voice")
         assert "transcribed the reference" in msg and "cross-lingual" not in msg, msg
 
 
