@@ -14,20 +14,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
+from test_app_api import _voice
 
 from app.engine.owners import ADMIN, OwnedVoices, Owner, owner_dir
 from app.engine.voices import VoiceError, VoiceStore
-from app.model.frontend import VoiceFeatures
-
-
-def _voice(text: str = "hello") -> VoiceFeatures:
-    g = torch.Generator().manual_seed(0)
-    return VoiceFeatures(prompt_text=text, prompt_text_ids=torch.arange(5, dtype=torch.int32),
-                         speech_tokens=torch.randint(0, 6561, (1, 50), generator=g, dtype=torch.int32),
-                         speech_mel=torch.randn(1, 100, 80, generator=g), embedding=torch.randn(1, 192, generator=g))
-
 
 # --- the store -------------------------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from torch import Tensor
 
 from app.model.flow.cache import StageCall
 from app.model.flow.estimator import MASK_BIAS
-from app.model.flow.flow import CausalFlow, cosine_time_grid
+from app.model.flow.flow import CausalFlow
 from app.model.flow.incremental import CFG_ROWS, FlowState, _solve_new, prepare_hop
-from app.model.flow.paged_solve import solve_calls
+from app.model.flow.paged_solve import cfg_solve, solve_calls
 
 
 class BatchCall:
@@ -138,24 +138,7 @@ def solve_batch(flow: CausalFlow, calls: list[StageCall], mus: list[Tensor], spk
     x = torch.cat([pad(flow.noise(c.end, device, dtype)[:, :, c.start:]) for c in calls])  # [B, 80, N]
     mu, cond, spk = torch.cat([pad(m) for m in mus]), torch.cat([pad(c) for c in conds]), torch.cat(spks)
 
-    def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair
-        return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
-
-    mu2, spks2, cond2 = pair(mu), pair(spk), pair(cond)
-    w = dims.inference_cfg_rate
-    estimator = flow.decoder["estimator"]
-    t_grid = cosine_time_grid(dims.n_timesteps, dtype, device)
-    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
-    for step in range(1, len(t_grid)):
-        batch.begin(step - 1)
-        v = estimator.forward_cached(x.repeat_interleave(CFG_ROWS, dim=0), mu2, t.expand(CFG_ROWS * B),
-                                     spks2, cond2, batch)
-        v = v.view(B, CFG_ROWS, *v.shape[1:])  # [B, (cond, uncond), 80, N]
-        x = x + dt * ((1.0 + w) * v[:, 0] - w * v[:, 1])
-        t = t + dt
-        if step < len(t_grid) - 1:
-            dt = t_grid[step + 1] - t
-    batch.flush()
+    x = cfg_solve(flow, x, mu, spk, cond, batch)
     return [x[i : i + 1, :, : batch.n[i]].float() for i in range(B)]
 
 

@@ -172,30 +172,11 @@ def paged_solve(flow: CausalFlow, pool: KVPool, inp: PagedInputs) -> Tensor:
     dims = flow.dims
     e = dims.estimator
     call = PagedCall(pool, inp, e.static_chunk_size, e.num_decoding_left_chunks)
-    B = call.B
     q_pos = inp.parts()[2]
     noise = flow.noise(inp.n_blocks * pool.block_frames, pool.device, inp.mu.dtype)  # [1, 80, K]
     x = noise[0][:, q_pos].permute(1, 0, 2)  # [B, 80, N]: each frame's noise by its absolute index
 
-    def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair
-        return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
-
-    mu2, spks2, cond2 = pair(inp.mu), pair(inp.spks), pair(inp.cond)
-    w = dims.inference_cfg_rate
-    estimator = flow.decoder["estimator"]
-    t_grid = cosine_time_grid(dims.n_timesteps, x.dtype, x.device)
-    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
-    for step in range(1, len(t_grid)):
-        call.begin(step - 1)
-        v = estimator.forward_cached(x.repeat_interleave(CFG_ROWS, dim=0), mu2, t.expand(CFG_ROWS * B), spks2,
-                                     cond2, call)
-        v = v.view(B, CFG_ROWS, *v.shape[1:])  # [B, (cond, uncond), 80, N]
-        x = x + dt * ((1.0 + w) * v[:, 0] - w * v[:, 1])
-        t = t + dt
-        if step < len(t_grid) - 1:
-            dt = t_grid[step + 1] - t
-    call.flush()
-    return x
+    return cfg_solve(flow, x, inp.mu, inp.spks, inp.cond, call)
 
 
 def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], spks: list[Tensor],
@@ -210,3 +191,30 @@ def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], 
             return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
     x = paged_solve(flow, pool, make_inputs(pool, calls, mus, conds, spks))
     return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
+
+
+def cfg_solve(flow: CausalFlow, x: Tensor, mu: Tensor, spk: Tensor, cond: Tensor, call) -> Tensor:
+    """The flow's 10-step Euler solve with classifier-free guidance over cached estimator state, for B
+    padded streams at once: x, mu, cond [B, 80, N] (x the frames' noise), spk [B, 80]; `call` (a
+    batched or paged cached-attention view) gets `begin(evaluation)` per step and `flush()` at the end.
+    Returns x [B, 80, N] in x's dtype."""
+    B, w = x.shape[0], flow.dims.inference_cfg_rate
+
+    def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair
+        return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
+
+    mu2, spks2, cond2 = pair(mu), pair(spk), pair(cond)
+    estimator = flow.decoder["estimator"]
+    t_grid = cosine_time_grid(flow.dims.n_timesteps, x.dtype, x.device)
+    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
+    for step in range(1, len(t_grid)):
+        call.begin(step - 1)
+        v = estimator.forward_cached(x.repeat_interleave(CFG_ROWS, dim=0), mu2, t.expand(CFG_ROWS * B), spks2,
+                                     cond2, call)
+        v = v.view(B, CFG_ROWS, *v.shape[1:])  # [B, (cond, uncond), 80, N]
+        x = x + dt * ((1.0 + w) * v[:, 0] - w * v[:, 1])
+        t = t + dt
+        if step < len(t_grid) - 1:
+            dt = t_grid[step + 1] - t
+    call.flush()
+    return x
