@@ -52,6 +52,9 @@ def config_path(given: str | Path | None) -> str | Path | None:
     return path
 
 
+SPACE_PROXIES = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"  # private networks
+
+
 def config_from_cli(args: argparse.Namespace) -> Config:
     overrides: dict[str, Any] = {}
     if api_key := os.environ.get("COSYVOICE_API_KEY"):
@@ -72,4 +75,10 @@ def config_from_cli(args: argparse.Namespace) -> Config:
     if device := getattr(args, "device", None):
         overrides["model.device"] = device
     overrides.update(parse_sets(getattr(args, "set", None) or []))  # explicit --set wins
-    return load_config(config_path(getattr(args, "config", None)), overrides)
+    path = config_path(getattr(args, "config", None))
+    cfg = load_config(path, overrides)
+    if os.environ.get("SYSTEM") == "spaces" and cfg.server.trusted_proxies.strip() == "auto":
+        # a Space's proxy connects from an internal address and writes the visitor's in X-Forwarded-For;
+        # without trusting it every visitor would be one client with one fair share
+        cfg = load_config(path, overrides | {"server.trusted_proxies": SPACE_PROXIES})
+    return cfg

@@ -9,6 +9,7 @@ environment (`{"model.device": "cpu"}`). Every section is a frozen dataclass val
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -239,7 +240,9 @@ class ServerConfig:
     rate_limit_per_minute: int | str = "auto"  # synthesis requests per client and minute (0 = no limit)
     max_streams_per_client: int | str = "auto"  # syntheses one client runs at once (0 = no limit)
     trust_proxy: bool = False  # True: the client IP is the last X-Forwarded-For entry (one proxy in front)
-    trusted_proxies: str = ""  # "ip[,ip2]": X-Forwarded-For is taken only from these peers (trust_proxy: any)
+    # "ip-or-network[,…]": X-Forwarded-For is taken only from these peers (trust_proxy: any); "auto" = none,
+    # except on a Hugging Face Space, whose proxy reaches the app from a private address (app/cli.py)
+    trusted_proxies: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -254,6 +257,19 @@ class ServerConfig:
                 raise ConfigError(f"server.{k} must be \"auto\" or >= 0 (0 = no limit)")
         auth_pairs(self.auth)  # raises ConfigError on a malformed value (without echoing it)
         auth_pairs(self.api_keys, "server.api_keys", "owner:key")
+        _ = self.proxy_networks  # raises ConfigError on a malformed trusted_proxies
+
+    @property
+    def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """`trusted_proxies` as networks ("auto" = none: app/cli.py resolves it on a Space first)."""
+        if self.trusted_proxies.strip() == "auto":
+            return ()
+        try:
+            return tuple(ipaddress.ip_network(p.strip(), strict=False)
+                         for p in self.trusted_proxies.split(",") if p.strip())
+        except ValueError as e:
+            raise ConfigError(f"server.trusted_proxies must be \"auto\" or IP addresses / networks separated by "
+                              f"commas ({e})") from e
 
     @property
     def auth_users(self) -> list[tuple[str, str]]:

@@ -417,3 +417,31 @@ def test_engine_death_is_reported_then_the_engine_restarts(server, voice):
     assert details["audio_samples"] > 0  # the page serves again too
     print(f"\nengine kill: detected in {report['detect_s']:.2f} s, ready again {report['ready_s']:.1f} s, "
           f"first request served {report['recover_s']:.1f} s after the kill")
+
+
+def test_a_space_trusts_its_proxy_for_client_addresses(monkeypatch):
+    """On a Space the app sees the proxy's internal address: "auto" trusted_proxies becomes the private
+    networks there (else every visitor would be one client), and stays "nobody" elsewhere; an explicit
+    value wins; a malformed one is refused."""
+    import argparse
+
+    from app.cli import add_config_args, config_from_cli
+
+    def cli(*argv: str):
+        return config_from_cli(add_config_args(argparse.ArgumentParser(), server=True).parse_args(list(argv)))
+    from app.config import ConfigError, load_config
+    from app.server.identity import client_ip
+
+    scope = {"client": ("10.16.3.80", 1), "headers": [(b"x-forwarded-for", b"198.51.100.4")]}
+    monkeypatch.delenv("SYSTEM", raising=False)
+    here = cli()
+    assert here.server.proxy_networks == () and client_ip(scope, False, here.server.proxy_networks) == "10.16.3.80"
+    monkeypatch.setenv("SYSTEM", "spaces")
+    space = cli()
+    assert client_ip(scope, False, space.server.proxy_networks) == "198.51.100.4"
+    public_peer = {"client": ("203.0.113.9", 1), "headers": scope["headers"]}  # not the Space's proxy
+    assert client_ip(public_peer, False, space.server.proxy_networks) == "203.0.113.9"
+    mine = cli("--set", 'server.trusted_proxies="10.9.9.9"')
+    assert client_ip(scope, False, mine.server.proxy_networks) == "10.16.3.80"
+    with pytest.raises(ConfigError, match="trusted_proxies"):
+        load_config(overrides={"server.trusted_proxies": "not-an-address"})

@@ -50,12 +50,20 @@ def cookie(scope: dict, name: str) -> str | None:
     return None
 
 
-def client_ip(scope: dict, trust_proxy: bool, trusted: frozenset[str] = frozenset()) -> str:
-    """The client's IP: the connection's, or, from a trusted proxy, the last X-Forwarded-For entry (the one
-    the proxy wrote; earlier ones come from the client)."""
+def _within(peer: str, networks: tuple) -> bool:
+    try:
+        ip = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
+
+
+def client_ip(scope: dict, trust_proxy: bool, trusted: tuple = ()) -> str:
+    """The client's IP: the connection's, or, from a trusted proxy (`trusted`: ip_network's), the last
+    X-Forwarded-For entry (the one the proxy wrote; earlier ones come from the client)."""
     client = scope.get("client")
     peer = client[0] if client else "unknown"
-    forwarded = headers_of(scope, b"x-forwarded-for") if trust_proxy or peer in trusted else []
+    forwarded = headers_of(scope, b"x-forwarded-for") if trust_proxy or _within(peer, trusted) else []
     if forwarded and (last := forwarded[-1].split(",")[-1].strip()):
         return last
     return peer
@@ -106,7 +114,7 @@ class Identity:
             self.keys.append((srv.admin_key, Owner("admin", admin=True)))
         self.users = srv.auth_users
         self.trust_proxy = srv.trust_proxy
-        self.trusted = frozenset(filter(None, (p.strip() for p in srv.trusted_proxies.split(","))))
+        self.trusted = srv.proxy_networks
         self.private = cfg.voices.resolved(srv) == "private"
         self._voices_dir, self._secret = srv.voices_dir, b""
 
