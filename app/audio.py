@@ -92,20 +92,21 @@ def _av_frame_to_float(frame) -> np.ndarray:
     return arr.astype(np.float32)  # flt / dbl
 
 
-def _decode_with_av(data: bytes, name: str) -> tuple[np.ndarray, int]:
-    """Decode with PyAV (imported lazily) -> ([C, N] float32, sample_rate)."""
-    import av  # optional dependency; only reached for formats libsndfile cannot read
+def _decode_with_av(data: bytes, name: str, label: str, demuxer: str) -> tuple[np.ndarray, int]:
+    """Decode with PyAV (imported lazily) -> ([C, N] float32, sample_rate). The demuxer is forced, as for
+    the ffmpeg CLI: no format probing, so an upload cannot pose as a playlist that opens other inputs."""
+    import av  # only reached for formats libsndfile cannot read
     from av.error import FFmpegError
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), format=demuxer) as container:
             if not container.streams.audio:
                 raise AudioError(f"{name}: no audio stream")
             stream = container.streams.audio[0]
             chunks = [_av_frame_to_float(f) for f in container.decode(stream)]
             sr = int(stream.codec_context.sample_rate)
-    except FFmpegError as e:
-        raise AudioError(f"{name}: cannot decode audio ({e})") from e
+    except FFmpegError as e:  # the same words as the ffmpeg CLI's failure: what it is and what to do
+        raise AudioError(f"{name}: this {label} audio cannot be decoded (PyAV: {e}); {_CONVERT}") from e
     if not chunks:
         raise AudioError(f"{name}: the audio stream holds no samples")
     return np.concatenate(chunks, axis=1), sr
@@ -157,7 +158,7 @@ def _decode_other(data: bytes, name: str, suffix: str, err: Exception) -> tuple[
             return _decode_with_ffmpeg(exe, data, name, label, demuxer)
         except AudioError as e:  # say what was tried: PyAV might be what the admin reaches for
             raise AudioError(f"{e} (decoders tried: libsndfile, ffmpeg; PyAV is not installed)") from err
-    return _decode_with_av(data, name)
+    return _decode_with_av(data, name, label, demuxer)
 
 
 def _read_bytes(src: str | Path | bytes) -> tuple[bytes, str, str]:

@@ -258,8 +258,9 @@ def test_pyav_fallback_path(tmp_path, monkeypatch):
     class FFmpegError(Exception):
         pass
 
+    demuxers = []  # what each open forced: never a probed format (an upload posing as a playlist)
     av = types.ModuleType("av")
-    av.open = lambda _f: FakeContainer()
+    av.open = lambda _f, format=None: demuxers.append(format) or FakeContainer()
     av.error = types.ModuleType("av.error")
     av.error.FFmpegError = FFmpegError
     monkeypatch.setitem(sys.modules, "av", av)
@@ -269,6 +270,7 @@ def test_pyav_fallback_path(tmp_path, monkeypatch):
     wave = load_audio(clip, 8_000)
     np.testing.assert_allclose(wave.numpy()[0], pcm.astype(np.float32).mean(axis=1) / 32768, atol=1e-7)
     assert load_audio(clip, 16_000).shape == (1, 6)
+    assert demuxers == ["mov", "mov"]
 
 
 # --- int16 / WAV encoding ---------------------------------------------------------------------

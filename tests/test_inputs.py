@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -249,6 +250,7 @@ def test_decode_limits(tmp_path, monkeypatch):
     webm = tmp_path / "voice.webm"  # no PyAV and no ffmpeg: the message says how to convert
     webm.write_bytes(b"\x1a\x45\xdf\xa3" + bytes(200))
     monkeypatch.setattr(shutil, "which", lambda _name: None)
+    monkeypatch.setitem(sys.modules, "av", None)  # PyAV is a requirement now: hide it (`import av` fails)
     with pytest.raises(AudioError, match=r"voice\.webm: WebM/Matroska audio is not supported without ffmpeg; "
                                          r"install ffmpeg or PyAV .*convert it to WAV"):
         decode_audio(webm)
