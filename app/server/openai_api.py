@@ -21,7 +21,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
@@ -73,6 +73,18 @@ class SpeechRequest(BaseModel):
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
         None, description="default: instruct when instructions are given, else zero_shot")
     fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
+
+    @field_validator("input", "instructions", check_fields=False)
+    @classmethod
+    def _valid_unicode(cls, v: str | None) -> str | None:
+        """JSON may escape a lone UTF-16 surrogate (\\ud800), which is no text: refused (400 on `input`)."""
+        if v is not None:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError("unable to parse raw data as a unicode string (a lone UTF-16 surrogate at "
+                                 f"character {e.start}); send valid UTF-8 text") from None
+        return v
 
 
 def speech_body(lim: LimitsConfig) -> type[SpeechRequest]:
