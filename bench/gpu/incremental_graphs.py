@@ -39,6 +39,16 @@ from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavSt
 from bench.gpu.timing import timed
 
 
+def at_hop(s: Token2WavStream, tok: Tensor, which: str) -> tuple:
+    """(stream, tokens, plan) at its first hop ("first"), or at its 3rd (a 100-token mid hop) after running
+    the two before it."""
+    for _ in range(0 if which == "first" else 2):
+        plan = s.next_plan(tok.shape[1], lm_finished=False)
+        s.flow_mel(tok, plan)
+        s.advance(plan)
+    return s, tok, s.next_plan(tok.shape[1], lm_finished=False)
+
+
 def build_flow(size: str, device: str, dtype: torch.dtype, *, weights: bool = True) -> CausalFlow:
     """The `size` flow (app/model/random), random weights (seed 0); weights=False: on the meta device."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,15 +172,9 @@ def main() -> None:
     prefixes = [build_voice_prefix(flow, p.tokens, p.mel, p.embedding) for p, _ in voices]
 
     def plans(i: int, which: str):
-        """(state, tokens, plan) of stream i at its first hop, or at its 3rd (a 100-token mid hop)."""
         p, tok = voices[i]
         s = Token2WavStream(flow, None, p, StreamOptions(incremental=True), stream=True, voice_prefix=prefixes[i])
-        n_skip = 0 if which == "first" else 2
-        for _ in range(n_skip):
-            plan = s.next_plan(tok.shape[1], lm_finished=False)
-            s.flow_mel(tok, plan)
-            s.advance(plan)
-        return s, tok, s.next_plan(tok.shape[1], lm_finished=False)
+        return at_hop(s, tok, which)
 
     for which in ("first", "mid"):
         for B in counts:

@@ -34,7 +34,7 @@ from app.model.flow.paged import KVPool, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
 from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
-from bench.gpu.incremental_graphs import build_flow
+from bench.gpu.incremental_graphs import at_hop, build_flow
 from bench.gpu.timing import timed
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -84,11 +84,7 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
         p, tok = voices[i]
         s = Token2WavStream(flow, None, p, StreamOptions(incremental=True), stream=True,
                             voice_prefix=prefixes[i] if paged else None, flow_pool=pool if paged else None)
-        for _ in range(0 if which == "first" else 2):
-            plan = s.next_plan(tok.shape[1], lm_finished=False)
-            s.flow_mel(tok, plan)
-            s.advance(plan)
-        return s, tok, s.next_plan(tok.shape[1], lm_finished=False)
+        return at_hop(s, tok, which)
 
     for which in ("first", "mid"):
         for B in counts:
