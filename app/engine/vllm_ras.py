@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from app.engine.vllm_start import ENGINE_OPTIONS_KEY
+from app.engine.vllm_w4a16 import install_if_needed
 from app.model.ras_batch import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
 from app.model.ras_graphs import RASGraphs
 from app.model.vllm_export import load_head_bias
@@ -61,6 +62,8 @@ class RASLogitsProcessor(LogitsProcessor):
     """vLLM v1 logits processor: the lm_head bias on every row, then per-request official RAS."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        if vllm_config is not None:  # vLLM builds logits processors before the model: 4-bit layers on
+            install_if_needed()  # CPUs whose vLLM build lacks the W4A16 GEMM (app.engine.vllm_w4a16)
         self.device = torch.device(device)
         self.pin = bool(is_pin_memory)
         # [V] float32; None only without a vllm_config (bookkeeping tests on bare logits)
