@@ -152,15 +152,18 @@ class VoiceStore:
 
     # --- writing -------------------------------------------------------------------------------
 
-    def save(self, name: str, voice: VoiceFeatures, *, overwrite: bool = False) -> VoiceInfo:
-        """Store `voice` under `name` (atomically); `VoiceError` if the name is invalid or taken."""
+    def save(self, name: str, voice: VoiceFeatures, *, overwrite: bool = False,
+             created: float | None = None) -> VoiceInfo:
+        """Store `voice` under `name` (atomically); `VoiceError` if the name is invalid or taken. `created`:
+        the unix time to record (an imported voice keeps its own), else now."""
         name = check_name(name)
         limit = self.max_transcript_chars
         if limit is not None and len(voice.prompt_text) > limit:
             raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)")
         npz, meta = self._paths(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
-                         prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2), created=time.time(),
+                         prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2),
+                         created=time.time() if created is None else created,
                          model_fingerprint=self.model_fingerprint, owner=self.owner)
         with self._lock:
             if meta.exists() and not overwrite:

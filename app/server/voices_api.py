@@ -4,6 +4,8 @@
     GET    /v1/voices         {"object": "list", "data": [voice, ...]}: the caller's (the admin key: everybody's)
     GET    /v1/voices/{id}    one voice of the caller's (the admin key: `?owner=` names another owner's)
     DELETE /v1/voices/{id}    {"id", "object": "voice", "deleted": true}
+    GET    /v1/voices/{id}/export   the voice as a `.cvvoice` file (app/engine/voice_file.py: the format)
+    POST   /v1/voices/import        multipart: file (a .cvvoice), name (optional), overwrite -> the voice's JSON
 
 The caller is the request's owner (app/server/identity.py): an API key's owner, the login's user, or the
 browser's visitor cookie. In shared scope everybody has the one store. Another owner's voice is
@@ -17,14 +19,16 @@ import secrets
 from collections.abc import Callable
 from functools import partial
 from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
 from app.engine import inputs
 from app.engine.inputs import InputError
 from app.engine.owners import ANYONE, OWNER_STATE_KEY, Owner
 from app.engine.prepare import reference_voice
 from app.engine.service import StudioService
+from app.engine.voice_file import MEDIA_TYPE, SUFFIX, VoiceFileError, export_voice, import_voice
 from app.engine.voices import VoiceError, VoiceInfo, check_name
 from app.server.errors import ApiError
 
@@ -114,16 +118,67 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return {"id": voice_id, "object": "voice", "deleted": True}
 
+    @router.get("/voices/{voice_id}/export", response_class=Response,
+                responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"}})
+    async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
+        """One of the caller's voices as a `.cvvoice` file to import elsewhere (docs/api.md: the format)."""
+        try:
+            info, data = await asyncio.to_thread(export_voice, service.voices.of(owner_of(request), owner), voice_id)
+        except VoiceError as e:  # another owner's voice reads as unknown, as GET /v1/voices/{id}
+            unknown = "no saved voice" in str(e) or "invalid voice name" in str(e)
+            raise ApiError(404 if unknown else 409, str(e), param="voice_id",
+                           code="voice_not_found" if unknown else "voice_unusable") from e
+        return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
+
+    @router.post("/voices/import", status_code=201)
+    async def import_voice_file(request: Request,
+                                file: Annotated[UploadFile, File(description="a .cvvoice file (GET "
+                                                                             "/v1/voices/{id}/export)")],
+                                name: Annotated[str | None, Form(max_length=200, description="store it under this "
+                                                                 "name (default: the file's)")] = None,
+                                overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
+                                ) -> dict:
+        """Add the voice in a `.cvvoice` file to the caller's voices (400 for a damaged or hostile file, 400
+        `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
+        written unless every check passes."""
+        require_ready()
+        owner = owner_of(request)
+        try:
+            name = check_name(name) if name else None
+        except VoiceError as e:
+            raise ApiError(400, str(e), param="name", code="invalid_value") from e
+        data = await _read_upload(file, cfg.limits.max_upload_mb, param="file",
+                                  what="the voice file", advice="a real one is under 1 MB")
+        try:
+            info = await asyncio.to_thread(partial(import_voice, service.voices.of(owner), data, name=name,
+                                                   overwrite=overwrite,
+                                                   max_bytes=cfg.limits.max_upload_mb * 1024 * 1024))
+        except VoiceFileError as e:
+            raise ApiError(413 if e.code == "file_too_large" else 400, str(e), param="file", code=e.code) from e
+        except VoiceError as e:
+            if "exists already" in str(e):
+                raise ApiError(409, f"{e}; or send overwrite=true", param="name", code="voice_exists") from e
+            raise ApiError(400, str(e), param="name", code="invalid_value") from e
+        return {**voice_json(info, owner.admin), "warnings": []}
+
     return router
 
 
-async def _read_upload(upload: UploadFile, max_mb: int) -> bytes:
+def attachment(filename: str) -> str:
+    """A Content-Disposition for a download named `filename` (voice names may hold any script's letters)."""
+    fallback = filename if filename.isascii() else "voice" + SUFFIX
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
+
+
+async def _read_upload(upload: UploadFile, max_mb: int, *, param: str = "audio", what: str = "the audio upload",
+                       advice: str = "send a shorter clip (1-30 s is enough)") -> bytes:
     """The upload's bytes; 413 when it passes `max_mb` (one byte more is read to tell), 400 when empty."""
     limit = max_mb * 1024 * 1024
     data = await upload.read(limit + 1)
     if len(data) > limit:
-        raise ApiError(413, f"the audio upload is larger than {max_mb} MB ([limits] max_upload_mb); send a "
-                       "shorter clip (1-30 s is enough)", param="audio", code="file_too_large")
+        raise ApiError(413, f"{what} is larger than {max_mb} MB ([limits] max_upload_mb); {advice}", param=param,
+                       code="file_too_large")
     if not data:
-        raise ApiError(400, "the audio upload is empty", param="audio", code="invalid_audio")
+        raise ApiError(400, f"{what} is empty", param=param, code="invalid_audio" if param == "audio" else
+                       "invalid_voice_file")
     return data

@@ -1,7 +1,8 @@
 """The studio page: inputs, outputs, examples, live panels, and the wiring (handlers live in handlers.py).
 
 `build_demo(service)` declares the `gr.Blocks` and its events; `app.py` mounts it on FastAPI.
-Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`.
+Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`,
+`export_voice`, `import_voice` (a voice as a `.cvvoice` file: app/ui/voice_files.py).
 
 Generate first runs a browser-only gate (player_gate.js): with the low-latency player (default) the
 request is played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the
@@ -21,6 +22,7 @@ from typing import Any
 import gradio as gr
 
 from app.engine.service import ASSETS_DIR, StudioService
+from app.engine.voice_file import SUFFIX
 from app.ui import panels, ui_text
 from app.ui.download import build_download
 from app.ui.early_script import APP_LOADED_JS
@@ -31,6 +33,7 @@ from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
+from app.ui.voice_files import VoiceFileEvents
 
 log = logging.getLogger(__name__)
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
@@ -152,6 +155,13 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
                         replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
                         save = gr.Button(i18n("save_voice"), elem_id="save_voice")
                         delete = gr.Button(i18n("delete_voice"), elem_id="delete_voice")
+                    with gr.Row(equal_height=True):  # a voice as a .cvvoice file: a backup, or for another server
+                        export = gr.Button(i18n("export_voice"), elem_id="export_voice")
+                        exported = gr.File(label=i18n("exported_voice"), interactive=False, elem_id="exported_voice")
+                    with gr.Row(equal_height=True):
+                        import_file = gr.File(label=i18n("import_file"), file_types=[SUFFIX], type="filepath",
+                                              elem_id="import_file")
+                        import_ = gr.Button(i18n("import_voice"), elem_id="import_voice")
                     voice_msg = gr.Markdown(elem_id="voice_msg")
                 with gr.Row():
                     seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
@@ -213,6 +223,10 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         delete.click(localized(h.delete_voice), voice, [voice_msg, voice], api_name="delete_voice",
                      js=ui_text("confirm_delete.js")).then(h.voice_choices, voice, voice, **PAGE_ONLY)
         gr.api(h.list_voices, api_name="list_voices")
+        files = VoiceFileEvents(service)
+        export.click(localized(files.export_voice), voice, exported, api_name="export_voice")
+        import_.click(localized(files.import_voice), [import_file, replace_voice], [voice_msg, voice],
+                      api_name="import_voice").then(h.voice_choices, voice, voice, **PAGE_ONLY)
         # transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save
         tr = TranscriptionEvents(service)
         transcribe.click(tr.transcribe, prompt_audio, prompt_text, api_name="transcribe")

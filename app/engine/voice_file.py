@@ -1,0 +1,263 @@
+"""Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
+
+A `.cvvoice` file, format version 1, is a zip archive of exactly these five members (stored; deflated ones
+are read too), each named as here, at the top level:
+
+    voice.json            {"format": "cosyvoice2-voice", "version": 1, "name", "prompt_text", "prompt_seconds",
+                           "created", "model_fingerprint", "arrays": {<array>: {"dtype": "<i4", "shape": [..]}}}
+    prompt_text_ids.npy   [Lp] int32: the transcript's text token ids, 0 <= id < 151936, Lp <= its UTF-8 bytes
+    speech_tokens.npy     [1, P] int32: speech tokens at 25 Hz, 0 <= token < 6561, 1 <= P <= 750 (30 s)
+    speech_mel.npy        [1, 2P, 80] float32: log-mel of the 24 kHz reference at 50 Hz, finite
+    embedding.npy         [1, 192] float32: the CAM++ x-vector, finite
+
+The arrays are NumPy `.npy` files (header 1.0 or 2.0, little-endian, C order; never pickled). The owner is
+not in the file: an imported voice belongs to whoever imports it. `read_voice_file` checks everything
+before its caller writes anything: the size, the member names (no paths, nothing more, nothing less), each
+member's size, the format and version, the model fingerprint, each array's dtype and shape from its header
+(before its data is touched: no header makes us allocate), the values' ranges, finiteness.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+import unicodedata
+import zipfile
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.audio import MAX_PROMPT_SECONDS, MEL_FRAMES_PER_TOKEN, N_MELS, TOKEN_RATE_HZ
+from app.engine.voices import VoiceError, VoiceInfo, VoiceStore, check_name
+from app.model.frontend import VoiceFeatures
+from app.model.llm import SPEECH_TOKEN_SIZE
+from app.model.onnx_models import SPEAKER_EMBED_DIM
+
+FORMAT_NAME, FORMAT_VERSION = "cosyvoice2-voice", 1
+SUFFIX, MEDIA_TYPE = ".cvvoice", "application/zip"
+META_MEMBER = "voice.json"
+ARRAY_DTYPES = {"prompt_text_ids": np.dtype("<i4"), "speech_tokens": np.dtype("<i4"),
+                "speech_mel": np.dtype("<f4"), "embedding": np.dtype("<f4")}
+MEMBERS = (META_MEMBER, *(f"{k}.npy" for k in ARRAY_DTYPES))
+MAX_PROMPT_TOKENS = int(MAX_PROMPT_SECONDS * TOKEN_RATE_HZ)  # 750: the speech tokenizer takes at most 30 s
+TEXT_VOCAB_ROWS = 151_936  # rows of the LM's text embedding (Qwen2-0.5B): an id past it would index outside
+# a member's uncompressed bytes at most (a zip bomb stops here): the largest real one, speech_mel, is 480 KB;
+# voice.json with a 10k-character transcript, each character \u-escaped twice (a surrogate pair), ~240 KB
+MAX_MEMBER_BYTES = 4 << 20
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member times: one voice exports to the same bytes every time
+REDO = "export it again from the server that has the voice"
+
+
+class VoiceFileError(VoiceError):
+    """A voice file cannot be imported; the message says why, `code` says it for the API."""
+
+    def __init__(self, message: str, code: str = "invalid_voice_file") -> None:
+        super().__init__(message)
+        self.code = code  # invalid_voice_file | other_model | file_too_large | not_ready
+
+
+@dataclass(frozen=True)
+class VoiceFile:
+    """A voice read from a `.cvvoice` file, every part checked."""
+
+    name: str  # as the file says; not yet checked against NAME_RE (the importer may rename it)
+    prompt_seconds: float  # round(P / 25, 2)
+    created: float  # unix time the voice was first saved
+    model_fingerprint: str
+    features: VoiceFeatures
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def write_voice_file(info: VoiceInfo, voice: VoiceFeatures) -> bytes:
+    """The `.cvvoice` bytes of a saved voice (`info` from the store, `voice` its features)."""
+    arrays = {k: np.ascontiguousarray(getattr(voice, k).cpu().numpy(), dtype=d) for k, d in ARRAY_DTYPES.items()}
+    meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": info.name, "prompt_text": voice.prompt_text,
+            "prompt_seconds": info.prompt_seconds, "created": info.created,
+            "model_fingerprint": info.model_fingerprint,
+            "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()}}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(zipfile.ZipInfo(META_MEMBER, ZIP_DATE), json.dumps(meta, ensure_ascii=False, indent=1).encode())
+        for k, a in arrays.items():
+            npy = io.BytesIO()
+            np.save(npy, a, allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{k}.npy", ZIP_DATE), npy.getvalue())
+    return buf.getvalue()
+
+
+def export_voice(store: VoiceStore, name: str) -> tuple[VoiceInfo, bytes]:
+    """(info, `.cvvoice` bytes) of `store`'s voice `name`; `VoiceError` if unknown, damaged or of another model."""
+    info = store.info(name)
+    return info, write_voice_file(info, store.load(name))
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | None = None,
+                 overwrite: bool = False) -> VoiceInfo:
+    """Save the voice in `data` (a `.cvvoice` file) into `store`, under `name` or the file's; nothing is written
+    unless every check passes. `VoiceFileError` for the file, `VoiceError` for the name (invalid, or taken
+    without `overwrite`)."""
+    if not store.model_fingerprint:
+        raise VoiceFileError("the voice file cannot be checked yet: the model is still loading; try again in a "
+                             "moment", code="not_ready")
+    vf = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
+    created = min(vf.created, time.time())  # a file's future date would keep it atop every listing
+    return store.save(check_name(name or vf.name), vf.features, overwrite=overwrite, created=created)
+
+
+def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> VoiceFile:
+    """The checked voice in `data`; `VoiceFileError` saying what is wrong. `model_fingerprint`: this
+    deployment's (a voice only works with the model whose tokenizers made it)."""
+    if len(data) > max_bytes:
+        raise VoiceFileError(f"the voice file is larger than {max_bytes / (1 << 20):g} MB ([limits] max_upload_mb); "
+                             "a real one is under 1 MB: is it a .cvvoice file?", code="file_too_large")
+    if not data:
+        raise VoiceFileError("the voice file is empty")
+    members = _members(data)
+    meta = _meta(members[META_MEMBER])
+    got = meta["model_fingerprint"]
+    if got != model_fingerprint:
+        raise VoiceFileError(f"the voice file was made with another model (fingerprint {got[:32]!r}; this server's "
+                             f"is {model_fingerprint!r}): a voice works only with the model that made it. Save "
+                             "it again here from its recording", code="other_model")
+    arrays = {k: _array(f"{k}.npy", members[f"{k}.npy"], dtype) for k, dtype in ARRAY_DTYPES.items()}
+    for k, a in arrays.items():
+        said = meta["arrays"][k]
+        if said != {"dtype": a.dtype.str, "shape": list(a.shape)}:
+            raise VoiceFileError(f"the voice file is inconsistent: voice.json says {k} is {said}, its {k}.npy holds "
+                                 f"{a.dtype.str} {list(a.shape)}; {REDO}")
+    _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
+    text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
+    features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
+    return VoiceFile(name=meta["name"], prompt_seconds=meta["prompt_seconds"], created=meta["created"],
+                     model_fingerprint=got, features=features)
+
+
+def _members(data: bytes) -> dict[str, bytes]:
+    """Member name -> its bytes, if the archive holds exactly MEMBERS, each at most MAX_MEMBER_BYTES."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            infos = z.infolist()
+            names = [i.filename for i in infos]
+            if sorted(names) != sorted(MEMBERS):
+                extra, missing = sorted(set(names) - set(MEMBERS)), sorted(set(MEMBERS) - set(names))
+                twice = sorted({n for n in names if names.count(n) > 1})
+                what = (f"holds {', '.join(map(repr, extra[:3]))[:200]}" if extra else
+                        f"lacks {', '.join(missing)}" if missing else f"holds {', '.join(twice)} twice")
+                raise VoiceFileError(f"the voice file {what}; a .cvvoice file holds exactly {', '.join(MEMBERS)}")
+            out = {}
+            for info in infos:
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 0x1:
+                    raise VoiceFileError(f"the voice file's {info.filename} is encrypted or compressed with an "
+                                         f"unsupported method; {REDO}")
+                if info.file_size > MAX_MEMBER_BYTES:
+                    raise VoiceFileError(f"the voice file's {info.filename} is {info.file_size} bytes unpacked; no "
+                                         f"member of a voice file is over {MAX_MEMBER_BYTES} bytes")
+                with z.open(info) as f:
+                    raw = f.read(MAX_MEMBER_BYTES + 1)  # a member that lied about its size stops here too
+                if len(raw) > MAX_MEMBER_BYTES:
+                    raise VoiceFileError(f"the voice file's {info.filename} is over {MAX_MEMBER_BYTES} bytes "
+                                         "unpacked; no member of a voice file is")
+                out[info.filename] = raw
+            return out
+    except VoiceFileError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, RuntimeError,
+            NotImplementedError, ValueError) as e:  # truncated, not a zip, bad CRC, ...
+        raise VoiceFileError(f"the voice file is not a readable .cvvoice archive ({e}); it may be cut short: "
+                             f"{REDO}") from e
+
+
+def _meta(raw: bytes) -> dict:
+    """voice.json, its fields typed and checked (not yet against the arrays)."""
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise VoiceFileError(f"the voice file's voice.json is not valid JSON ({type(e).__name__}); {REDO}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise VoiceFileError(f"the voice file is not a CosyVoice2 Studio voice (voice.json's format is not "
+                             f"{FORMAT_NAME!r})")
+    version = meta.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        newer = type(version) is int and version > FORMAT_VERSION
+        raise VoiceFileError(f"the voice file has format version {json.dumps(version)[:20]}; this server reads version "
+                             f"{FORMAT_VERSION}" + ("; update the server" if newer else ""))
+    for key, kind in (("name", str), ("prompt_text", str), ("model_fingerprint", str), ("prompt_seconds", float),
+                      ("created", float), ("arrays", dict)):
+        v = meta.get(key)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
+            if kind is float else isinstance(v, kind)
+        if not ok:
+            raise VoiceFileError(f"the voice file's voice.json has no valid {key!r} "
+                                 f"({'a number >= 0' if kind is float else kind.__name__} expected); {REDO}")
+        meta[key] = float(v) if kind is float else v
+    try:
+        meta["prompt_text"].encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON may spell a lone surrogate ("\ud800")
+        raise VoiceFileError(f"the voice file's transcript is not valid text ({e.reason}); {REDO}") from e
+    if set(meta["arrays"]) != set(ARRAY_DTYPES):
+        raise VoiceFileError(f"the voice file's voice.json lists arrays {sorted(meta['arrays'])[:8]}; expected "
+                             f"{sorted(ARRAY_DTYPES)}")
+    return meta
+
+
+def _array(member: str, raw: bytes, dtype: np.dtype) -> np.ndarray:
+    """A `.npy` member as `dtype`, its header checked before its data is read (no pickle, no object arrays)."""
+    f = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, got = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, got = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"npy version {version}")
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
+        raise VoiceFileError(f"the voice file's {member} is not a NumPy array ({str(e)[:120]}); {REDO}") from e
+    if got != dtype or fortran:
+        raise VoiceFileError(f"the voice file's {member} holds {got.str}{' (Fortran order)' if fortran else ''}; "
+                             f"expected {dtype.str} in C order")
+    if any(n < 0 for n in shape):
+        raise VoiceFileError(f"the voice file's {member} has the impossible shape {list(shape)[:8]}")
+    count = math.prod(shape)
+    if len(raw) - f.tell() != count * dtype.itemsize:  # cut short, or more than its shape says
+        raise VoiceFileError(f"the voice file's {member} holds {len(raw) - f.tell()} data bytes; its shape "
+                             f"{list(shape)[:8]} needs {count * dtype.itemsize}; {REDO}")
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=f.tell()).reshape(shape).copy()
+
+
+def _check_arrays(a: dict[str, np.ndarray], prompt_text: str, prompt_seconds: float) -> None:
+    """Shapes, ranges and finiteness of the four arrays, as the LM and the flow index and read them."""
+    tokens, mel, emb, ids = a["speech_tokens"], a["speech_mel"], a["embedding"], a["prompt_text_ids"]
+    n = tokens.shape[1] if tokens.ndim == 2 and tokens.shape[0] == 1 else -1  # P
+    problems = []
+    if not 1 <= n <= MAX_PROMPT_TOKENS:
+        problems.append(f"speech_tokens has shape {list(tokens.shape)[:8]}, expected [1, P] with 1 <= P <= "
+                        f"{MAX_PROMPT_TOKENS}")
+    elif tokens.min() < 0 or tokens.max() >= SPEECH_TOKEN_SIZE:
+        problems.append(f"speech_tokens holds ids outside 0..{SPEECH_TOKEN_SIZE - 1}")
+    elif abs(prompt_seconds - round(n / TOKEN_RATE_HZ, 2)) > 0.006:
+        problems.append(f"prompt_seconds is {prompt_seconds}, its {n} speech tokens last {n / TOKEN_RATE_HZ:.2f} s")
+    if n >= 1 and mel.shape != (1, MEL_FRAMES_PER_TOKEN * n, N_MELS):
+        problems.append(f"speech_mel has shape {list(mel.shape)[:8]}, expected [1, {MEL_FRAMES_PER_TOKEN * n}, "
+                        f"{N_MELS}]")
+    if emb.shape != (1, SPEAKER_EMBED_DIM):
+        problems.append(f"embedding has shape {list(emb.shape)[:8]}, expected [1, {SPEAKER_EMBED_DIM}]")
+    for k in ("speech_mel", "embedding"):
+        if not np.isfinite(a[k]).all():
+            problems.append(f"{k} holds NaN or infinite values")
+    # each text token spells at least one byte of the transcript (the tokenizer sees it NFC-normalised)
+    n_bytes = max(len(t.encode("utf-8")) for t in (prompt_text, unicodedata.normalize("NFC", prompt_text)))
+    if ids.ndim != 1 or ids.shape[0] > n_bytes:
+        problems.append(f"prompt_text_ids has shape {list(ids.shape)[:8]}, expected [L] with L <= {n_bytes}")
+    elif ids.size and (ids.min() < 0 or ids.max() >= TEXT_VOCAB_ROWS):
+        problems.append(f"prompt_text_ids holds ids outside 0..{TEXT_VOCAB_ROWS - 1}")
+    if problems:
+        raise VoiceFileError(f"the voice file's features are not a voice of this model: {'; '.join(problems)}")

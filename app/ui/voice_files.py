@@ -1,0 +1,64 @@
+"""The saved-voice box's Export and Import: a voice as a `.cvvoice` file (app/engine/voice_file.py).
+
+`VoiceFileEvents(service).export_voice` (API event `export_voice`) gives the caller's selected voice as a
+file to download; `import_voice` (API event `import_voice`) adds the voice of an uploaded file to the
+caller's voices, refused with the reason (another model's, damaged, a taken name without "Replace") and
+nothing written. The caller is the page's, as for save and delete (app/ui/handlers.py:caller).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+
+from app.engine.service import NotReadyError, StudioService
+from app.engine.voice_file import SUFFIX, VoiceFileError, export_voice, import_voice
+from app.engine.voices import VoiceError
+from app.ui.handlers import caller, refused
+
+MIB = 1 << 20
+
+
+class VoiceFileEvents:
+    def __init__(self, service: StudioService) -> None:
+        self.service = service
+
+    def export_voice(self, voice: str | None, request: gr.Request = None,
+                     profile: gr.OAuthProfile | None = None) -> str:
+        """The caller's saved voice `voice` as a `<name>.cvvoice` file (its path; docs/api.md: the format)."""
+        if not voice:
+            raise gr.Error("Pick a saved voice to export.")
+        try:
+            info, data = export_voice(self.service.voices.of(caller(request, profile)[0]), voice)
+        except VoiceError as e:
+            raise refused(e) from e
+        path = Path(tempfile.mkdtemp(prefix="voice-")) / f"{info.name}{SUFFIX}"  # Gradio copies it to its cache
+        path.write_bytes(data)
+        return str(path)
+
+    def import_voice(self, file: str | None, overwrite: bool = False, request: gr.Request = None,
+                     profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
+        """Add the voice in a `.cvvoice` file to the caller's voices under the file's name; returns (message,
+        its name). A voice of that name is replaced only with `overwrite`, else refused."""
+        try:
+            self.service.require_ready()  # the model's fingerprint is known once it is loaded
+        except NotReadyError as e:
+            raise gr.Error(str(e), title="Not ready") from e
+        if not file:
+            raise gr.Error("Choose a .cvvoice file to import.")
+        max_mb = self.service.cfg.limits.max_upload_mb
+        try:
+            if Path(file).stat().st_size > max_mb * MIB:  # Gradio's own cap is the same; read nothing larger
+                raise VoiceFileError(f"the voice file is larger than {max_mb} MB ([limits] max_upload_mb)")
+            info = import_voice(self.service.voices.of(caller(request, profile)[0]), Path(file).read_bytes(),
+                                max_bytes=max_mb * MIB, overwrite=bool(overwrite))
+        except OSError as e:  # its message would name the server's upload folder
+            raise gr.Error("the voice file could not be read; upload it again") from e
+        except VoiceError as e:
+            if "exists already" in str(e):
+                raise gr.Error(f"{e}. Replace it: tick \"Replace a saved voice of that name\" on the page, or "
+                               "pass overwrite=True through the API.", title="Name taken") from e
+            raise refused(e) from e
+        return f"Imported voice **{info.name}** ({info.prompt_seconds:.1f} s).", info.name
