@@ -14,8 +14,9 @@ through the same `DeploymentHandle` as /v1 (Serve routes each call by load):
     ready / status / facts    from the replicas' merged /health (app/cluster/metrics.py), refreshed when
                               the page reads them and older than HEALTH_TTL_S (no timer of its own);
                               `status` and `facts` name the replicas that serve (id, node, pid)
-    admission                 a pass-through: the replicas admit; the page's Gradio queue is sized for
-                              the cluster at its largest (`page_config`)
+    speak(req)                the page client's fair share here, then `stream`: the replica admits (its own
+                              slots and queue); the page's Gradio queue is sized for the cluster at its
+                              largest (`page_config`)
     metrics                   the page's own requests, finished with the replicas' records (the panels)
 
 A replica's refusal (busy, not ready, bad audio, ...) reaches the page as the replica raised it (Ray's
@@ -59,16 +60,6 @@ class ReplicaGoneError(NotReadyError):
     """The replica serving a request went away before it finished (the page says "Not ready")."""
 
 
-class PassThroughAdmission:
-    """The replicas admit (each its own slots and queue); the page's door has nothing to hold."""
-
-    waiting = 0
-
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[float]:
-        yield 0.0
-
-
 class ClusterAsr:
     """`Transcriber`'s surface for the page: the clip goes to a replica's Whisper (no download progress)."""
 
@@ -95,7 +86,6 @@ class ClusterService:
         self._gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError
         self._task_error = ray.exceptions.RayTaskError
         self.metrics = Metrics()  # the page's requests, finished with the replicas' records (`add`)
-        self.admission = PassThroughAdmission()
         self.asr = ClusterAsr(self)
         # the shared store, owners and all (app/engine/owners.py); fingerprint: the replicas', once one answered
         self.voices = OwnedVoices(cfg.server.voices_dir, cfg.voices.resolved(cfg.server),
@@ -218,6 +208,17 @@ class ClusterService:
                 raise
 
         return await self._on_a_replica(start)
+
+    @contextlib.asynccontextmanager
+    async def speak(self, req: SynthesisRequest, *, prepared: Any = None, client: str = "",
+                    queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
+                    ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
+        """`StudioService.speak` for the page: the client's fair share here, admission on the replica (its wait
+        is in the record, not in the yielded queue wait)."""
+        with self.share.hold(client):
+            async with contextlib.aclosing(self.stream(req, queue_wait_s=queue_wait_s, prepared=prepared,
+                                                       stop=stop)) as chunks:
+                yield queue_wait_s, chunks
 
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Any = None,
                      stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:

@@ -70,10 +70,7 @@ class StudioReplica:
     async def speak(self, req: Any, queue_wait_s: float, prepared: Any) -> AsyncIterator[Any]:
         """A page request: admitted here (this replica's slots and queue), its `AudioChunk`s as made, then its
         `RequestRecord`. Closing early (Stop, a closed tab) aborts the LM request as on the single server."""
-        async with contextlib.AsyncExitStack() as stack:
-            waited_s = await stack.enter_async_context(self.service.admission.admit())
-            chunks = await stack.enter_async_context(contextlib.aclosing(
-                self.service.stream(req, queue_wait_s=queue_wait_s + waited_s, prepared=prepared)))
+        async with self.service.speak(req, prepared=prepared, queue_wait_s=queue_wait_s) as (_, chunks):
             async for chunk in chunks:
                 yield chunk
         yield self.service.metrics.record(req.request_id)

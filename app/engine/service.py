@@ -171,6 +171,22 @@ class StudioService:
         """Why the LM engine cannot serve now ("engine died: ..."), None when it can (or is not started)."""
         return self.backend.health().fault if self.backend is not None else None
 
+    @contextlib.asynccontextmanager
+    async def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, client: str = "",
+                    queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
+                    ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
+        """The one way every door speaks a prepared request: `client`'s fair share (app/engine/fair_share.py;
+        "" = not counted, e.g. a replica whose ingress counted it), then the process's one admission (a slot,
+        or a place in its queue: `BusyError` when full), then `stream`. Yields (queue wait s: `queue_wait_s`
+        spent before this door plus the admission's, the chunks); leaving the block closes the stream
+        (aborting the LM request if it is still running) and frees the slot and the share's place."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(self.share.hold(client))  # before the queue: a client over its share waits nowhere
+            queue_s = queue_wait_s + await stack.enter_async_context(self.admission.admit())
+            chunks = await stack.enter_async_context(contextlib.aclosing(
+                self.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop)))
+            yield queue_s, chunks
+
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Prepared | None = None,
                      stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:
         """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request); its

@@ -107,11 +107,8 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
-        stack.enter_context(service.share.hold(client))  # before the queue: a client over its share waits nowhere
-        queue_s = await stack.enter_async_context(service.admission.admit())
+        queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client))
         t_start = time.perf_counter()
-        chunks = service.stream(req, queue_wait_s=queue_s, prepared=prepared)
-        stack.push_async_callback(chunks.aclose)  # closing aborts the LM request
         head = await _first_audio(chunks)
     except BaseException as e:
         await stack.aclose()

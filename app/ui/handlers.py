@@ -190,10 +190,8 @@ class Handlers:
         try:
             try:
                 async with contextlib.AsyncExitStack() as stack:
-                    stack.enter_context(self.service.share.hold(client))  # this client's fair share first
-                    queue_s += await stack.enter_async_context(self.service.admission.admit())  # the process's one
-                    chunks = await stack.enter_async_context(contextlib.aclosing(
-                        self.service.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop.event)))
+                    _, chunks = await stack.enter_async_context(self.service.speak(
+                        req, prepared=prepared, client=client, queue_wait_s=queue_s, stop=stop.event))
                     until = await stack.enter_async_context(contextlib.aclosing(until_stopped(chunks, stop)))
                     async for chunk in until:
                         if not chunk.samples.size:
