@@ -8,7 +8,10 @@ nothing written. The caller is the page's, as for save and delete (app/ui/handle
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import gradio as gr
@@ -25,18 +28,24 @@ class VoiceFileEvents:
     def __init__(self, service: StudioService) -> None:
         self.service = service
 
-    def export_voice(self, voice: str | None, request: gr.Request = None,
-                     profile: gr.OAuthProfile | None = None) -> str:
-        """The caller's saved voice `voice` as a `<name>.cvvoice` file (its path; docs/api.md: the format)."""
+    async def export_voice(self, voice: str | None, request: gr.Request = None,
+                           profile: gr.OAuthProfile | None = None) -> AsyncIterator[str]:
+        """The caller's saved voice `voice` as a `<name>.cvvoice` file (its path; docs/api.md: the format).
+        A generator so that its folder goes once Gradio has copied the file (no file left per click)."""
         if not voice:
             raise gr.Error("Pick a saved voice to export.")
         try:
-            info, data = export_voice(self.service.voices.of(caller(request, profile)[0]), voice)
+            info, data = await asyncio.to_thread(export_voice, self.service.voices.of(caller(request, profile)[0]),
+                                                 voice)
         except VoiceError as e:
             raise refused(e) from e
-        path = Path(tempfile.mkdtemp(prefix="voice-")) / f"{info.name}{SUFFIX}"  # Gradio copies it to its cache
-        path.write_bytes(data)
-        return str(path)
+        folder = Path(tempfile.mkdtemp(prefix="voice-"))
+        try:
+            path = folder / f"{info.name}{SUFFIX}"
+            path.write_bytes(data)
+            yield str(path)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file to its cache by now
 
     def import_voice(self, file: str | None, overwrite: bool = False, request: gr.Request = None,
                      profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
