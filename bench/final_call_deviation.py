@@ -20,16 +20,18 @@ from pathlib import Path
 
 import torch
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowPrompt, StreamOptions, Token2WavStream
+from app.model.token2wav import FlowPrompt, Token2WavStream
 
 PROMPT_TOKENS = 119
 
 
-def stream_mels(flow, prompt: FlowPrompt, tokens: torch.Tensor, opts: StreamOptions) -> list[torch.Tensor]:
-    s = Token2WavStream(flow, None, prompt, opts, stream=True)
+def stream_mels(flow, prompt: FlowPrompt, tokens: torch.Tensor, streaming: StreamingConfig, *,
+                incremental: bool = False) -> list[torch.Tensor]:
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=incremental)
     mels = []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -64,9 +66,9 @@ def main() -> None:
     cases = []
     for n in (int(t) for t in a.tokens.split(",")):
         tokens = torch.randint(0, hp.flow.vocab_size, (1, n), generator=gen).to(dev)
-        exact = stream_mels(flow, prompt, tokens, StreamOptions())
-        causal = stream_mels(flow, prompt, tokens, StreamOptions(chunk_causal_final=True))
-        incremental = stream_mels(flow, prompt, tokens, StreamOptions(incremental=True, chunk_causal_final=True))
+        exact = stream_mels(flow, prompt, tokens, StreamingConfig())
+        causal = stream_mels(flow, prompt, tokens, StreamingConfig(final_call="chunk_causal"))
+        incremental = stream_mels(flow, prompt, tokens, StreamingConfig(final_call="chunk_causal"), incremental=True)
         assert all(torch.equal(x, y) for x, y in zip(exact[:-1], causal[:-1], strict=True)), "hops must not change"
         case = {"tokens": n, "chunks": len(exact), "final_frames": int(exact[-1].shape[2]),
                 "tail": deviation(causal[-1], exact[-1]),

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from app.config import load_config
+from app.config import StreamingConfig, load_config
 from app.engine.lm_backend import TorchLMBackend
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import SynthesisRequest
 from app.model.loader import load_model
-from app.model.token2wav import StreamOptions, Token2WavStream
+from app.model.token2wav import Token2WavStream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TEXT = "Hello there, how are you today? This sentence measures numerical precision."
@@ -56,7 +56,7 @@ def measure(model_dir: str, device: str = "cpu") -> dict:
     for flow_dt in DTYPES:
         for hift_dt in DTYPES:
             model = load_model(model_dir, device=device, flow_dtype=flow_dt, hift_dtype=hift_dt, nsf_noise=False)
-            s = Token2WavStream(model.flow, model.hift, voice.flow_prompt(model.device), StreamOptions(),
+            s = Token2WavStream(model.flow, model.hift, voice.flow_prompt(model.device), StreamingConfig(),
                                 stream=False)
             plan = s.next_plan(tokens.shape[1], lm_finished=True)
             t0 = time.perf_counter()

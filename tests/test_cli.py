@@ -11,7 +11,7 @@ import soundfile as sf
 import torch
 
 from app.config import load_config
-from app.model.token2wav import FlowPrompt, StreamOptions, Token2WavStream
+from app.model.token2wav import FlowPrompt, Token2WavStream
 
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 
@@ -20,10 +20,8 @@ def scheduled_chunks(n_prompt: int, n_tokens: int, stream: bool) -> int:
     """Chunks the hop schedule gives `n_tokens` speech tokens after a prompt of `n_prompt` (the first
     hop carries the alignment pad, -n_prompt % 25, so the count depends on the sampled lengths)."""
     s = load_config().streaming  # the CLI runs the default config; the tiny model's flow has chunk 25, look-ahead 3
-    opts = StreamOptions(first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth,
-                         max_hop_tokens=s.max_hop_tokens, align_first_hop=s.align_first_hop)
     prompt = FlowPrompt(torch.zeros(1, n_prompt), torch.zeros(1, 2 * n_prompt, 80), torch.zeros(1, 192))
-    t2w, n = Token2WavStream(None, None, prompt, opts, stream=stream), 0
+    t2w, n = Token2WavStream(None, None, prompt, s, stream=stream), 0
     while (plan := t2w.next_plan(n_tokens, lm_finished=True)) is not None:
         t2w.advance(plan)
         n += 1

@@ -30,7 +30,7 @@ def _chunks(model_dir, voice, **kw):
     synth = make_synth(model_dir, flow_batch=1, **kw)
     try:
         req = SynthesisRequest(text=TEXT, voice=voice, seed=21, stream=True, fixed_tokens=120)
-        return synth.stream_opts, [c.samples for c in asyncio.run(collect(synth, req))]
+        return synth, [c.samples for c in asyncio.run(collect(synth, req))]
     finally:
         asyncio.run(synth.aclose())
 
@@ -41,15 +41,15 @@ def test_final_call_option(tiny_model_dir, voice):
     assert load_config().streaming.final_call == "exact"
     with pytest.raises(ConfigError, match="final_call"):
         load_config(overrides={"streaming.final_call": "causal"})
-    opts, exact = _chunks(tiny_model_dir, voice)
-    assert not opts.chunk_causal_final
-    opts, causal = _chunks(tiny_model_dir, voice, final_call="chunk_causal")
-    assert opts.chunk_causal_final and len(causal) == len(exact) >= 3
+    synth, exact = _chunks(tiny_model_dir, voice)
+    assert synth.streaming.final_call == "exact"
+    synth, causal = _chunks(tiny_model_dir, voice, final_call="chunk_causal")
+    assert synth.streaming.final_call == "chunk_causal" and len(causal) == len(exact) >= 3
     for a, b in zip(causal[:-1], exact[:-1], strict=True):
         assert np.array_equal(a, b)  # the hops: untouched
     assert causal[-1].shape == exact[-1].shape and not np.array_equal(causal[-1], exact[-1])
-    opts, incremental = _chunks(tiny_model_dir, voice, final_call="chunk_causal", engine={"flow_incremental": True})
-    assert opts.incremental and opts.chunk_causal_final
+    synth, incremental = _chunks(tiny_model_dir, voice, final_call="chunk_causal", engine={"flow_incremental": True})
+    assert synth.incremental and synth.streaming.final_call == "chunk_causal"
     a, b = np.concatenate(incremental), np.concatenate(causal)
     assert a.shape == b.shape
     err = np.abs(a - b)

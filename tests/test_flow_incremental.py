@@ -26,15 +26,17 @@ from tolerances import (
     WAVE_RMS_ATOL,
 )
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.incremental import FlowState, build_voice_prefix, prompt_only_chunks, state_bytes
 from app.model.flow.prompt_cache import PromptCache
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch, flow_step
 
 MEL_ATOL = FLOW_MEL_ATOL
+CAUSAL_FINAL = StreamingConfig(final_call="chunk_causal")  # the official hops, a chunk-causal final call
 FP32_TIGHT, FP64_TIGHT = INCREMENTAL_ATOL, INCREMENTAL_F64_ATOL
 AUDIO_MAX, AUDIO_RMS = WAVE_MAX_ATOL, WAVE_RMS_ATOL
 
@@ -63,10 +65,10 @@ def other_voice(prompt: FlowPrompt) -> FlowPrompt:
     return FlowPrompt(prompt.tokens[:, :n], prompt.mel[:, : 2 * n], prompt.embedding.flip(1))
 
 
-def unaligned_opts(prompt: FlowPrompt, chunk: int, **kw) -> StreamOptions:
+def unaligned_streaming(prompt: FlowPrompt, chunk: int, **kw) -> StreamingConfig:
     """A small unaligned first hop whose end falls inside a chunk (so a partial chunk is computed)."""
     hop = next(h for h in range(10, 10 + chunk) if (prompt.tokens.shape[1] + h) % chunk)
-    return StreamOptions(first_hop_tokens=hop, align_first_hop=False, **kw)
+    return StreamingConfig(first_hop_tokens=hop, align_first_hop=False, **kw)
 
 
 def err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -74,10 +76,10 @@ def err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
-def compare_hops(flow, prompt, tokens, opts, *, prefix=None) -> tuple[list[float], list[int]]:
+def compare_hops(flow, prompt, tokens, streaming, *, prefix=None) -> tuple[list[float], list[int]]:
     """Each plan's mel: incremental (`flow_step`) vs re-solve (`flow_batch`); returns the max diffs
     and the committed tokens after each call."""
-    s = Token2WavStream(flow, None, prompt, opts, stream=True, voice_prefix=prefix)
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True, voice_prefix=prefix)
     diffs, committed = [], []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -103,26 +105,25 @@ def test_prompt_only_chunk_rule():
 def test_streaming_hops_equal_resolve(flow, prompt, tokens, schedule, use_prefix):
     chunk = flow.dims.encoder.static_chunk_size
     P = prompt.tokens.shape[1]
-    opts = StreamOptions(incremental=True) if schedule == "official" \
-        else unaligned_opts(prompt, chunk, incremental=True)
+    streaming = StreamingConfig() if schedule == "official" else unaligned_streaming(prompt, chunk)
     prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding) if use_prefix else None
     if prefix is not None:
         assert prefix.n_tokens == chunk * prompt_only_chunks(P, chunk, flow.dims.pre_lookahead_len)
         assert prefix.n_frames == 2 * prefix.n_tokens > 0
-    diffs, committed = compare_hops(flow, prompt, tokens, opts, prefix=prefix)
+    diffs, committed = compare_hops(flow, prompt, tokens, streaming, prefix=prefix)
     print(f"{schedule} prefix={use_prefix}: max diff per streaming hop {diffs[:-1]}, final {diffs[-1]}")
     assert max(diffs[:-1]) <= min(MEL_ATOL, FP32_TIGHT)
     assert diffs[-1] == 0.0  # the official final: today's re-solve itself
     assert all(c % chunk == 0 for c in committed[:-1])  # only whole chunks are committed
-    plans = [p for p in _plans(prompt, tokens, opts) if not p.finalize]
+    plans = [p for p in _plans(prompt, tokens, streaming) if not p.finalize]
     ends = [P + p.n_tokens - flow.dims.pre_lookahead_len for p in plans]
     assert committed[:-1] == [e // chunk * chunk for e in ends]
     if schedule == "unaligned":
         assert ends[0] % chunk, "the first hop should end mid-chunk"
 
 
-def _plans(prompt, tokens, opts):
-    s = Token2WavStream(None, None, prompt, opts, stream=True)
+def _plans(prompt, tokens, streaming):
+    s = Token2WavStream(None, None, prompt, streaming, stream=True)
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
         yield plan
@@ -133,10 +134,10 @@ def _plans(prompt, tokens, opts):
 @pytest.mark.parametrize("schedule", ["official", "unaligned"])
 def test_streaming_hops_equal_resolve_float64(flow64, prompt, tokens, schedule):
     chunk = flow64.dims.encoder.static_chunk_size
-    opts = StreamOptions(incremental=True, chunk_causal_final=True) if schedule == "official" \
-        else unaligned_opts(prompt, chunk, incremental=True, chunk_causal_final=True)
+    streaming = CAUSAL_FINAL if schedule == "official" \
+        else unaligned_streaming(prompt, chunk, final_call="chunk_causal")
     for prefix in (None, build_voice_prefix(flow64, prompt.tokens, prompt.mel, prompt.embedding)):
-        diffs, _ = compare_hops(flow64, prompt, tokens, opts, prefix=prefix)
+        diffs, _ = compare_hops(flow64, prompt, tokens, streaming, prefix=prefix)
         print(f"float64 {schedule} prefix={prefix is not None}: {diffs}")
         assert max(diffs) <= FP64_TIGHT
 
@@ -146,7 +147,7 @@ def test_final_calls(flow, prompt, tokens):
     """Exact final (default) = today's call; the chunk-causal final is incremental and equals the
     re-solve of the same (streaming=True, finalize=True) call; its deviation from the official
     full-attention final is measured (random weights: large, see docs/precision.md)."""
-    s = Token2WavStream(flow, None, prompt, StreamOptions(incremental=True, chunk_causal_final=True), stream=True)
+    s = Token2WavStream(flow, None, prompt, CAUSAL_FINAL, stream=True, incremental=True)
     while (plan := s.next_plan(tokens.shape[1], lm_finished=True)) is not None and not plan.finalize:
         flow_step(flow, s.flow_state, tokens, plan)
         s.advance(plan)
@@ -167,7 +168,7 @@ def test_final_calls(flow, prompt, tokens):
     with pytest.raises(ValueError, match="final"):
         flow_step(flow, state, tokens, plan)
     # the default final: streaming=False, the full re-solve, bit-identical to today's path
-    s = Token2WavStream(flow, None, prompt, StreamOptions(incremental=True), stream=True)
+    s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True)
     while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
         flow_step(flow, s.flow_state, tokens, plan)
         s.advance(plan)
@@ -187,10 +188,9 @@ def test_interleaved_streams_share_an_untouched_prefix(flow, prompt, tokens):
         return cache.get(key, flow, p.tokens, p.mel, p.embedding)
 
     snapshots = {key: [s.kv.data.clone() for s in prefix_of(key, p).state.stages] for key, p, _ in jobs}
-    opts = StreamOptions(incremental=True, chunk_causal_final=True)
-
     def new(key, p):
-        return Token2WavStream(flow, None, p, opts, stream=True, voice_prefix=prefix_of(key, p))
+        return Token2WavStream(flow, None, p, CAUSAL_FINAL, stream=True, incremental=True,
+                               voice_prefix=prefix_of(key, p))
 
     alone = []
     for key, p, tok in jobs:
@@ -228,9 +228,9 @@ def test_stream_audio_incremental_equals_resolve(flow, hift, prompt, golden, man
               [golden("stream")[f"stream_{i}_speech"] for i in range(len(manifest["stream_schedule"]))]),
              (torch.from_numpy(golden("e2e")["stream_llm_tokens"]).long(), None)]
     for tok, golden_chunks in cases:
-        ref = _audio(flow, hift, prompt, tok, StreamOptions())
+        ref = _audio(flow, hift, prompt, tok, incremental=False)
         for voice_prefix in (None, prefix):
-            inc = _audio(flow, hift, prompt, tok, StreamOptions(incremental=True), voice_prefix)
+            inc = _audio(flow, hift, prompt, tok, incremental=True, voice_prefix=voice_prefix)
             assert [c.shape for c in inc] == [c.shape for c in ref]
             d = torch.cat(inc) - torch.cat(ref)
             print(f"audio incremental vs re-solve ({tok.shape[1]} tokens, prefix={voice_prefix is not None}): "
@@ -241,8 +241,9 @@ def test_stream_audio_incremental_equals_resolve(flow, hift, prompt, golden, man
                 assert e.abs().max().item() <= AUDIO_MAX and e.pow(2).mean().sqrt().item() <= AUDIO_RMS, i
 
 
-def _audio(flow, hift, prompt, tok, opts, voice_prefix=None) -> list[torch.Tensor]:
-    s = Token2WavStream(flow, hift, prompt, opts, stream=True, voice_prefix=voice_prefix)
+def _audio(flow, hift, prompt, tok, *, incremental: bool, voice_prefix=None) -> list[torch.Tensor]:
+    s = Token2WavStream(flow, hift, prompt, StreamingConfig(), stream=True, incremental=incremental,
+                        voice_prefix=voice_prefix)
     chunks = []
     while not s.done:
         chunks.append(s.run(tok, s.next_plan(tok.shape[1], lm_finished=True)))
@@ -275,7 +276,7 @@ def test_prompt_cache_bounds_and_state_size(flow, prompt):
 @pytest.mark.parity
 def test_state_dtype_follows_flow_and_bad_calls(flow, prompt, tokens):
     half = copy.deepcopy(flow).half()
-    s = Token2WavStream(half, None, prompt, StreamOptions(incremental=True), stream=True)
+    s = Token2WavStream(half, None, prompt, StreamingConfig(), stream=True, incremental=True)
     plan = s.next_plan(tokens.shape[1], lm_finished=False)
     mel = s.flow_mel(tokens, plan)
     assert all(st.kv.data.dtype == torch.float16 for st in s.flow_state.stages)
@@ -287,7 +288,7 @@ def test_state_dtype_follows_flow_and_bad_calls(flow, prompt, tokens):
     with pytest.raises(ValueError, match="committed"):
         flow_step(half, state, tokens, plan)  # the first hop again: its frames are committed
     with pytest.raises(ValueError, match="incremental"):
-        Token2WavStream(flow, None, prompt, StreamOptions(), stream=True, voice_prefix=object())
+        Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, voice_prefix=object())
 
 
 def test_tiny_model_constant_hops(tiny_model_dir, golden):
@@ -299,8 +300,8 @@ def test_tiny_model_constant_hops(tiny_model_dir, golden):
                         torch.from_numpy(f["embedding"]))
     tok = torch.from_numpy(golden("e2e")["stream_llm_tokens"]).long()
     chunk = flow.dims.encoder.static_chunk_size
-    opts = StreamOptions(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, incremental=True)
-    s = Token2WavStream(flow, None, prompt, opts, stream=True,
+    streaming = StreamingConfig(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk)
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True,
                         voice_prefix=build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding))
     t_ref = t_inc = 0.0
     n_hops = 0

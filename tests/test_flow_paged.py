@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_flow_incremental import err, other_voice, unaligned_opts
+from test_flow_incremental import CAUSAL_FINAL, err, other_voice, unaligned_streaming
 from tolerances import FLOW_MEL_ATOL, INCREMENTAL_ATOL, within
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import build_voice_prefix, prepare_hop, state_bytes
@@ -19,7 +20,7 @@ from app.model.flow.paged import KVPool, PoolFull, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import make_inputs, paged_solve
 from app.model.hparams import load_hparams
-from app.model.token2wav import IncrementalItem, StreamOptions, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
 pytestmark = pytest.mark.parity
 TOL = min(FLOW_MEL_ATOL, INCREMENTAL_ATOL)
@@ -30,9 +31,10 @@ def flow(parity_model_dir) -> CausalFlow:
     return load_flow(parity_model_dir / "flow.pt", load_hparams(parity_model_dir).flow)
 
 
-def _run(flow, prompt, tokens, opts, pool, prefix=None) -> tuple[list[float], Token2WavStream]:
+def _run(flow, prompt, tokens, streaming, pool, prefix=None) -> tuple[list[float], Token2WavStream]:
     """Every streaming hop through the pool vs the re-solve; returns the max diffs and the stream."""
-    s = Token2WavStream(flow, None, prompt, opts, stream=True, voice_prefix=prefix, flow_pool=pool)
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True, voice_prefix=prefix,
+                        flow_pool=pool)
     diffs = []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -46,11 +48,10 @@ def _run(flow, prompt, tokens, opts, pool, prefix=None) -> tuple[list[float], To
 @pytest.mark.parametrize("schedule", ["official", "unaligned", "chunk_causal_final"])
 def test_paged_hops_equal_resolve(flow, prompt, tokens, schedule):
     chunk = flow.dims.encoder.static_chunk_size
-    opts = {"official": StreamOptions(incremental=True),
-            "unaligned": unaligned_opts(prompt, chunk, incremental=True),
-            "chunk_causal_final": StreamOptions(incremental=True, chunk_causal_final=True)}[schedule]
+    streaming = {"official": StreamingConfig(), "unaligned": unaligned_streaming(prompt, chunk),
+                 "chunk_causal_final": CAUSAL_FINAL}[schedule]
     pool = KVPool(flow, n_blocks=64)
-    diffs, s = _run(flow, prompt, tokens, opts, pool)
+    diffs, s = _run(flow, prompt, tokens, streaming, pool)
     print(f"paged {schedule}: max |paged - re-solve| per hop {[f'{d:.1e}' for d in diffs]}")
     assert within(max(diffs), TOL, "paged vs re-solve")
     assert s.flow_state_or_none is None and pool.used_blocks == 0  # the final call gave every block back
@@ -64,7 +65,7 @@ def test_shared_prompt_blocks(flow, prompt, tokens):
     shared = list(prefix.state.est.table)
     assert len(shared) == prefix.n_frames // flow.dims.estimator.static_chunk_size > 0
     assert pool.used_blocks == len(shared) and all(pool.refcount(b) == 1 for b in shared)
-    a, b = (Token2WavStream(flow, None, prompt, StreamOptions(incremental=True), stream=True,
+    a, b = (Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True,
                             voice_prefix=prefix, flow_pool=pool) for _ in range(2))
     plans = [s.next_plan(tokens.shape[1], lm_finished=False) for s in (a, b)]
     outs = [flow_step(flow, s.flow_state, tokens, p) for s, p in zip((a, b), plans, strict=True)]
@@ -90,12 +91,12 @@ def test_interleaved_streams_batched_over_the_pool(flow, prompt, tokens):
     chunk = flow.dims.encoder.static_chunk_size
     pool = KVPool(flow, n_blocks=96)
     prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, pool=pool)
-    jobs = [(prompt, tokens, StreamOptions(incremental=True), prefix),
-            (prompt, tokens.flip(1), unaligned_opts(prompt, chunk, incremental=True), None),
+    jobs = [(prompt, tokens, StreamingConfig(), prefix),
+            (prompt, tokens.flip(1), unaligned_streaming(prompt, chunk), None),
             (other_voice(prompt), tokens[:, : 2 * tokens.shape[1] // 3],
-             StreamOptions(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, incremental=True,
-                           chunk_causal_final=True), None)]
-    streams = [Token2WavStream(flow, None, p, o, stream=True, voice_prefix=pre, flow_pool=pool)
+             StreamingConfig(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, final_call="chunk_causal"),
+             None)]
+    streams = [Token2WavStream(flow, None, p, o, stream=True, incremental=True, voice_prefix=pre, flow_pool=pool)
                for p, _, o, pre in jobs]
     diffs, sizes, rounds = [], [], 0
     while not all(s.done for s in streams):
@@ -126,9 +127,8 @@ def test_interleaved_streams_batched_over_the_pool(flow, prompt, tokens):
 def test_pool_exhaustion_falls_back_to_resolve(flow, prompt, tokens):
     """A pool too small for the next hop refuses it with `PoolFull` (nothing taken, state unchanged);
     the stream then re-solves and its mel equals the re-solve's."""
-    opts = StreamOptions(incremental=True)
     pool = KVPool(flow, n_blocks=7)
-    s = Token2WavStream(flow, None, prompt, opts, stream=True, flow_pool=pool)
+    s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
     fell_back, diffs = False, []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -157,7 +157,7 @@ def test_bucketed_static_solve_equals_tight(flow, prompt, tokens):
     pool = KVPool(flow, n_blocks=64)
     outs = []
     for pad in (False, True):
-        s = Token2WavStream(flow, None, prompt, StreamOptions(incremental=True), stream=True, flow_pool=pool)
+        s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
         mels = []
         while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
             hop = prepare_hop(flow, s.flow_state, tokens[:, : plan.n_tokens], finalize=False,
@@ -201,7 +201,8 @@ def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
     cache = PromptCache(max_bytes=int(1.5 * one.nbytes), pool=pool)
     one.release()
     first = cache.get("a", flow, a.tokens, a.mel, a.embedding)
-    s = Token2WavStream(flow, None, a, StreamOptions(incremental=True), stream=True, voice_prefix=first, flow_pool=pool)
+    s = Token2WavStream(flow, None, a, StreamingConfig(), stream=True, incremental=True, voice_prefix=first,
+                        flow_pool=pool)
     s.flow_state  # noqa: B018  (the stream starts from the prefix: one more reference per block)
     blocks = list(first.state.est.table)
     cache.get("b", flow, b.tokens, b.mel, b.embedding)  # over max_bytes: "a" is evicted

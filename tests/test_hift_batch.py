@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from test_pipeline import collect, held_together, make_synth
 from tolerances import BATCH_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
+from app.config import StreamingConfig
 from app.engine.requests import SynthesisRequest
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hift_batch import length_buckets, make_row, vocode_rows
@@ -31,7 +32,6 @@ from app.model.token2wav import (
     SOURCE_CACHE_SAMPLES,
     ChunkPlan,
     FlowPrompt,
-    StreamOptions,
     Token2WavStream,
     _crossfade_windows,
 )
@@ -78,7 +78,7 @@ def stream_mels(golden) -> list[list[torch.Tensor]]:
 def _streams(hift, seeds=None) -> list[Token2WavStream]:
     prompt = FlowPrompt(torch.zeros(1, 10, dtype=torch.long), torch.zeros(1, 20, 80), torch.zeros(1, 192))
     seeds = seeds or range(len(SCHEDULES))
-    return [Token2WavStream(None, hift, prompt, StreamOptions(), stream=stream, speed=speed,
+    return [Token2WavStream(None, hift, prompt, StreamingConfig(), stream=stream, speed=speed,
                             generator=torch.Generator().manual_seed(100 + s))
             for (stream, speed, _), s in zip(SCHEDULES, seeds, strict=True)]
 

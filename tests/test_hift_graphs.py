@@ -22,10 +22,11 @@ from test_hift_batch import _hift
 from test_pipeline import collect, held_together, make_synth
 from tolerances import BATCH_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
+from app.config import StreamingConfig
 from app.engine.requests import SynthesisRequest
 from app.model.hift_batch import make_row, stack_rows, vocode_rows, vocode_step
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
-from app.model.token2wav import SOURCE_CACHE_SAMPLES, StreamOptions
+from app.model.token2wav import SOURCE_CACHE_SAMPLES
 
 pytestmark = pytest.mark.parity
 
@@ -65,10 +66,10 @@ def _rows(hift, n, frames, *, cached):
 
 def test_schedule_frames_official_and_unaligned():
     # official: first chunks 2 x (25 + pad) for pad 0..24, then 8 + 100 and 8 + 200 (steady, most frequent)
-    official = schedule_frames(StreamOptions())
+    official = schedule_frames(StreamingConfig())
     assert official[0] == 208 and sorted(official) == [*range(50, 100, 2), 108, 208]
     # fast.toml's unaligned 10-token first hop: 20 frames, then hops rounded up to chunk edges
-    fast = schedule_frames(StreamOptions(first_hop_tokens=10, align_first_hop=False))
+    fast = schedule_frames(StreamingConfig(first_hop_tokens=10, align_first_hop=False))
     assert fast[0] == 208 and 20 in fast and len(fast) <= 60
     assert row_buckets(16) == [1, 2, 4, 8, 16] and row_buckets(5) == [1, 2, 4, 8]
 
@@ -162,7 +163,8 @@ def test_pipeline_captures_at_warm_up_only(parity_model_dir, voice):
         facts = synth.facts()["hift_graphs"]
     finally:
         asyncio.run(synth.aclose())
-    assert captured == graphs.stats.captures == graphs.n_graphs == 3 * len(schedule_frames(synth.stream_opts))
+    assert captured == graphs.stats.captures == graphs.n_graphs == 3 * len(schedule_frames(
+        synth.streaming, chunk_tokens=synth.chunk_tokens, pre_lookahead=synth.pre_lookahead))
     assert graphs.recorded == captured and facts["frozen"] and facts["captures"] == captured
     n_final = sum(len({c.segment for c in cs}) for cs in both)  # one final per segment
     non_final = [frames for frames, replayed in graphs.calls if not replayed]

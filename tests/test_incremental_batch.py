@@ -12,15 +12,16 @@ import copy
 
 import pytest
 import torch
-from test_flow_incremental import err, other_voice, unaligned_opts
+from test_flow_incremental import err, other_voice, unaligned_streaming
 from tolerances import FLOW_MEL_ATOL, HALF_INCREMENTAL_ATOL, INCREMENTAL_ATOL, INCREMENTAL_F64_ATOL, within
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.cache import next_capacity
 from app.model.flow.incremental import build_voice_prefix, bytes_after, state_bytes
 from app.model.hparams import load_hparams
-from app.model.token2wav import IncrementalItem, StreamOptions, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
 pytestmark = pytest.mark.parity
 
@@ -31,23 +32,23 @@ def flow(parity_model_dir) -> CausalFlow:
 
 
 def _jobs(flow, prompt, tokens):
-    """(voice, tokens, options, voice prefix) of three streams that never line up: the official
+    """(voice, tokens, schedule, voice prefix) of three incremental streams that never line up: the official
     schedule with a prefix, the unaligned one on reversed tokens, a shorter second voice with 25-token
     hops and a chunk-causal final."""
     chunk = flow.dims.encoder.static_chunk_size
     b = other_voice(prompt)
     prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding)
-    return [(prompt, tokens, StreamOptions(incremental=True), prefix),
-            (prompt, tokens.flip(1), unaligned_opts(prompt, chunk, incremental=True), None),
+    return [(prompt, tokens, StreamingConfig(), prefix),
+            (prompt, tokens.flip(1), unaligned_streaming(prompt, chunk), None),
             (b, tokens[:, : 2 * tokens.shape[1] // 3],
-             StreamOptions(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, incremental=True,
-                           chunk_causal_final=True), None)]
+             StreamingConfig(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, final_call="chunk_causal"),
+             None)]
 
 
 def _alone(flow, jobs) -> list[list[torch.Tensor]]:
     out = []
-    for p, tok, opts, prefix in jobs:
-        s, mels = Token2WavStream(flow, None, p, opts, stream=True, voice_prefix=prefix), []
+    for p, tok, streaming, prefix in jobs:
+        s, mels = Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix), []
         while not s.done:
             plan = s.next_plan(tok.shape[1], lm_finished=True)
             mels.append(flow_step(flow, s.flow_state, tok, plan) if plan.streaming else None)
@@ -59,7 +60,8 @@ def _alone(flow, jobs) -> list[list[torch.Tensor]]:
 def _together(flow, jobs) -> tuple[list[list[torch.Tensor]], list[list[float]], list[int]]:
     """Every round, the streaming hops of all unfinished streams in one `flow_batch` of IncrementalItems;
     returns (mels per stream, max |diff| vs the re-solve per hop, batch sizes)."""
-    streams = [Token2WavStream(flow, None, p, opts, stream=True, voice_prefix=prefix) for p, _, opts, prefix in jobs]
+    streams = [Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix)
+               for p, _, streaming, prefix in jobs]
     mels, vs_resolve, sizes = [[] for _ in jobs], [[] for _ in jobs], []
     while not all(s.done for s in streams):
         live = [(i, s, s.next_plan(jobs[i][1].shape[1], lm_finished=True)) for i, s in enumerate(streams) if not s.done]
@@ -127,8 +129,7 @@ def test_batched_hops_float16(flow, prompt, tokens):
 def test_a_refused_hop_fails_alone(flow, prompt, tokens):
     """One stream's bad call (tokens that do not extend its state) comes back as its ValueError, its
     state untouched; the other stream of the same call gets its mel."""
-    opts = StreamOptions(incremental=True)
-    a, b = (Token2WavStream(flow, None, prompt, opts, stream=True) for _ in range(2))
+    a, b = (Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True) for _ in range(2))
     plan = a.next_plan(tokens.shape[1], lm_finished=False)
     flow_step(flow, a.flow_state, tokens, plan)
     a.advance(plan)
@@ -151,7 +152,7 @@ def test_state_memory_bound_and_dtype(flow, prompt, tokens):
     assert next_capacity(400, 380, chunk) == 400 and next_capacity(400, 700, chunk) == 700
     for dtype in (torch.float32, torch.float16):
         f = copy.deepcopy(flow).to(dtype)
-        s = Token2WavStream(f, None, prompt, StreamOptions(incremental=True), stream=True)
+        s = Token2WavStream(f, None, prompt, StreamingConfig(), stream=True, incremental=True)
         per_frame = []
         while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
             need = bytes_after(f, s.flow_state_or_none, s.n_prompt + plan.n_tokens)

@@ -104,7 +104,7 @@ def test_fast_preset_streams(tiny_model_dir):
             assert audio.shape[0] == 60 * 960 and np.isfinite(audio).all()
     finally:
         asyncio.run(synth.aclose())
-    assert synth.stream_opts.first_hop_tokens == 10 and not synth.stream_opts.align_first_hop
+    assert synth.streaming.first_hop_tokens == 10 and not synth.streaming.align_first_hop
 
 
 def test_all_modes_and_multi_segment(tiny):

@@ -7,11 +7,12 @@ import pytest
 import torch
 from tolerances import BATCH_ATOL, BATCH_SOLVE_ATOL, FLOW_MEL_ATOL, PREFIX_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowPrompt, StreamOptions, Token2WavStream
+from app.model.token2wav import FlowPrompt, Token2WavStream
 
 pytestmark = pytest.mark.parity
 
@@ -28,9 +29,9 @@ def modules(parity_model_dir):
 
 
 def run_all(flow, hift, prompt, tokens: torch.Tensor, *, stream: bool, speed: float = 1.0,
-            opts: StreamOptions | None = None):
+            streaming: StreamingConfig | None = None):
     """Feed all tokens at once (the official vc path) and collect every chunk and plan."""
-    s = Token2WavStream(flow, hift, prompt, opts or StreamOptions(), stream=stream, speed=speed)
+    s = Token2WavStream(flow, hift, prompt, streaming or StreamingConfig(), stream=stream, speed=speed)
     plans, chunks = [], []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -67,7 +68,7 @@ def test_stream_flow_and_hift_inputs(modules, prompt, golden, manifest):
     flow, hift = modules
     g = golden("stream")
     tokens = torch.from_numpy(g["tokens"]).long()
-    s = Token2WavStream(flow, hift, prompt, StreamOptions(), stream=True)
+    s = Token2WavStream(flow, hift, prompt, StreamingConfig(), stream=True)
     for i in range(len(manifest["stream_schedule"])):
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
         with torch.inference_mode():
@@ -94,8 +95,8 @@ def test_unaligned_small_first_hop(modules, prompt, golden):
     n_p = prompt.tokens.shape[1] - (prompt.tokens.shape[1] + 5) % 25  # the fixture prompt cut to pad 5
     assert n_p > 0 and n_p % 25 == 20
     prompt = FlowPrompt(tokens=prompt.tokens[:, :n_p], mel=prompt.mel[:, :2 * n_p], embedding=prompt.embedding)
-    opts = StreamOptions(first_hop_tokens=10, align_first_hop=False)
-    plans, chunks = run_all(flow, hift, prompt, tokens, stream=True, opts=opts)
+    streaming = StreamingConfig(first_hop_tokens=10, align_first_hop=False)
+    plans, chunks = run_all(flow, hift, prompt, tokens, stream=True, streaming=streaming)
     n = tokens.shape[1]
     want, offset, hop = [], 0, 10
     this = hop  # hops after the first grow from `hop` and are rounded to end on a chunk edge of n_p + generated
@@ -107,11 +108,11 @@ def test_unaligned_small_first_hop(modules, prompt, golden):
     assert all((n_p + p.n_tokens - 3) % 25 == 0 for p in plans[1:-1])
     _, ref_chunks = run_all(flow, hift, prompt, tokens, stream=True)
     assert sum(c.shape[0] for c in chunks) == sum(c.shape[0] for c in ref_chunks)
-    official = Token2WavStream(flow, hift, prompt, StreamOptions(), stream=True)
+    official = Token2WavStream(flow, hift, prompt, StreamingConfig(), stream=True)
     first = official.next_plan(n, lm_finished=True)
     pad = -prompt.tokens.shape[1] % 25
     assert first.n_tokens == 25 + pad + 3 and official.prompt_pad == pad
-    small = Token2WavStream(flow, hift, prompt, opts, stream=True).flow_mel(tokens, plans[0])  # [1, 80, 20]
+    small = Token2WavStream(flow, hift, prompt, streaming, stream=True).flow_mel(tokens, plans[0])  # [1, 80, 20]
     full = official.flow_mel(tokens, first)
     edge = 2 * pad  # frames before the prompt's chunk edge: their chunk is whole in both calls
     assert pad == 5 and small.shape[2] == 20
@@ -152,8 +153,8 @@ def test_interleaved_requests_match_solo(modules, prompt, golden):
     prompt_b = FlowPrompt(tokens=prompt.tokens[:, :60], mel=prompt.mel[:, :120], embedding=-prompt.embedding)
     solo_a = torch.cat(run_all(flow, hift, prompt, tok_a, stream=True)[1])
     solo_b = torch.cat(run_all(flow, hift, prompt_b, tok_b, stream=True)[1])
-    sa = Token2WavStream(flow, hift, prompt, StreamOptions(), stream=True)
-    sb = Token2WavStream(flow, hift, prompt_b, StreamOptions(), stream=True)
+    sa = Token2WavStream(flow, hift, prompt, StreamingConfig(), stream=True)
+    sb = Token2WavStream(flow, hift, prompt_b, StreamingConfig(), stream=True)
     out_a, out_b = [], []
     # token arrival interleaved: each stream sees its tokens grow 10 at a time
     for n in range(10, max(tok_a.shape[1], tok_b.shape[1]) + 10, 10):
@@ -179,8 +180,8 @@ def test_hop_does_not_leak_between_requests(modules, prompt, golden, manifest):
 def test_complementary_crossfade_option(modules, prompt, golden):
     flow, hift = modules
     tokens = torch.from_numpy(golden("stream")["tokens"]).long()
-    opts = StreamOptions(crossfade="complementary")
-    _, chunks = run_all(flow, hift, prompt, tokens, stream=True, opts=opts)
+    streaming = StreamingConfig(crossfade="complementary")
+    _, chunks = run_all(flow, hift, prompt, tokens, stream=True, streaming=streaming)
     _, official = run_all(flow, hift, prompt, tokens, stream=True)
     assert [c.shape for c in chunks] == [c.shape for c in official]
     assert torch.equal(chunks[0][:30000], official[0][:30000])  # before the first join: identical

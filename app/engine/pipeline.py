@@ -30,7 +30,7 @@ from app.model.flow.paged_graphs import make_pool
 from app.model.flow.prompt_cache import PromptCache
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.loader import CosyVoice2Model
-from app.model.token2wav import ChunkPlan, IncrementalItem, StreamOptions, Token2WavStream, flow_batch
+from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
 
 
 class EmptyTextError(ValueError):
@@ -44,11 +44,10 @@ class Synthesizer:
         self.model, self.lm, self.cfg = model, lm, cfg
         self.sampling = cfg.sampling.resolved(model.hparams.llm)  # RAS: the checkpoint's yaml unless overridden
         s, e, fd = cfg.streaming, cfg.engine, model.hparams.flow
-        self.stream_opts = StreamOptions(
-            first_hop_tokens=s.first_hop_tokens, hop_growth=s.hop_growth, max_hop_tokens=s.max_hop_tokens,
-            chunk_tokens=fd.encoder.static_chunk_size, pre_lookahead=fd.pre_lookahead_len,
-            crossfade=s.crossfade, align_first_hop=s.align_first_hop, incremental=e.flow_incremental,
-            chunk_causal_final=s.final_call == "chunk_causal")
+        # every request's Token2WavStream: the user's schedule, the engine's incremental switch, and the
+        # flow's chunk size and look-ahead (tokens) from the checkpoint's yaml
+        self.streaming, self.incremental = s, e.flow_incremental
+        self.chunk_tokens, self.pre_lookahead = fd.encoder.static_chunk_size, fd.pre_lookahead_len
         # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
         cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
         # paged: one block pool of flow_state_gib (a full pool refuses hops: the re-solve takes over)
@@ -81,7 +80,8 @@ class Synthesizer:
         if self.hift_graphs is None or self.hift_graphs.frozen:
             return
         e = self.cfg.engine
-        frames = e.hift_graph_frames or schedule_frames(self.stream_opts)
+        frames = e.hift_graph_frames or schedule_frames(
+            self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
         self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
                                  max_graphs=e.hift_max_graphs)
 
@@ -112,7 +112,7 @@ class Synthesizer:
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
         t2w = seg.t2w
-        incremental = t2w.opts.incremental and plan.streaming and not seg.resolve
+        incremental = t2w.incremental and plan.streaming and not seg.resolve
         if incremental and not self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
             # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
             incremental = False
@@ -174,9 +174,10 @@ class Synthesizer:
         # once this segment's LM has finished, the next segment's LM request starts (`Utterance.start_next_lm`):
         # its prefill and first hop run while our last chunks are vocoded, so the join does not stall
         # (the same requests and seeds as one after the other)
-        req, t2w = u.request, Token2WavStream(self.model.flow, self.model.hift, prompt, self.stream_opts,
-                                             stream=u.request.stream, speed=u.request.speed, generator=hift_gen,
-                                             flow_pool=self.flow_pool)
+        req, t2w = u.request, Token2WavStream(self.model.flow, self.model.hift, prompt, self.streaming,
+                                             stream=u.request.stream, incremental=self.incremental,
+                                             chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead,
+                                             speed=u.request.speed, generator=hift_gen, flow_pool=self.flow_pool)
         lm, first = u.take_next_lm()
         u.segment = seg = Segment(seg_i, text, t2w, lm or self.lm.stream(self.lm_request(req, text, seg_i)), [])
         try:

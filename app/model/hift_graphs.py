@@ -38,9 +38,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from app.config import StreamingConfig
 from app.model.hift import HiFTGenerator
 from app.model.hift_batch import HiftRow, stack_rows, vocode_step
-from app.model.token2wav import MEL_CACHE_FRAMES, SOURCE_CACHE_SAMPLES, FlowPrompt, StreamOptions, Token2WavStream
+from app.model.token2wav import (
+    CHUNK_TOKENS,
+    MEL_CACHE_FRAMES,
+    PRE_LOOKAHEAD_TOKENS,
+    SOURCE_CACHE_SAMPLES,
+    FlowPrompt,
+    Token2WavStream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +68,23 @@ class HiftGraphStats:
     eager: int = 0  # calls with no graph for their shape (or stream): run eagerly
 
 
-def schedule_frames(opts: StreamOptions, *, max_chunks: int = 64) -> list[int]:
-    """HiFT mel lengths of the non-final chunks of `opts`'s streaming schedule over every prompt length
+def schedule_frames(streaming: StreamingConfig, *, chunk_tokens: int = CHUNK_TOKENS,
+                    pre_lookahead: int = PRE_LOOKAHEAD_TOKENS, max_chunks: int = 64) -> list[int]:
+    """HiFT mel lengths of the non-final chunks of `streaming`'s schedule over every prompt length
     (only the prompt length modulo the chunk size matters), the most frequent first. A first chunk has
     2 x hop frames; a later one also the 8-frame mel cache. Walked with `Token2WavStream` itself."""
     counts: Counter[int] = Counter()
-    for residue in range(opts.chunk_tokens):
-        prompt = FlowPrompt(torch.zeros(1, opts.chunk_tokens + residue, dtype=torch.long), None, None)
-        s, last = Token2WavStream(None, None, prompt, opts, stream=True), None
+    for residue in range(chunk_tokens):
+        prompt = FlowPrompt(torch.zeros(1, chunk_tokens + residue, dtype=torch.long), None, None)
+        s, last = Token2WavStream(None, None, prompt, streaming, stream=True, chunk_tokens=chunk_tokens,
+                                  pre_lookahead=pre_lookahead), None
         for _ in range(max_chunks):
             plan = s.next_plan(1 << 30, lm_finished=False)
-            hop = plan.n_tokens - opts.pre_lookahead - plan.token_offset
+            hop = plan.n_tokens - pre_lookahead - plan.token_offset
             frames = 2 * hop + (MEL_CACHE_FRAMES if plan.token_offset else 0)
             counts[frames] += 1
             s.advance(plan)
-            if frames == last and s.hop == opts.max_hop_tokens:
+            if frames == last and s.hop == streaming.max_hop_tokens:
                 break  # steady: every later chunk has this length
             last = frames
     return [f for f, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]

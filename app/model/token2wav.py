@@ -9,12 +9,14 @@ HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cr
 `hift_row` / `emit` split a chunk's HiFT around a call that may hold other streams' rows
 (app/model/hift_batch.py), `vocode` runs it alone.
 
-Options: `incremental` runs the streaming hops through the cached flow (app/model/flow/incremental.py:
+The schedule is the user's `StreamingConfig` itself; the rest comes as keywords: `incremental`
+(engine.flow_incremental) runs the streaming hops through the cached flow (app/model/flow/incremental.py:
 only the frames after the last committed chunk, same mel as the re-solve up to float rounding; the
-per-stream `FlowState` lives here); `chunk_causal_final` makes the final call chunk-causal
-(streaming=True) so it is incremental too, at a measured deviation (docs/precision.md). The engine
-submits each hop as an `IncrementalItem` to `flow_batch`, so concurrent streams' hops share one
-estimator call (app/model/flow/batch.py); `flow_step` runs one stream's hop alone.
+per-stream `FlowState` lives here); `chunk_tokens` / `pre_lookahead` are the checkpoint's flow facts.
+`streaming.final_call == "chunk_causal"` makes the final call chunk-causal (streaming=True) so it is
+incremental too, at a measured deviation (docs/precision.md). The engine submits each hop as an
+`IncrementalItem` to `flow_batch`, so concurrent streams' hops share one estimator call
+(app/model/flow/batch.py); `flow_step` runs one stream's hop alone.
 
 Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
 so it never leaks into the next request (upstream mutates the shared model and every later
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.audio import MEL_FRAMES_PER_TOKEN
+from app.config import StreamingConfig
 from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import FlowState, VoicePrefix, incremental_inference
 from app.model.flow.paged import KVPool
@@ -42,6 +45,9 @@ from app.model.hift_batch import HiftRow, make_row, vocode_rows
 MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
 SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * 480  # 3840: NSF source phase continuity (160 ms)
 CROSSFADE_SAMPLES = SOURCE_CACHE_SAMPLES  # 3840 samples held back and cross-faded
+# the flow's two facts, as CosyVoice2's cosyvoice2.yaml has them (the pipeline passes the checkpoint's own)
+CHUNK_TOKENS = 25  # flow.encoder.static_chunk_size: tokens per attention chunk (the prompt pad aligns to it)
+PRE_LOOKAHEAD_TOKENS = 3  # flow.pre_lookahead_len: tokens a hop needs past its end
 
 
 @dataclass(frozen=True)
@@ -51,25 +57,6 @@ class FlowPrompt:
     tokens: Tensor  # [1, P] int32/int64 speech tokens of the prompt
     mel: Tensor  # [1, 2P, 80] float32 log-mel of the 24 kHz prompt
     embedding: Tensor  # [1, 192] float32 CAM++ x-vector
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    first_hop_tokens: int = 25
-    hop_growth: int = 2
-    max_hop_tokens: int = 100
-    chunk_tokens: int = 25  # the flow's static chunk size (prompt pad aligns to it)
-    pre_lookahead: int = 3
-    crossfade: str = "hamming"  # "hamming" (official) | "complementary" (halves sum to 1)
-    # official: the first hop ends on a chunk edge of prompt + generated tokens (adds 0..24 tokens);
-    # False: exactly first_hop_tokens (earlier first audio; the first chunk's frames after the last
-    # edge saw only part of their chunk). Later hops always end on an edge.
-    align_first_hop: bool = True
-    # streaming hops through the incremental flow (exact w.r.t. the re-solve, O(new chunk) work)
-    incremental: bool = False
-    # final call with chunk masks (streaming=True, finalize=True) instead of full attention: incremental
-    # with `incremental`, but it deviates from the official final (docs/precision.md)
-    chunk_causal_final: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,22 +185,29 @@ class Token2WavStream:
     The shared flow/hift modules are never mutated.
     """
 
-    def __init__(self, flow, hift, prompt: FlowPrompt, opts: StreamOptions, *, stream: bool,
-                 speed: float = 1.0, generator: torch.Generator | None = None,
-                 voice_prefix: VoicePrefix | None = None, flow_pool: KVPool | None = None) -> None:
+    def __init__(self, flow, hift, prompt: FlowPrompt, streaming: StreamingConfig, *, stream: bool,
+                 incremental: bool = False, chunk_tokens: int = CHUNK_TOKENS,
+                 pre_lookahead: int = PRE_LOOKAHEAD_TOKENS, speed: float = 1.0,
+                 generator: torch.Generator | None = None, voice_prefix: VoicePrefix | None = None,
+                 flow_pool: KVPool | None = None) -> None:
         if speed != 1.0 and stream:
             raise ValueError("speed change is only supported without streaming (as upstream)")
-        if voice_prefix is not None and not opts.incremental:
-            raise ValueError("voice_prefix is used by the incremental flow only: set StreamOptions.incremental")
+        if voice_prefix is not None and not incremental:
+            raise ValueError("voice_prefix is used by the incremental flow only: pass incremental=True")
         self.voice_prefix = voice_prefix  # shared, read only (PromptCache entry)
         self.flow_pool = flow_pool  # the paged state pool of the incremental flow (None: growable buffers)
         self._flow_state: FlowState | None = None  # incremental flow state, made on first use
-        self.flow, self.hift, self.prompt, self.opts = flow, hift, prompt, opts
+        self.flow, self.hift, self.prompt, self.streaming = flow, hift, prompt, streaming
+        # streaming hops through the incremental flow (exact w.r.t. the re-solve, O(new chunk) work)
+        self.incremental = incremental
+        self.chunk_tokens, self.pre_lookahead = chunk_tokens, pre_lookahead  # the flow's, in tokens
         self.stream, self.speed, self.generator = stream, speed, generator
         self.n_prompt = n_prompt = prompt.tokens.shape[1]
-        # pad so the first chunk ends on a chunk edge of prompt + generated tokens
-        self.prompt_pad = -n_prompt % opts.chunk_tokens if opts.align_first_hop else 0
-        self.hop = opts.first_hop_tokens
+        # pad so the first chunk ends on a chunk edge of prompt + generated tokens (official); without
+        # align_first_hop exactly first_hop_tokens (earlier first audio; the first chunk's frames after the
+        # last edge saw only part of their chunk). Later hops always end on an edge.
+        self.prompt_pad = -n_prompt % chunk_tokens if streaming.align_first_hop else 0
+        self.hop = streaming.first_hop_tokens
         self.token_offset = 0
         self.done = False
         self._mel_cache: Tensor | None = None  # [1, 80, 8]
@@ -225,7 +219,7 @@ class Token2WavStream:
             return self.hop + self.prompt_pad
         # later hops end on a chunk edge of prompt + generated tokens, so every emitted frame was
         # computed with its whole chunk: + 0 in the official schedule (25 + pad, then 50, 100, ...)
-        return self.hop + -(self.n_prompt + self.token_offset + self.hop) % self.opts.chunk_tokens
+        return self.hop + -(self.n_prompt + self.token_offset + self.hop) % self.chunk_tokens
 
     def next_plan(self, n_available: int, lm_finished: bool) -> ChunkPlan | None:
         """The next chunk to compute given `n_available` tokens, or None to wait for more."""
@@ -233,12 +227,12 @@ class Token2WavStream:
             return None
         if self.stream:
             hop = self._this_hop()
-            if n_available - self.token_offset >= hop + self.opts.pre_lookahead:
-                return ChunkPlan(self.token_offset + hop + self.opts.pre_lookahead, self.token_offset,
+            if n_available - self.token_offset >= hop + self.pre_lookahead:
+                return ChunkPlan(self.token_offset + hop + self.pre_lookahead, self.token_offset,
                                  streaming=True, finalize=False)
         if lm_finished:
-            streaming = self.stream and self.opts.chunk_causal_final
-            return ChunkPlan(n_available, self.token_offset, streaming=streaming, finalize=True)
+            causal = self.stream and self.streaming.final_call == "chunk_causal"  # else full attention
+            return ChunkPlan(n_available, self.token_offset, streaming=causal, finalize=True)
         return None
 
     def flow_item(self, tokens: Tensor, plan: ChunkPlan) -> FlowItem:
@@ -273,7 +267,7 @@ class Token2WavStream:
 
     def flow_mel(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
         """Flow stage of `plan` alone: new mel frames [1, 80, T] (float32), prefix before offset cut."""
-        if self.opts.incremental:
+        if self.incremental:
             return flow_step(self.flow, self.flow_state, tokens, plan)
         return flow_batch(self.flow, [self.flow_item(tokens, plan)])[0]
 
@@ -300,7 +294,7 @@ class Token2WavStream:
         mel = row.mel
         wav = wav.float()
         if self._speech_tail is not None:
-            fade_in, fade_out = _crossfade_windows(self.opts.crossfade, CROSSFADE_SAMPLES, wav.device)
+            fade_in, fade_out = _crossfade_windows(self.streaming.crossfade, CROSSFADE_SAMPLES, wav.device)
             head = wav[:, :CROSSFADE_SAMPLES] * fade_in + self._speech_tail * fade_out
             wav = torch.cat([head, wav[:, CROSSFADE_SAMPLES:]], dim=1)
         if not plan.finalize:
@@ -317,7 +311,7 @@ class Token2WavStream:
             self.drop_flow_state()  # the incremental state is not needed after the final call
             return
         self.token_offset += self._this_hop()
-        self.hop = min(self.opts.max_hop_tokens, self.hop * self.opts.hop_growth)
+        self.hop = min(self.streaming.max_hop_tokens, self.hop * self.streaming.hop_growth)
 
     def finish(self, mel: Tensor, plan: ChunkPlan) -> Tensor:
         """HiFT for `plan` on its flow output `mel` [1, 80, T], then advance; returns [samples] float32.

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
 from bench.gpu.timing import timed as median_ms
 
 model_dir, out = sys.argv[1], sys.argv[2]
@@ -87,8 +88,8 @@ torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 flow = base
 
 
-def emitted(opts: StreamOptions) -> tuple[torch.Tensor, list[int]]:
-    s = Token2WavStream(flow, None, prompt, opts, stream=True)
+def emitted(streaming: StreamingConfig) -> tuple[torch.Tensor, list[int]]:
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True)
     mels, plans = [], []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -98,8 +99,8 @@ def emitted(opts: StreamOptions) -> tuple[torch.Tensor, list[int]]:
     return torch.cat(mels, dim=2), plans
 
 
-official, official_plans = emitted(StreamOptions())
-small, small_plans = emitted(StreamOptions(first_hop_tokens=10, align_first_hop=False))
+official, official_plans = emitted(StreamingConfig())
+small, small_plans = emitted(StreamingConfig(first_hop_tokens=10, align_first_hop=False))
 first = 2 * (small_plans[0] - 3)
 emit({"first_hop": "10 unaligned vs official", "official_plans": official_plans, "small_plans": small_plans,
       "frames": official.shape[2], "whole": deviation(small, official),

@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_hift_batch import build_hift
 
+from app.config import StreamingConfig
 from app.model.hift_batch import make_row, stack_rows, vocode_rows, vocode_step
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
-from app.model.token2wav import SOURCE_CACHE_SAMPLES, StreamOptions
+from app.model.token2wav import SOURCE_CACHE_SAMPLES
+from bench.gpu.hift_batch import build_hift
 from bench.gpu.timing import timed
 
 
@@ -96,7 +97,7 @@ def serving_check(hift, graphs, streams, frames) -> dict:
 
 def main(model_dir: str, out: str) -> None:
     hift = build_hift(model_dir).remove_weight_norm().cuda().eval()
-    frames = schedule_frames(StreamOptions())
+    frames = schedule_frames(StreamingConfig())
     rows = row_buckets(16)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     graphs = HiftGraphs()

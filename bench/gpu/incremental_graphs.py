@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.flow.batch import solve_batch
 from app.model.flow.cache import next_capacity
@@ -35,7 +36,7 @@ from app.model.random import SIZES
 from app.model.random.init import randomize
 from app.model.random.tokenizer_files import write_qwen_config
 from app.model.random.yaml_template import render_cosyvoice2_yaml
-from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
 from bench.gpu.timing import timed
 
 
@@ -68,7 +69,7 @@ def schedule_ends(n_prompt: int, n_tokens: int) -> list[int]:
     """Encoded frames at the end of each streaming hop of the official schedule (`Token2WavStream`)."""
     prompt = FlowPrompt(torch.zeros(1, n_prompt, dtype=torch.long), torch.zeros(1, 2 * n_prompt, 80),
                         torch.zeros(1, 192))
-    s, ends = Token2WavStream(None, None, prompt, StreamOptions(), stream=True), []
+    s, ends = Token2WavStream(None, None, prompt, StreamingConfig(), stream=True), []
     while not s.done:
         plan = s.next_plan(n_tokens, lm_finished=True)
         if plan.streaming:
@@ -173,7 +174,8 @@ def main() -> None:
 
     def plans(i: int, which: str):
         p, tok = voices[i]
-        s = Token2WavStream(flow, None, p, StreamOptions(incremental=True), stream=True, voice_prefix=prefixes[i])
+        s = Token2WavStream(flow, None, p, StreamingConfig(), stream=True, incremental=True,
+                            voice_prefix=prefixes[i])
         return at_hop(s, tok, which)
 
     for which in ("first", "mid"):

@@ -28,12 +28,13 @@ from pathlib import Path
 
 import torch
 
+from app.config import StreamingConfig
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import _solve_new, build_voice_prefix, prepare_hop
 from app.model.flow.paged import KVPool, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
-from app.model.token2wav import FlowItem, FlowPrompt, StreamOptions, Token2WavStream, flow_batch
+from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
 from bench.gpu.incremental_graphs import at_hop, build_flow
 from bench.gpu.timing import timed
 
@@ -82,7 +83,7 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
 
     def stream(i: int, which: str, paged: bool = True) -> tuple:
         p, tok = voices[i]
-        s = Token2WavStream(flow, None, p, StreamOptions(incremental=True), stream=True,
+        s = Token2WavStream(flow, None, p, StreamingConfig(), stream=True, incremental=True,
                             voice_prefix=prefixes[i] if paged else None, flow_pool=pool if paged else None)
         return at_hop(s, tok, which)
 
