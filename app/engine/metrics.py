@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,14 @@ log = logging.getLogger(__name__)
 
 OUTCOMES = ("ok", "cancelled", "error", "rejected")
 LATENCY_KEYS = ("ttfa_ms", "rtf", "queue_wait_s", "lm_s", "flow_s", "vocoder_s", "wall_s", "tokens_per_s")
+# RequestRecord.timings()' keys that are None when unknown
+TIMING_KEYS = ("ttfa_ms", "rtf", "lm_s", "flow_s", "vocoder_s", "audio_s", "wall_s", "tokens_per_s")
 
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One finished request as the panels and the page show it; timings are None when it ended without stats
-    (a cancelled or failed request has those measured until its end; TTFA only if it made audio)."""
+    """One finished request as the panels and the page show it: who asked what, and the synthesizer's own
+    `RequestStats` (the final chunk's, or those until an early end; None for one that had none)."""
 
     seq: int  # 1-based order among the requests this process finished
     t: float  # wall clock (time.time()) at the end
@@ -46,18 +48,25 @@ class RequestRecord:
     notes: tuple[str, ...] = ()  # what the door changed or warns about (trimmed, cross-lingual fallback, ...)
     reference_s: float = 0.0  # getting the voice's features (0 for a cached or saved voice)
     n_samples: int = 0  # audio samples produced (24 kHz)
-    n_chunks: int = 0
-    n_segments: int = 0
-    ttfa_ms: float | None = None
-    rtf: float | None = None
-    lm_s: float | None = None
-    flow_s: float | None = None
-    vocoder_s: float | None = None
-    audio_s: float | None = None
-    wall_s: float | None = None
-    n_tokens: int = 0
-    tokens_per_s: float | None = None
+    stats: RequestStats | None = None
     stopped: bool = False  # cancelled by the page's Stop (a closed tab or a client's cancel is not)
+
+    def timings(self) -> dict[str, Any]:
+        """The stats as the page, the panels and /metrics read them, None where unknown: no stats; TTFA of a
+        request that ended before its first audio; RTF without audio (it would be infinite)."""
+        s = self.stats
+        if s is None:
+            return {**dict.fromkeys(TIMING_KEYS), "n_tokens": 0, "n_chunks": 0, "n_segments": 0}
+        early = self.outcome != "ok" and not s.audio_s
+        return {"ttfa_ms": None if early else s.ttfa_ms, "rtf": s.rtf if np.isfinite(s.rtf) else None,
+                "lm_s": s.lm_s, "flow_s": s.flow_s, "vocoder_s": s.hift_s, "audio_s": s.audio_s,
+                "wall_s": s.wall_s, "tokens_per_s": s.tokens_per_s, "n_tokens": s.n_tokens, "n_chunks": s.n_chunks,
+                "n_segments": s.n_segments}
+
+    def row(self) -> dict[str, Any]:
+        """A plain dict: the record's own fields and its `timings()` (the panels' table and charts, /health)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
+        return {**own, **self.timings()}
 
 
 class Metrics:
@@ -101,19 +110,12 @@ class Metrics:
         `request` and the rest describe it for the page (`record`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        fields: dict[str, Any] = dict(n_samples=n_samples, voice=voice, notes=tuple(notes), reference_s=reference_s,
-                                      stopped=stopped)
-        if request is not None:
-            fields.update(request_id=request.request_id, seed=request.seed, mode=request.mode, stream=request.stream,
-                          speed=request.speed)
-        if stats is not None:
-            fields.update(ttfa_ms=stats.ttfa_ms, rtf=stats.rtf if np.isfinite(stats.rtf) else None, lm_s=stats.lm_s,
-                          flow_s=stats.flow_s, vocoder_s=stats.hift_s, audio_s=stats.audio_s, wall_s=stats.wall_s,
-                          n_tokens=stats.n_tokens, tokens_per_s=stats.tokens_per_s, n_chunks=stats.n_chunks,
-                          n_segments=stats.n_segments)
-            if outcome != "ok" and not stats.audio_s:  # ended before its first audio: no TTFA to tell
-                fields["ttfa_ms"] = None
-        self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, **fields))
+        about: dict[str, Any] = {} if request is None else dict(
+            request_id=request.request_id, seed=request.seed, mode=request.mode, stream=request.stream,
+            speed=request.speed)
+        self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, n_samples=n_samples,
+                               voice=voice, notes=tuple(notes), reference_s=reference_s, stats=stats, stopped=stopped,
+                               **about))
 
     def add(self, rec: RequestRecord) -> None:
         """Count a finished request's record (numbered here: `seq`) and hand it to the listeners; also how the
@@ -125,9 +127,10 @@ class Metrics:
                 self._active = max(0, self._active - 1)
             self.outcomes[rec.outcome] += 1
             self._requests.append(rec)
-            self.tokens_total += rec.n_tokens
-            if rec.outcome == "ok":
-                self.audio_s_total += rec.audio_s or 0.0
+            if rec.stats is not None:
+                self.tokens_total += rec.stats.n_tokens
+                if rec.outcome == "ok":
+                    self.audio_s_total += rec.stats.audio_s
             listeners = list(self._listeners)
         for fn in listeners:
             try:
@@ -143,7 +146,7 @@ class Metrics:
         """The last `n` (default: all kept) finished requests, oldest first, as plain dicts."""
         with self._lock:
             recs = list(self._requests)
-        return [asdict(r) for r in (recs[-n:] if n else recs)]
+        return [r.row() for r in (recs[-n:] if n else recs)]
 
     def record(self, request_id: str) -> RequestRecord | None:
         """The finished request `request_id` while the ring buffer still holds it (None otherwise)."""

@@ -61,11 +61,12 @@ class PrometheusExporter:
         """Feed the histograms with one finished request (a `Metrics` listener)."""
         if rec.outcome != "rejected":  # a rejected request never waited for a slot
             self.stage.labels(stage="queue").observe(rec.queue_wait_s)
-        if rec.ttfa_ms is not None:
-            self.ttfa.observe(rec.ttfa_ms / 1e3)
-        if rec.rtf is not None:  # None: no audio (RTF would be infinite)
-            self.rtf.observe(rec.rtf)
-        for stage, seconds in (("lm", rec.lm_s), ("flow", rec.flow_s), ("vocoder", rec.vocoder_s)):
+        t = rec.timings()
+        if t["ttfa_ms"] is not None:
+            self.ttfa.observe(t["ttfa_ms"] / 1e3)
+        if t["rtf"] is not None:  # None: no audio (RTF would be infinite)
+            self.rtf.observe(t["rtf"])
+        for stage, seconds in (("lm", t["lm_s"]), ("flow", t["flow_s"]), ("vocoder", t["vocoder_s"])):
             if seconds is not None:
                 self.stage.labels(stage=stage).observe(seconds)
 

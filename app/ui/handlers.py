@@ -116,10 +116,12 @@ def _error(e: BaseException, path: str) -> gr.Error:  # the message of `e`, the 
 def stats_line(rec: RequestRecord) -> str:
     """The per-request line under the player: latency, speed and where the time went (both players).
     Plain text (API clients and the page show it as it is)."""
-    rtf = rec.rtf if rec.rtf is not None else float("inf")
-    return (f"TTFA {rec.ttfa_ms or 0:.0f} ms · RTF {rtf:.2f} · {rec.tokens_per_s or 0:.1f} tokens/s · "
-            f"audio {rec.audio_s or 0:.2f} s · LM {rec.lm_s or 0:.2f} s · flow {rec.flow_s or 0:.2f} s · "
-            f"vocoder {rec.vocoder_s or 0:.2f} s · queue {rec.queue_wait_s:.2f} s · "
+    t = rec.timings()
+    rtf = t["rtf"] if t["rtf"] is not None else float("inf")  # None: no audio
+    t = {k: v or 0 for k, v in t.items()}
+    return (f"TTFA {t['ttfa_ms']:.0f} ms · RTF {rtf:.2f} · {t['tokens_per_s']:.1f} tokens/s · "
+            f"audio {t['audio_s']:.2f} s · LM {t['lm_s']:.2f} s · flow {t['flow_s']:.2f} s · "
+            f"vocoder {t['vocoder_s']:.2f} s · queue {rec.queue_wait_s:.2f} s · "
             f"reference {rec.reference_s:.2f} s · mode {rec.mode} · seed {rec.seed}")
 
 
@@ -133,12 +135,13 @@ def request_details(rec: RequestRecord) -> dict[str, Any]:
     def r(x: float | None, digits: int) -> float | None:
         return None if x is None else round(x, digits)
 
+    t = rec.timings()
     return {"seed": rec.seed, "mode": rec.mode, "stream": rec.stream, "speed": rec.speed, "voice": rec.voice or None,
             "request_id": rec.request_id, "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": rec.n_samples,
-            "audio_s": r(rec.audio_s, 3), "ttfa_ms": r(rec.ttfa_ms, 1), "rtf": r(rec.rtf, 3), "tokens": rec.n_tokens,
-            "tokens_per_s": r(rec.tokens_per_s, 1), "lm_s": r(rec.lm_s, 3), "flow_s": r(rec.flow_s, 3),
-            "vocoder_s": r(rec.vocoder_s, 3), "queue_wait_s": round(rec.queue_wait_s, 3),
-            "reference_s": round(rec.reference_s, 3), "chunks": rec.n_chunks, "segments": rec.n_segments,
+            "audio_s": r(t["audio_s"], 3), "ttfa_ms": r(t["ttfa_ms"], 1), "rtf": r(t["rtf"], 3),
+            "tokens": t["n_tokens"], "tokens_per_s": r(t["tokens_per_s"], 1), "lm_s": r(t["lm_s"], 3),
+            "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3), "queue_wait_s": round(rec.queue_wait_s, 3),
+            "reference_s": round(rec.reference_s, 3), "chunks": t["n_chunks"], "segments": t["n_segments"],
             "notes": list(rec.notes)}
 
 
