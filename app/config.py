@@ -211,9 +211,11 @@ class LimitsConfig:
     max_instruct_chars: int = 500  # an instruct-mode instruction
     max_upload_mb: int = 20  # a reference upload (30 s of 48 kHz stereo WAV is ~6 MB)
     max_fixed_tokens: int = 1500  # benchmark mode: 60 s at 25 tokens/s (prompt + this must fit max_model_len)
+    max_dialogue_speakers: int = 8  # distinct saved voices one dialogue script may name (each is loaded)
 
     def __post_init__(self) -> None:
-        for k in ("max_text_chars", "max_transcript_chars", "max_instruct_chars", "max_upload_mb", "max_fixed_tokens"):
+        for k in ("max_text_chars", "max_transcript_chars", "max_instruct_chars", "max_upload_mb", "max_fixed_tokens",
+                  "max_dialogue_speakers"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"limits.{k} must be >= 1")
 

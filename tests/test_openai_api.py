@@ -160,6 +160,40 @@ def test_openai_sdk_wav_non_streamed_and_speed(oai, voice):
     assert pcm_samples(slow).size > normal.size * 1.5  # speed 0.5 is ~twice as long (same seed and tokens)
 
 
+def test_a_two_voice_dialogue_through_the_openai_sdk(server, oai, voice):
+    """`dialogue: true` (extra_body): '[a] … [b] …' with saved voices, one streamed take. Its first turn is
+    that turn spoken alone, sample for sample (same seed; segment 0 draws the same LM and HiFT noise); the
+    second turn is in the second voice (a script whose second turn is in the first voice ends otherwise)."""
+    zh = REPO / "assets" / "prompt_zh.wav"
+    r = httpx.post(server[0] + "/v1/voices", files={"audio": ("zh.wav", zh.read_bytes(), "audio/wav")},
+                   data={"name": "dlg-zh", "transcript": "希望你以后能够做的比我还好呦。", "overwrite": "true"},
+                   timeout=60)
+    assert r.status_code == 201, r.text
+    first, second = "Good morning, how did you sleep?", "Very well, thank you."
+
+    def pcm(text: str, **extra) -> np.ndarray:
+        out = oai.audio.speech.create(model="cosyvoice2", voice=voice, input=text, response_format="pcm",
+                                      extra_body={"seed": 9, **extra})
+        return pcm_samples(out.read())
+
+    alone = pcm(f"{first}")
+    two = pcm(f"[{voice}] {first} [dlg-zh] {second}", dialogue=True)
+    same = pcm(f"[{voice}] {first} [{voice}] {second}", dialogue=True)
+    assert two.size > alone.size > 0
+    np.testing.assert_array_equal(two[: alone.size], alone)
+    np.testing.assert_array_equal(same[: alone.size], alone)
+    assert not np.array_equal(two[alone.size:], same[alone.size: two.size])
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "voice": voice, "dialogue": True,
+                                                         "input": f"[{voice}] Hi. [nobody] Hello."}, timeout=60)
+    err = error_of(r)
+    assert r.status_code == 400 and (err["param"], err["code"]) == ("input", "voice_not_found"), err
+    assert "'nobody'" in err["message"], err
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "voice": voice, "dialogue": True,
+                                                         "input": f"[{voice}] Hi. [dlg-zh]"}, timeout=60)
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_dialogue", r.text
+    assert httpx.delete(f"{server[0]}/v1/voices/dlg-zh").status_code == 200
+
+
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, oai, voice):
     import openai
 

@@ -20,7 +20,7 @@ from app.config import Config
 from app.engine.flow_budget import FlowBudget
 from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
-from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
+from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
 from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
@@ -28,6 +28,7 @@ from app.model.flow.incremental import FlowState, bytes_after
 from app.model.flow.paged import PoolFull, blocks_needed
 from app.model.flow.paged_graphs import make_pool
 from app.model.flow.prompt_cache import PromptCache
+from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
@@ -85,8 +86,10 @@ class Synthesizer:
         self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
                                  max_graphs=e.hift_max_graphs)
 
-    def lm_request(self, req: SynthesisRequest, segment: str, index: int) -> LMRequest:
-        fe, llm, voice = self.model.frontend, self.model.llm, req.voice
+    def lm_request(self, req: SynthesisRequest, segment: str, index: int,
+                   voice: VoiceFeatures | None = None) -> LMRequest:
+        """The LM request of segment `index` (its text `segment`), in `voice` (default: the request's)."""
+        fe, llm, voice = self.model.frontend, self.model.llm, voice or req.voice
         text_ids = fe.text_ids(segment)
         empty = torch.zeros(0, dtype=torch.int32)
         if req.mode == "zero_shot":
@@ -119,8 +122,8 @@ class Synthesizer:
             seg.resolve = True
             t2w.drop_flow_state()
         # incremental: the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
-        item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key), tokens[:, : plan.n_tokens], plan.finalize,
-                               plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
+        item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)), tokens[:, : plan.n_tokens],
+                               plan.finalize, plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
         try:
             return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
         except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
@@ -153,16 +156,14 @@ class Synthesizer:
                      on_end: Callable[[RequestStats], None] | None = None) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats. `on_end` gets the
         stats so far when the stream ends, however it ends (a stopped request's are on no chunk)."""
-        segments = self.model.frontend.split_text(req.text)
-        if not segments:
-            raise EmptyTextError("the text has nothing speakable after normalisation; type some words")
-        u = Utterance(req, segments, n_workers=self.cfg.engine.token2wav_workers)
+        u = Utterance(req, self.segments(req), n_workers=self.cfg.engine.token2wav_workers)
         device = self.model.device
-        prompt = req.voice.flow_prompt(device)
+        prompts = {id(t.voice): t.voice.flow_prompt(device) for t in req.parts}  # the flow's view of each voice
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request
         try:
-            for seg_i, text in enumerate(segments):
-                async with contextlib.aclosing(self._segment(u, seg_i, text, prompt, hift_gen)) as chunks:
+            for seg_i, seg in enumerate(u.segments):
+                async with contextlib.aclosing(self._segment(u, seg_i, seg, prompts[id(seg.voice)],
+                                                             hift_gen)) as chunks:
                     async for chunk in chunks:  # closed at once when the caller stops early (aborts the LM)
                         yield chunk
         finally:  # a next segment's LM started early (see `_segment`) and never reached
@@ -170,7 +171,21 @@ class Synthesizer:
                 on_end(u.stats())
             await u.drop_next_lm()
 
-    async def _segment(self, u: Utterance, seg_i: int, text: str, prompt, hift_gen) -> AsyncIterator[AudioChunk]:
+    def segments(self, req: SynthesisRequest) -> list[Turn]:
+        """The request's sentences in order, each with its voice (the official text split, turn by turn);
+        `EmptyTextError` before any audio when a turn (or the text) has nothing speakable."""
+        out = []
+        for i, turn in enumerate(req.parts, 1):
+            sentences = self.model.frontend.split_text(turn.text)
+            if not sentences:
+                raise EmptyTextError(f"turn {i} ([{turn.speaker}]) has nothing speakable after normalisation; type "
+                                     "some words" if req.turns else
+                                     "the text has nothing speakable after normalisation; type some words")
+            out += [Turn(text, turn.voice, turn.speaker) for text in sentences]
+        return out
+
+    async def _segment(self, u: Utterance, seg_i: int, segment: Turn, prompt,
+                       hift_gen) -> AsyncIterator[AudioChunk]:
         # once this segment's LM has finished, the next segment's LM request starts (`Utterance.start_next_lm`):
         # its prefill and first hop run while our last chunks are vocoded, so the join does not stall
         # (the same requests and seeds as one after the other)
@@ -179,7 +194,9 @@ class Synthesizer:
                                              chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead,
                                              speed=u.request.speed, generator=hift_gen, flow_pool=self.flow_pool)
         lm, first = u.take_next_lm()
-        u.segment = seg = Segment(seg_i, text, t2w, lm or self.lm.stream(self.lm_request(req, text, seg_i)), [])
+        u.segment = seg = Segment(seg_i, segment.text, t2w,
+                                  lm or self.lm.stream(self.lm_request(req, segment.text, seg_i, segment.voice)), [],
+                                  segment.voice)
         try:
             while not t2w.done:
                 plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)
@@ -191,7 +208,7 @@ class Synthesizer:
                         new, seg.lm_finished = [], True
                         if seg_i + 1 < len(u.segments):
                             nxt = u.segments[seg_i + 1]
-                            u.start_next_lm(self.lm.stream(self.lm_request(req, nxt, seg_i + 1)))
+                            u.start_next_lm(self.lm.stream(self.lm_request(req, nxt.text, seg_i + 1, nxt.voice)))
                     first = None
                     u.add_tokens(new, time.perf_counter() - t)
                     continue

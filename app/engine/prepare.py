@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.audio import AudioError
-from app.engine import inputs
+from app.engine import dialogue, inputs
 from app.engine.asr import AsrUnavailable
 from app.engine.inputs import InputError
 from app.engine.owners import ANYONE, Owner
-from app.engine.requests import SynthesisRequest
+from app.engine.requests import SynthesisRequest, Turn
 from app.engine.voices import VoiceError
 from app.model.frontend import PromptAudioError, VoiceFeatures
 
@@ -45,6 +45,7 @@ class SpeechInputs:
     stream: bool | None = True  # None: stream unless speed != 1.0 (speed needs the whole utterance)
     fixed_tokens: object = 0
     owner: Owner = ANYONE  # whose saved voices `voice` names (app/engine/owners.py)
+    dialogue: bool = False  # `text` is a script of turns, `[name] …`, each a saved voice (app/engine/dialogue.py)
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,15 @@ def _named(e: Exception, reference: str | Path | bytes | None) -> str:
     return msg
 
 
-async def load_voice(service, name: str, owner: Owner = ANYONE) -> VoiceFeatures:
-    """`owner`'s saved voice `name`, or `InputError(param="voice", code="voice_not_found")`."""
+async def load_voice(service, name: str, owner: Owner = ANYONE, *, param: str = "voice") -> VoiceFeatures:
+    """`owner`'s saved voice `name`, or `InputError(param, code="voice_not_found")` (param "text": a dialogue's
+    speaker tag names it)."""
     try:
         return await asyncio.to_thread(service.voices.of(owner).load, name)
     except VoiceError as e:
-        raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) or upload a reference clip",
-                         "voice", code="voice_not_found") from e
+        advice = ("a dialogue's speakers are saved voices" if param == "text" else "or upload a reference clip")
+        raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) {advice}", param,
+                         code="voice_not_found") from e
 
 
 async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str]:
@@ -131,20 +134,40 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
     seed = inputs.check_seed(x.seed)
     fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
-    if x.voice:
-        voice = await load_voice(service, x.voice, x.owner)
-    elif x.reference:
-        reference = x.reference() if callable(x.reference) else x.reference
-        # the other modes never read the transcript: nothing to transcribe
-        voice = await reference_voice(service, reference, x.transcript, transcribe=mode == "zero_shot")
+    script = dialogue.parse_script(text) if x.dialogue else None
+    names = dialogue.speakers(script, lim.max_dialogue_speakers) if script else []
+    if script is not None and script[0].speaker:  # no text of the request's own voice: it is not needed
+        voice, own = None, ""
     else:
-        inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
-        raise InputError(NO_REFERENCE, "reference", code="missing_reference")
+        voice, own = await _own_voice(service, x, mode), x.voice or ""
+    turns: tuple[Turn, ...] = ()
+    if script is not None:
+        voices = {"": voice} | {n: await load_voice(service, n, x.owner, param="text") for n in names}
+        turns = tuple(Turn(t.text, voices[t.speaker], t.speaker) for t in script)
+        voice, own = turns[0].voice, ", ".join(([own or "reference"] if voice is not None else []) + names)
     reference_s = time.perf_counter() - t0
-    notes = list(voice.notes)
-    if mode == "zero_shot" and not voice.prompt_text.strip():
+    used = list({id(t.voice): t.voice for t in turns}.values()) or [voice]  # each voice once
+    notes = [n for v in used for n in v.notes]
+    if mode == "zero_shot" and not all(v.prompt_text.strip() for v in used):
         mode = "cross_lingual"
         notes.append(NO_TRANSCRIPT_NOTE)
     req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
-                           stream=stream, fixed_tokens=fixed_tokens)
-    return Prepared(request=req, notes=tuple(notes), voice_name=x.voice or "", reference_s=reference_s)
+                           stream=stream, fixed_tokens=fixed_tokens, turns=turns)
+    return Prepared(request=req, notes=tuple(notes), voice_name=own, reference_s=reference_s)
+
+
+async def _own_voice(service, x: SpeechInputs, mode: str) -> VoiceFeatures:
+    """The request's own voice: the saved voice `x.voice`, else the reference clip's features."""
+    if x.voice:
+        return await load_voice(service, x.voice, x.owner)
+    if x.reference:
+        reference = x.reference() if callable(x.reference) else x.reference
+        # the other modes never read the transcript: nothing to transcribe
+        return await reference_voice(service, reference, x.transcript, transcribe=mode == "zero_shot")
+    lim = service.cfg.limits
+    inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
+    if x.dialogue:
+        raise InputError("Text before the first speaker tag needs a voice: pick a saved voice or a reference clip "
+                         f"for it, or start the script with a tag ({dialogue.SYNTAX}).", "text",
+                         code="invalid_dialogue")
+    raise InputError(NO_REFERENCE, "reference", code="missing_reference")

@@ -15,6 +15,15 @@ MODES: tuple[Mode, ...] = ("zero_shot", "cross_lingual", "instruct")
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One speaker's part of a dialogue (app/engine/dialogue.py): `text` spoken in `voice`."""
+
+    text: str
+    voice: VoiceFeatures
+    speaker: str = ""  # the script's tag: a saved voice's name ("" = the request's own voice)
+
+
+@dataclass(frozen=True)
 class SynthesisRequest:
     """One synthesis: speak `text` in `voice`.
 
@@ -33,6 +42,14 @@ class SynthesisRequest:
     stream: bool = True
     fixed_tokens: int = 0  # benchmarks on random weights: exactly this many speech tokens per segment (0 = off)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # a dialogue: its turns in order, each in its own voice (then `text` is the whole script and `voice` the
+    # first turn's); () = all of `text` in `voice`
+    turns: tuple[Turn, ...] = ()
+
+    @property
+    def parts(self) -> tuple[Turn, ...]:
+        """What to speak in which voice, in order: the turns, or the one text in the one voice."""
+        return self.turns or (Turn(self.text, self.voice),)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

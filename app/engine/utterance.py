@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import time
 import zlib
@@ -21,7 +20,8 @@ import numpy as np
 import torch
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
-from app.engine.requests import RequestStats, SynthesisRequest
+from app.engine.requests import RequestStats, SynthesisRequest, Turn
+from app.model.frontend import VoiceFeatures
 from app.model.hift_batch import length_buckets, vocode_rows
 from app.model.token2wav import ChunkPlan, Token2WavStream
 
@@ -35,6 +35,7 @@ class Segment:
     t2w: Token2WavStream
     lm: AsyncIterator[list[int]]
     tokens: list[int]
+    voice: VoiceFeatures | None = None  # whose voice it is spoken in (a dialogue's turns differ)
     lm_finished: bool = False
     resolve: bool = False  # incremental flow refused (no room): its hops re-solve
 
@@ -42,12 +43,13 @@ class Segment:
 class Utterance:
     """One request from its start to its final chunk (see the module docstring)."""
 
-    def __init__(self, request: SynthesisRequest, segments: list[str], *, n_workers: int = 1) -> None:
+    def __init__(self, request: SynthesisRequest, segments: list[Turn], *, n_workers: int = 1) -> None:
         self.request = request
-        self.segments = segments
+        self.segments = segments  # sentences in order, each with its voice (a dialogue's turns may differ)
         # a request sticks to one token->wave worker (its CUDA stream): from its id, no shared counter
         self.worker = zlib.crc32(request.request_id.encode()) % max(1, n_workers)
         self.segment: Segment | None = None
+        self._voice_keys: dict[int, str] = {}  # id(voice) -> voice_key (the request holds the voices)
         self._next_lm: tuple[AsyncIterator[list[int]], asyncio.Future] | None = None  # see start_next_lm
         # timings (seconds, time.perf_counter clock)
         self.t0 = time.perf_counter()
@@ -61,12 +63,13 @@ class Utterance:
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
         self.chunk_frames: list[int] = []  # per chunk: mel frames the flow emitted
 
-    @functools.cached_property
-    def voice_key(self) -> str:
-        """The voice as the flow's prompt cache knows it (an exact match is checked on every hit); hashed
-        on first use, i.e. only with the incremental flow."""
-        v = self.request.voice
-        return hashlib.sha1(v.speech_tokens.numpy().tobytes() + v.embedding.numpy().tobytes()).hexdigest()
+    def voice_key(self, voice: VoiceFeatures) -> str:
+        """`voice` as the flow's prompt cache knows it (an exact match is checked on every hit); hashed on
+        first use, i.e. only with the incremental flow."""
+        if id(voice) not in self._voice_keys:
+            data = voice.speech_tokens.numpy().tobytes() + voice.embedding.numpy().tobytes()
+            self._voice_keys[id(voice)] = hashlib.sha1(data).hexdigest()
+        return self._voice_keys[id(voice)]
 
     @property
     def is_last_segment(self) -> bool:

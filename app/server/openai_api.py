@@ -54,7 +54,7 @@ class VoiceRef(BaseModel):
 
 
 class SpeechRequest(BaseModel):
-    """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens)."""
+    """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens, dialogue)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -73,6 +73,8 @@ class SpeechRequest(BaseModel):
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
         None, description="default: instruct when instructions are given, else zero_shot")
     fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
+    dialogue: bool = Field(False, description="`input` is a dialogue script: '[alice] text [bob] text …', each "
+                           "name a saved voice; text before the first tag is spoken by `voice` (docs/api.md)")
 
     @field_validator("input", "instructions", check_fields=False)
     @classmethod
@@ -168,7 +170,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
-            owner=owner_of(request)), V1_PARAMS)
+            owner=owner_of(request), dialogue=body.dialogue), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
         response = await speech_response(service, prepared.request, "wav" if fmt == "wav" else "pcm",

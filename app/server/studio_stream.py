@@ -47,6 +47,7 @@ class StudioSpeech(BaseModel):
     instruct_text: str | None = Field(None, max_length=10_000)
     voice: str | None = Field(None, max_length=200)
     seed: float | None = None
+    dialogue: bool = False  # `text` is a script: "[alice] … [bob] …" (app/engine/dialogue.py)
 
 
 def reference_path(raw: str) -> Path:
@@ -107,7 +108,7 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         state = request.scope.get("state", {})
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
-            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True,
+            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True, dialogue=body.dialogue,
             owner=state.get(OWNER_STATE_KEY, ANYONE)), STUDIO_PARAMS)
         response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
                                          headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},

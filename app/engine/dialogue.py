@@ -1,0 +1,67 @@
+"""Dialogue scripts: one take spoken by several saved voices, turn by turn.
+
+Syntax (docs/api.md "Dialogue"): `[name]` starts a turn spoken by the saved voice `name`; the turn runs to
+the next speaker tag or the end. Text before the first tag is spoken by the request's own voice (the
+selected voice or reference clip), if it has one. CosyVoice2's own bracket tags (`[laughter]`, `[breath]`,
+... app/model/tokenizer.py) are not speakers: they stay in the turn's text. For example
+
+    [alice] Did you hear the news? [laughter] [bob] I did. Tell me everything.
+
+Each turn is split into sentences as a plain text is, and the sentences of all turns are spoken one after
+another with the official segment joins (each segment its own LM request and token->wave stream, the
+audio concatenated), in one stream. Every check is made before any audio: an unknown speaker, an empty
+turn, too many speakers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.engine.inputs import InputError, speakable
+from app.engine.voices import NAME_RE
+from app.model.tokenizer import SPECIAL_TOKENS
+
+# a speaker tag: a voice name in brackets (NAME_RE's characters); the model's own tags are told apart below
+TAG_RE = re.compile(r"\[(\w[\w-]{0,63})\]")
+MODEL_TAGS = frozenset(t[1:-1] for t in SPECIAL_TOKENS if t.startswith("[") and t.endswith("]"))
+SYNTAX = "[name] text [other] text …, each name a saved voice"
+
+
+@dataclass(frozen=True)
+class ScriptTurn:
+    """One turn of a script: `speaker` is a saved voice's name, "" for text before the first tag."""
+
+    speaker: str
+    text: str
+
+
+def parse_script(script: str, *, param: str = "text") -> list[ScriptTurn]:
+    """The turns of a (cleaned) script, in order; `InputError` (code "invalid_dialogue") when it has no
+    speaker tag, or a turn has nothing to say."""
+    turns: list[ScriptTurn] = []
+    speaker, start = "", 0
+    for m in TAG_RE.finditer(script):
+        if m.group(1).lower() in MODEL_TAGS or not NAME_RE.fullmatch(m.group(1)):
+            continue
+        turns.append(ScriptTurn(speaker, script[start:m.start()].strip()))
+        speaker, start = m.group(1), m.end()
+    turns.append(ScriptTurn(speaker, script[start:].strip()))
+    lead, turns = turns[0], turns[1:]
+    if not turns:
+        raise InputError(f"A dialogue needs speaker tags: write {SYNTAX}.", param, code="invalid_dialogue")
+    for i, turn in enumerate(turns, 1):
+        if not speakable(turn.text):
+            raise InputError(f"Turn {i} ([{turn.speaker}]) has nothing to say: write its words after the tag, or "
+                             "remove the tag.", param, code="invalid_dialogue")
+    return ([lead] if speakable(lead.text) else []) + turns
+
+
+def speakers(turns: list[ScriptTurn], limit: int, *, param: str = "text") -> list[str]:
+    """The distinct speakers of `turns` (first appearance order, without the lead's ""); `InputError` when
+    more than `limit` ([limits] max_dialogue_speakers)."""
+    names = list(dict.fromkeys(t.speaker for t in turns if t.speaker))
+    if len(names) > limit:
+        raise InputError(f"The dialogue has {len(names)} speakers; the limit is {limit} ([limits] "
+                         "max_dialogue_speakers).", param, code="invalid_dialogue")
+    return names
