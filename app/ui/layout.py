@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
+from app.config import Config
 from app.engine.service import ASSETS_DIR, StudioService
 from app.engine.voice_file import SUFFIX
 from app.ui import panels, ui_text
@@ -118,131 +120,178 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     cfg = service.cfg
     i18n = make_i18n(panels.catalog()["labels"])
     h = Handlers(service)
+    ui = SimpleNamespace()  # the page's components by name, filled section by section, then wired
+    # the sections run in page order, then the events: Gradio numbers components and events as they are made
     with StudioBlocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP, english=i18n.translations.get("en")) as demo:
-        with gr.Row(equal_height=True):
-            gr.Markdown(f"# {cfg.ui.title}")
-            lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
-                            scale=0, min_width=200)
-            if signs_in():  # a Space with hf_oauth: voices belong to the signed-in user (app/engine/owners.py)
-                gr.LoginButton(scale=0, min_width=160, elem_id="login")
-        gr.Markdown(i18n("intro"))
-        banner = gr.Markdown(visible=False, elem_id="banner")
-        status = gr.Markdown("**Status:** starting…", elem_id="status")
+        header(ui, cfg, i18n)
         with gr.Row():
-            with gr.Column():
-                text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
-                                  max_length=cfg.limits.max_text_chars, elem_id="text")
-                gr.Markdown(i18n("tags_help"), elem_id="tags_help")
-                with gr.Group():
-                    prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
-                                            label=i18n("prompt_audio"), elem_id="prompt_audio")
-                    prompt_text = gr.Textbox(label=i18n("prompt_text"), info=i18n("prompt_text_info"),
-                                             elem_id="prompt_text")
-                    transcribe = gr.Button(i18n("transcribe"), size="sm", elem_id="transcribe")
-                gr.Markdown(i18n("consent"), elem_id="consent")
-                mode = gr.Radio([(i18n("mode_zero_shot"), "zero_shot"), (i18n("mode_cross_lingual"), "cross_lingual"),
-                                 (i18n("mode_instruct"), "instruct")], value="zero_shot", label=i18n("mode"),
-                                elem_id="mode")
-                instruct_text = gr.Textbox(label=i18n("instruct_text"), placeholder=i18n("instruct_placeholder"),
-                                           visible=False, elem_id="instruct_text")
-                preset = preset_dropdown(i18n("preset"), i18n("preset_info"))
-                with gr.Accordion(i18n("saved_voices"), open=False):
-                    voice = gr.Dropdown([NO_VOICE], value="", allow_custom_value=True, label=i18n("voice"),
-                                        elem_id="voice")
-                    voice.api_info = voice_api_info
-                    with gr.Row():
-                        voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
-                        replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
-                        save = gr.Button(i18n("save_voice"), elem_id="save_voice")
-                        delete = gr.Button(i18n("delete_voice"), elem_id="delete_voice")
-                    with gr.Row(equal_height=True):  # a voice as a .cvvoice file: a backup, or for another server
-                        export = gr.Button(i18n("export_voice"), elem_id="export_voice")
-                        exported = gr.File(label=i18n("exported_voice"), interactive=False, elem_id="exported_voice")
-                    with gr.Row(equal_height=True):
-                        import_file = gr.File(label=i18n("import_file"), file_types=[SUFFIX], type="filepath",
-                                              elem_id="import_file")
-                        import_ = gr.Button(i18n("import_voice"), elem_id="import_voice")
-                    voice_msg = gr.Markdown(elem_id="voice_msg")
-                with gr.Row():
-                    seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
-                    dice = gr.Button(i18n("random_seed"), elem_id="dice")
-                with gr.Row():
-                    stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
-                    speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
-                                      elem_id="speed")
-                player = gr.Radio([(i18n("player_webaudio"), "webaudio"), (i18n("player_gradio"), "gradio")],
-                                  value="webaudio", label=i18n("player"), info=i18n("player_info"), elem_id="player")
-                with gr.Row():
-                    go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
-                    stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
-                # busy state and errors of both players, next to the buttons (player.js fills it)
-                gr.HTML(STATUS_HTML, elem_id="studio_status_box")
-            with gr.Column():
-                stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
-                # the low-latency player's line and result area (player.js fills it)
-                gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
-                final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
-                                     buttons=["download"], elem_id="final_out")
-                build_download(final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
-                stats = gr.Markdown(elem_id="stats")
-                with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
-                    details = gr.JSON(elem_id="details")
-        rows, keys = example_rows()
-        gr.Examples(rows, [text, prompt_audio, prompt_text, mode, instruct_text], cache_examples=False,
-                    example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
-        with gr.Accordion(i18n("panels"), open=True) as panels_box:
-            panel_timer = panels.build_panels(service, i18n)
-        # a collapsed panel costs nothing: its timer stops
-        panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, **PAGE_ONLY)
-        panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, **PAGE_ONLY)
-
-        stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
-        inputs = [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed, stream, stop_signal]
-        outputs = [stream_out, final_out, stats, details]
-        gate = go.click(None, [text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player],
-                        None, js=ui_text("player_gate.js"), **PAGE_ONLY)
-        # the standard player: the previous take is cleared at once, then the request queues
-        begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
-        synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
-                              concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
-        synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
-        synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
-        # the seed it used, into the seed box (so the take can be made again)
-        synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), details, seed,
-                      show_progress="hidden", **PAGE_ONLY)
-        stop.click(None, None, None, js=ui_text("player_stop.js"), **PAGE_ONLY)  # the page's players
-        stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
-        # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
-        prompt_audio.upload(h.check_upload, prompt_audio, prompt_audio, concurrency_id="upload_check",
-                            concurrency_limit=2, show_progress="hidden", api_visibility="private")
-        dice.click(h.random_seed, None, seed, **PAGE_ONLY)
-        stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), stream, speed, **PAGE_ONLY)
-        mode.change(lambda m: gr.Textbox(visible=m == "instruct"), mode, instruct_text, **PAGE_ONLY)
-        save.click(localized(h.save_voice), [voice_name, prompt_audio, prompt_text, replace_voice], [voice_msg, voice],
-                   api_name="save_voice").then(h.voice_choices, voice, voice, **PAGE_ONLY)
-        delete.click(localized(h.delete_voice), voice, [voice_msg, voice], api_name="delete_voice",
-                     js=ui_text("confirm_delete.js")).then(h.voice_choices, voice, voice, **PAGE_ONLY)
-        gr.api(h.list_voices, api_name="list_voices")
-        files = VoiceFileEvents(service)
-        export.click(localized(files.export_voice), voice, exported, api_name="export_voice")
-        import_.click(localized(files.import_voice), [import_file, replace_voice], [voice_msg, voice],
-                      api_name="import_voice").then(h.voice_choices, voice, voice, **PAGE_ONLY)
-        # transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save
-        tr = TranscriptionEvents(service)
-        transcribe.click(tr.transcribe, prompt_audio, prompt_text, api_name="transcribe")
-        go.click(tr.fill, [prompt_audio, prompt_text, mode, voice], prompt_text, api_visibility="private")
-        save.click(tr.fill_for_save, [prompt_audio, prompt_text], prompt_text, api_visibility="private")
-        preset.input(apply_preset, [preset, instruct_text], instruct_text, **PAGE_ONLY)
-        mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), mode, preset, **PAGE_ONLY)
-        timer = gr.Timer(cfg.ui.status_refresh_s)
-        timer.tick(h.status, None, [status, banner, timer], show_progress="hidden", **PAGE_ONLY)
-        demo.load(h.status, None, [status, banner, timer], **PAGE_ONLY)
-        demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
-        demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
-        demo.load(h.voice_choices, voice, voice, **PAGE_ONLY)
-        # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
-        lang.input(None, lang, lang, js=lang_switch_js(), **PAGE_ONLY).then(
-            h.status, None, [status, banner, timer], show_progress="hidden", **PAGE_ONLY)
-        demo.load(None, None, lang, js=lang_load_js(), api_visibility="private")
+            inputs_column(ui, cfg, i18n)
+            outputs_column(ui, i18n)
+        examples_and_panels(ui, service, i18n)
+        wire_synthesis(ui, h, cfg)
+        wire_controls(ui, h)
+        wire_voices(ui, h, service)
+        wire_prompt_helpers(ui, service)
+        wire_page(demo, ui, h, cfg)
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n
+
+
+def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
+    with gr.Row(equal_height=True):
+        gr.Markdown(f"# {cfg.ui.title}")
+        ui.lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
+                           scale=0, min_width=200)
+        if signs_in():  # a Space with hf_oauth: voices belong to the signed-in user (app/engine/owners.py)
+            gr.LoginButton(scale=0, min_width=160, elem_id="login")
+    gr.Markdown(i18n("intro"))
+    ui.banner = gr.Markdown(visible=False, elem_id="banner")
+    ui.status = gr.Markdown("**Status:** starting…", elem_id="status")
+
+
+def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
+    """The left column: text, reference clip and transcript, mode, preset, saved voices, seed, Generate/Stop."""
+    with gr.Column():
+        ui.text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
+                             max_length=cfg.limits.max_text_chars, elem_id="text")
+        gr.Markdown(i18n("tags_help"), elem_id="tags_help")
+        with gr.Group():
+            ui.prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
+                                       label=i18n("prompt_audio"), elem_id="prompt_audio")
+            ui.prompt_text = gr.Textbox(label=i18n("prompt_text"), info=i18n("prompt_text_info"),
+                                        elem_id="prompt_text")
+            ui.transcribe = gr.Button(i18n("transcribe"), size="sm", elem_id="transcribe")
+        gr.Markdown(i18n("consent"), elem_id="consent")
+        ui.mode = gr.Radio([(i18n("mode_zero_shot"), "zero_shot"), (i18n("mode_cross_lingual"), "cross_lingual"),
+                            (i18n("mode_instruct"), "instruct")], value="zero_shot", label=i18n("mode"),
+                           elem_id="mode")
+        ui.instruct_text = gr.Textbox(label=i18n("instruct_text"), placeholder=i18n("instruct_placeholder"),
+                                      visible=False, elem_id="instruct_text")
+        ui.preset = preset_dropdown(i18n("preset"), i18n("preset_info"))
+        saved_voice_box(ui, i18n)
+        with gr.Row():
+            ui.seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
+            ui.dice = gr.Button(i18n("random_seed"), elem_id="dice")
+        with gr.Row():
+            ui.stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
+            ui.speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
+                                 elem_id="speed")
+        ui.player = gr.Radio([(i18n("player_webaudio"), "webaudio"), (i18n("player_gradio"), "gradio")],
+                             value="webaudio", label=i18n("player"), info=i18n("player_info"), elem_id="player")
+        with gr.Row():
+            ui.go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
+            ui.stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
+        # busy state and errors of both players, next to the buttons (player.js fills it)
+        gr.HTML(STATUS_HTML, elem_id="studio_status_box")
+
+
+def saved_voice_box(ui: SimpleNamespace, i18n: gr.I18n) -> None:
+    with gr.Accordion(i18n("saved_voices"), open=False):
+        ui.voice = gr.Dropdown([NO_VOICE], value="", allow_custom_value=True, label=i18n("voice"), elem_id="voice")
+        ui.voice.api_info = voice_api_info
+        with gr.Row():
+            ui.voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
+            ui.replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
+            ui.save = gr.Button(i18n("save_voice"), elem_id="save_voice")
+            ui.delete = gr.Button(i18n("delete_voice"), elem_id="delete_voice")
+        with gr.Row(equal_height=True):  # a voice as a .cvvoice file: a backup, or for another server
+            ui.export = gr.Button(i18n("export_voice"), elem_id="export_voice")
+            ui.exported = gr.File(label=i18n("exported_voice"), interactive=False, elem_id="exported_voice")
+        with gr.Row(equal_height=True):
+            ui.import_file = gr.File(label=i18n("import_file"), file_types=[SUFFIX], type="filepath",
+                                     elem_id="import_file")
+            ui.import_ = gr.Button(i18n("import_voice"), elem_id="import_voice")
+        ui.voice_msg = gr.Markdown(elem_id="voice_msg")
+
+
+def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
+    with gr.Column():
+        ui.stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
+        # the low-latency player's line and result area (player.js fills it)
+        gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
+        ui.final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
+                                buttons=["download"], elem_id="final_out")
+        build_download(ui.final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
+        ui.stats = gr.Markdown(elem_id="stats")
+        with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
+            ui.details = gr.JSON(elem_id="details")
+
+
+def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
+    """The example rows, and the live panels (their timer runs only while the accordion is open)."""
+    rows, keys = example_rows()
+    gr.Examples(rows, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text], cache_examples=False,
+                example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
+    with gr.Accordion(i18n("panels"), open=True) as panels_box:
+        panel_timer = panels.build_panels(service, i18n)
+    # a collapsed panel costs nothing: its timer stops
+    panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, **PAGE_ONLY)
+    panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, **PAGE_ONLY)
+
+
+def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
+    """Generate (the player gate, then `synthesize` for the standard player) and Stop."""
+    stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
+    inputs = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
+              ui.stream, stop_signal]
+    outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
+    gate = ui.go.click(None, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed,
+                              ui.stream, ui.player], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+    # the standard player: the previous take is cleared at once, then the request queues
+    begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
+    synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
+                          concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
+    synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
+    synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
+    # the seed it used, into the seed box (so the take can be made again)
+    synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
+                  show_progress="hidden", **PAGE_ONLY)
+    ui.stop.click(None, None, None, js=ui_text("player_stop.js"), **PAGE_ONLY)  # the page's players
+    ui.stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
+
+
+def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
+    # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
+    ui.prompt_audio.upload(h.check_upload, ui.prompt_audio, ui.prompt_audio, concurrency_id="upload_check",
+                           concurrency_limit=2, show_progress="hidden", api_visibility="private")
+    ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
+    ui.stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), ui.stream, ui.speed, **PAGE_ONLY)
+    ui.mode.change(lambda m: gr.Textbox(visible=m == "instruct"), ui.mode, ui.instruct_text, **PAGE_ONLY)
+
+
+def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> None:
+    ui.save.click(localized(h.save_voice), [ui.voice_name, ui.prompt_audio, ui.prompt_text, ui.replace_voice],
+                  [ui.voice_msg, ui.voice], api_name="save_voice").then(
+        h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+    ui.delete.click(localized(h.delete_voice), ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
+                    js=ui_text("confirm_delete.js")).then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+    gr.api(h.list_voices, api_name="list_voices")
+    files = VoiceFileEvents(service)
+    ui.export.click(localized(files.export_voice), ui.voice, ui.exported, api_name="export_voice")
+    ui.import_.click(localized(files.import_voice), [ui.import_file, ui.replace_voice], [ui.voice_msg, ui.voice],
+                     api_name="import_voice").then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+
+
+def wire_prompt_helpers(ui: SimpleNamespace, service: StudioService) -> None:
+    """Transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save;
+    the instruct presets, shown in instruct mode."""
+    tr = TranscriptionEvents(service)
+    ui.transcribe.click(tr.transcribe, ui.prompt_audio, ui.prompt_text, api_name="transcribe")
+    ui.go.click(tr.fill, [ui.prompt_audio, ui.prompt_text, ui.mode, ui.voice], ui.prompt_text, api_visibility="private")
+    ui.save.click(tr.fill_for_save, [ui.prompt_audio, ui.prompt_text], ui.prompt_text, api_visibility="private")
+    ui.preset.input(apply_preset, [ui.preset, ui.instruct_text], ui.instruct_text, **PAGE_ONLY)
+    ui.mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), ui.mode, ui.preset, **PAGE_ONLY)
+
+
+def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
+    timer = gr.Timer(cfg.ui.status_refresh_s)
+    status_out = [ui.status, ui.banner, timer]
+    timer.tick(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
+    demo.load(h.status, None, status_out, **PAGE_ONLY)
+    demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
+    demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
+    demo.load(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+    # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
+    ui.lang.input(None, ui.lang, ui.lang, js=lang_switch_js(), **PAGE_ONLY).then(
+        h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
+    demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private")
