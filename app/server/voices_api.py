@@ -48,23 +48,35 @@ def voice_json(info: VoiceInfo, admin: bool) -> dict:
     return {"id": info.name, "object": "voice", **d}
 
 
+# form fields shared by the routes below (the transcript's, whose limit is configured, is built in its route)
+AudioUpload = Annotated[UploadFile, File(description="the reference recording (wav/flac/ogg/mp3, webm/m4a with "
+                                                     "ffmpeg; 1-30 s of one speaker)")]
+VoiceFileUpload = Annotated[UploadFile, File(description="a .cvvoice file (GET /v1/voices/{id}/export)")]
+Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
+
+
 def voices_router(service: StudioService, require_ready: Callable[[], None], route_class: type) -> APIRouter:
+    """The routes above for `service`; `require_ready` refuses a new voice while the model is not ready."""
+    router = APIRouter(route_class=route_class)
+    add_collection_routes(router, service, require_ready)
+    add_item_routes(router, service)
+    add_file_routes(router, service, require_ready)
+    return router
+
+
+def add_collection_routes(router: APIRouter, service: StudioService, require_ready: Callable[[], None]) -> None:
+    """POST and GET /voices."""
     cfg = service.cfg
     limit = cfg.limits.max_transcript_chars
-    router = APIRouter(route_class=route_class)
 
     @router.post("/voices", status_code=201)
-    async def create_voice(request: Request,
-                           audio: Annotated[UploadFile, File(description="the reference recording (wav/flac/"
-                                                                       "ogg/mp3, webm/m4a with ffmpeg; 1-30 s "
-                                                                       "of one speaker)")],
+    async def create_voice(request: Request, audio: AudioUpload,
                            transcript: Annotated[str, Form(max_length=max(TRANSCRIPT_HARD_CAP, limit),
                                                            json_schema_extra={"maxLength": limit}, description=(
                                "the words spoken in the clip ([limits] max_transcript_chars); blank: Whisper "
                                "transcribes it where available (prompt_text and warnings in the response say "
                                "what was used)"))] = "",
-                           name: Annotated[str | None, Form(max_length=200)] = None,
-                           overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
+                           name: Annotated[str | None, Form(max_length=200)] = None, overwrite: Overwrite = False,
                            ) -> dict:
         """Compute and store a voice's features from a reference recording and its transcript (409 when the
         name is taken, unless `overwrite`)."""
@@ -99,6 +111,10 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
         voices = await asyncio.to_thread(service.voices.visible, owner)
         return {"object": "list", "data": [voice_json(v, owner.admin) for v in voices]}
 
+
+def add_item_routes(router: APIRouter, service: StudioService) -> None:
+    """GET and DELETE /voices/{id}."""
+
     @router.get("/voices/{voice_id}")
     async def get_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """One of the caller's voices (the admin key may name another `owner`)."""
@@ -118,6 +134,11 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return {"id": voice_id, "object": "voice", "deleted": True}
 
+
+def add_file_routes(router: APIRouter, service: StudioService, require_ready: Callable[[], None]) -> None:
+    """GET /voices/{id}/export and POST /voices/import: a voice as a `.cvvoice` file."""
+    max_mb = service.cfg.limits.max_upload_mb
+
     @router.get("/voices/{voice_id}/export", response_class=Response,
                 responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"}})
     async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
@@ -131,13 +152,10 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
 
     @router.post("/voices/import", status_code=201)
-    async def import_voice_file(request: Request,
-                                file: Annotated[UploadFile, File(description="a .cvvoice file (GET "
-                                                                             "/v1/voices/{id}/export)")],
+    async def import_voice_file(request: Request, file: VoiceFileUpload,
                                 name: Annotated[str | None, Form(max_length=200, description="store it under this "
                                                                  "name (default: the file's)")] = None,
-                                overwrite: Annotated[bool, Form(description="replace a voice of that name")] = False,
-                                ) -> dict:
+                                overwrite: Overwrite = False) -> dict:
         """Add the voice in a `.cvvoice` file to the caller's voices (400 for a damaged or hostile file, 400
         `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
         written unless every check passes."""
@@ -147,12 +165,10 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
             name = check_name(name) if name else None
         except VoiceError as e:
             raise ApiError(400, str(e), param="name", code="invalid_value") from e
-        data = await _read_upload(file, cfg.limits.max_upload_mb, param="file",
-                                  what="the voice file", advice="a real one is under 1 MB")
+        data = await _read_upload(file, max_mb, param="file", what="the voice file", advice="a real one is under 1 MB")
         try:
             info = await asyncio.to_thread(partial(import_voice, service.voices.of(owner), data, name=name,
-                                                   overwrite=overwrite,
-                                                   max_bytes=cfg.limits.max_upload_mb * 1024 * 1024))
+                                                   overwrite=overwrite, max_bytes=max_mb * 1024 * 1024))
         except VoiceFileError as e:
             raise ApiError(413 if e.code == "file_too_large" else 400, str(e), param="file", code=e.code) from e
         except VoiceError as e:
@@ -160,8 +176,6 @@ def voices_router(service: StudioService, require_ready: Callable[[], None], rou
                 raise ApiError(409, f"{e}; or send overwrite=true", param="name", code="voice_exists") from e
             raise ApiError(400, str(e), param="name", code="invalid_value") from e
         return {**voice_json(info, owner.admin), "warnings": []}
-
-    return router
 
 
 def attachment(filename: str) -> str:
