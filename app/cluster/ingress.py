@@ -56,21 +56,13 @@ def ingress_class(cfg: Config) -> type:
 
 def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
-    import ray.exceptions
-
-    from app.cluster.page import LOCAL_CLIENT
-    from app.server.errors import ApiError, error_response, install_error_handlers
+    from app.server.errors import install_error_handlers
     from app.server.limits import AccessLimits, Gate
-    from app.server.main import may_see_details, mount_page
-    from app.server.openai_api import BODY_SLACK_BYTES
-    from app.server.speech import RETRY_AFTER_S
+    from app.server.main import mount_page
     from app.server.studio_stream import add_studio_routes
     from app.ui.early_script import EarlyScript
     from app.ui.handlers import ArrivalStamp
 
-    gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone
-    cl = cfg.cluster
-    max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(ArrivalStamp)  # the page's queue wait (as build_api)
     api.add_middleware(EarlyScript)
@@ -79,6 +71,16 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     gate = Gate.from_config(cfg)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
+    add_ops_routes(api, cfg, replicas, page)
+    add_forward_route(api, cfg, replicas)
+    add_studio_routes(api, page)  # before the page: its mount at "/" takes every path not routed by then
+    return mount_page(api, gate, page)
+
+
+def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
+    """/health and /metrics: every replica's, merged."""
+    from app.cluster.page import LOCAL_CLIENT
+    from app.server.main import may_see_details
 
     async def each(request: Request, path: str) -> list[Any]:
         """Every live replica's whole answer to GET `path` (the caller's headers), or the exception."""
@@ -86,7 +88,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
                "body": b"", "client": LOCAL_CLIENT}  # the ingress reads the details; it tells strangers less
         try:
             return await replicas.broadcast("call", req).results_async(
-                timeout_s=cl.replica_timeout_s, return_exceptions=True)
+                timeout_s=cfg.cluster.replica_timeout_s, return_exceptions=True)
         except Exception as e:  # timed out, or no replica is running yet: said in the body
             return [e]
 
@@ -118,12 +120,24 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
             states[rid] = "ready" if "\ncosyvoice_ready 1.0" in "\n" + texts[rid] else "not_ready"
         return Response(merge_metrics(texts, states), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
+
+def add_forward_route(api: FastAPI, cfg: Config, replicas: Any) -> None:
+    """/v1/*: to one replica, retried on another while replicas are gone before answering."""
+    import ray.exceptions
+
+    from app.server.errors import ApiError, error_response
+    from app.server.openai_api import BODY_SLACK_BYTES
+    from app.server.speech import RETRY_AFTER_S
+
+    gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone
+    max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES
+
     @api.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def forward(request: Request, path: str):
         """One replica's answer to this /v1 request, streamed as it sends it."""
         req = await request_dict(request, max_body)
         last: BaseException | None = None
-        for attempt in range(1 + cl.request_retries):
+        for attempt in range(1 + cfg.cluster.request_retries):
             stream = replicas.options(stream=True).asgi.remote(req)
             try:
                 start = await stream.__anext__()  # the status line: after the first audio for speech
@@ -137,9 +151,6 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
             503, f"no replica could take the request (the last one: {type(last).__name__}); try again in a "
             "minute while the cluster restarts replicas", code="replica_unavailable",
             headers={"Retry-After": str(RETRY_AFTER_S)}))
-
-    add_studio_routes(api, page)  # before the page: its mount at "/" takes every path not routed by then
-    return mount_page(api, gate, page)
 
 
 def _closer(stream: Any):
