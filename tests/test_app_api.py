@@ -182,7 +182,7 @@ def health(server) -> dict:
 def test_api_surface(client):
     api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     assert [p["parameter_name"] for p in api["/synthesize"]["parameters"]] == [
-        "text", "prompt_audio", "prompt_text", "mode", "instruct_text", "voice", "seed", "speed", "stream"]
+        "text", "prompt_audio", "prompt_text", "mode", "instruct_text", "voice", "seed", "speed", "stream", "dialogue"]
     assert {"/save_voice", "/delete_voice", "/list_voices"} <= set(api)
 
 
@@ -237,6 +237,27 @@ def test_saved_voice_by_name(client, server):
     assert "Deleted" in msg and value == "" and not list(server[1].iterdir())
     with pytest.raises(AppError, match="no saved voice"):
         synth(client, prompt_audio=None, voice="test-voice_1")
+
+
+def test_a_dialogue_through_the_page(client, server):
+    """Dialogue on: '[a] … [b] …' with two saved voices, through the page's Gradio event (its final WAV and
+    details) and through /studio/speech, the low-latency player's route (the same take, byte for byte)."""
+    zh = REPO / "assets" / "prompt_zh.wav"
+    for name, wav, words in (("dlg-a", EN_WAV, EN_TRANSCRIPT), ("dlg-b", zh, EXAMPLES["voices"][1]["transcript"])):
+        client.predict(name=name, prompt_audio=_handle(wav), prompt_text=words, overwrite=True,
+                       api_name="/save_voice")
+    script = "[dlg-a] Good morning, how did you sleep? [dlg-b] Very well, thank you."
+    d = check_wav(result := synth(client, text=script, prompt_audio=None, prompt_text="", dialogue=True, seed=4))
+    assert (d["voice"], d["segments"], d["mode"]) == ("dlg-a, dlg-b", 2, "zero_shot"), d
+    with wave.open(result[1]) as w:
+        page_pcm = w.readframes(w.getnframes())
+    r = httpx.post(server[0] + "/studio/speech", json={"text": script, "dialogue": True, "seed": 4}, timeout=120)
+    assert r.status_code == 200 and r.content == page_pcm  # same seed, same take
+    r = httpx.post(server[0] + "/studio/speech", json={"text": "[dlg-a] Hi. [nobody] Hello.", "dialogue": True},
+                   timeout=60)
+    assert r.status_code == 400 and "'nobody'" in r.json()["error"]["message"], r.text
+    for name in ("dlg-a", "dlg-b"):
+        client.predict(voice=name, api_name="/delete_voice")
 
 
 def _handle(path):

@@ -20,7 +20,7 @@ from app.engine.prepare import SpeechInputs, prepare
 from app.engine.requests import SynthesisRequest, Turn
 from app.engine.voices import VoiceStore
 
-ZH_PROMPT = "希望你以后能够做的比我还好呦。"
+ZH_PROMPT = "今天天气很好，我们一起去公园散步吧。"  # assets/examples.json: prompt_zh.wav
 
 
 def test_script_turns_keep_the_models_own_tags_and_the_lead():

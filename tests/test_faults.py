@@ -328,10 +328,10 @@ class Disconnector:
     def closed_tab(self) -> None:
         """A closed tab: the page's event stream (SSE) and its heartbeat connection go away mid-generation."""
         session = secrets.token_hex(8)
-        # the event's inputs as the page sends them; the last is the session's Stop state (gr.State: the
-        # page sends null, the server keeps the value)
+        # the event's inputs as the page sends them (the 10th: Dialogue off); the last is the session's Stop
+        # state (gr.State: the page sends null, the server keeps the value)
         data = [LONG_TEXT, {"path": self.uploaded, "meta": {"_type": "gradio.FileData"}}, EN_TRANSCRIPT, "zero_shot",
-                "", "", self.next_seed(), 1.0, True, None]
+                "", "", self.next_seed(), 1.0, True, False, None]
         with httpx.Client(base_url=self.base, timeout=120) as http, \
                 http.stream("GET", f"/gradio_api/heartbeat/{session}"):  # what an open page holds
             r = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": self.fn_index,

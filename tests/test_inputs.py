@@ -489,7 +489,7 @@ def test_no_server_file_through_the_gradio_api(server, audio):
     elsewhere = audio["8k.wav"]  # readable by the server, but outside Gradio's upload folder
     fake = {"path": str(elsewhere), "meta": {"_type": "gradio.FileData"}, "orig_name": "x.wav"}
     r = http.post("/gradio_api/call/synthesize",
-                  json={"data": [SHORT, fake, TRANSCRIPT, "zero_shot", "", "", 1, 1.0, False]})
+                  json={"data": [SHORT, fake, TRANSCRIPT, "zero_shot", "", "", 1, 1.0, False, False]})
     assert r.status_code == 200, r.text
     with http.stream("GET", f"/gradio_api/call/synthesize/{r.json()['event_id']}") as events:
         text = "".join(events.iter_text())

@@ -166,7 +166,7 @@ def test_a_two_voice_dialogue_through_the_openai_sdk(server, oai, voice):
     second turn is in the second voice (a script whose second turn is in the first voice ends otherwise)."""
     zh = REPO / "assets" / "prompt_zh.wav"
     r = httpx.post(server[0] + "/v1/voices", files={"audio": ("zh.wav", zh.read_bytes(), "audio/wav")},
-                   data={"name": "dlg-zh", "transcript": "希望你以后能够做的比我还好呦。", "overwrite": "true"},
+                   data={"name": "dlg-zh", "transcript": EXAMPLES["voices"][1]["transcript"], "overwrite": "true"},
                    timeout=60)
     assert r.status_code == 201, r.text
     first, second = "Good morning, how did you sleep?", "Very well, thank you."

@@ -273,8 +273,8 @@ def test_a_malformed_event_is_refused_without_its_text_in_the_log(studio):
         raise AssertionError("no process_completed message")
 
     few = join([private, None, "zero_shot"])
-    assert few["success"] is False and "3 input values, it needs 10" in few["output"]["error"], few
-    bad_seed = join([TEXT, None, EXAMPLE_TRANSCRIPT, "zero_shot", "", "", private, 1.0, True, None])
+    assert few["success"] is False and "3 input values, it needs 11" in few["output"]["error"], few
+    bad_seed = join([TEXT, None, EXAMPLE_TRANSCRIPT, "zero_shot", "", "", private, 1.0, True, False, None])
     assert bad_seed["success"] is False and "cannot read" in bad_seed["output"]["error"], bad_seed
     assert private not in json.dumps([few, bad_seed])  # not echoed to the caller either
     time.sleep(1)  # the log lines are flushed

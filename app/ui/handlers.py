@@ -156,7 +156,7 @@ class Handlers:
 
     async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
                          instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
-                         stop: StopSignal | None = None, request: gr.Request = None,
+                         dialogue: bool = False, stop: StopSignal | None = None, request: gr.Request = None,
                          profile: gr.OAuthProfile | None = None):
         """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details).
 
@@ -174,7 +174,8 @@ class Handlers:
         try:
             prepared = await prepare(self.service, SpeechInputs(
                 text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text,
-                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner))
+                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner,
+                dialogue=bool(dialogue)))
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready", print_exception=False) from e
         except InputError as e:

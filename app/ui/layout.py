@@ -155,6 +155,7 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
         ui.text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
                              max_length=cfg.limits.max_text_chars, elem_id="text")
         gr.Markdown(i18n("tags_help"), elem_id="tags_help")
+        ui.dialogue = gr.Checkbox(False, label=i18n("dialogue"), info=i18n("dialogue_info"), elem_id="dialogue")
         with gr.Group():
             ui.prompt_audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
                                        label=i18n("prompt_audio"), elem_id="prompt_audio")
@@ -233,10 +234,10 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     """Generate (the player gate, then `synthesize` for the standard player) and Stop."""
     stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
     inputs = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
-              ui.stream, stop_signal]
+              ui.stream, ui.dialogue, stop_signal]
     outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
     gate = ui.go.click(None, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed,
-                              ui.stream, ui.player], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+                              ui.stream, ui.player, ui.dialogue], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
     # the standard player: the previous take is cleared at once, then the request queues
     begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
     synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",

@@ -3,7 +3,7 @@
    ends the chain, so `.success(synthesize)` does not run: the low-latency player handles the request in
    the browser. Either way it says whose result the page shows (the standard outputs or the player's
    result area). */
-(text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player) => {
+(text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player, dialogue) => {
   const p = window.studioPlayer;
   if (p) { p.stop(); p.begin(); }  // the previous take's error line goes, the page is busy
   delete document.body.dataset.studioStopped;
@@ -14,6 +14,6 @@
   }
   p.play({text: text || '', prompt_audio: prompt_audio ? (prompt_audio.path || null) : null,
           prompt_text: prompt_text || '', mode, instruct_text: instruct_text || '', voice: voice || '',
-          seed: (seed === null || seed === '') ? null : Number(seed)});
+          seed: (seed === null || seed === '') ? null : Number(seed), dialogue: !!dialogue});
   throw new Error('handled by the low-latency player');
 }
