@@ -33,7 +33,7 @@ from app.engine.inputs import MAX_SEED, InputError
 from app.engine.metrics import RequestRecord
 from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
 from app.engine.pipeline import EmptyTextError
-from app.engine.prepare import SpeechInputs, prepare, reference_voice
+from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
 from app.ui.i18n import lang_of, status_text, t, title_in, translate
@@ -113,6 +113,19 @@ def _error(e: BaseException, path: str) -> gr.Error:  # the message of `e`, the 
     return gr.Error(str(e).replace(path, Path(path).name), print_exception=False)
 
 
+def stream_error(e: Exception) -> gr.Error:
+    """A synthesis that failed before or while streaming, as the page shows it."""
+    if isinstance(e, BusyError):
+        return gr.Error(str(e), title="Busy", print_exception=False)
+    if isinstance(e, ShareError):
+        return gr.Error(str(e), title="Your share is in use", print_exception=False)
+    if isinstance(e, EmptyTextError):
+        return refused(e)
+    if isinstance(e, NotReadyError):
+        return gr.Error(str(e), title="Not ready", print_exception=False)
+    return gr.Error(f"Synthesis failed: {e}")  # a ValueError, e.g. a prompt longer than the engine's max_model_len
+
+
 def stats_line(rec: RequestRecord) -> str:
     """The per-request line under the player: latency, speed and where the time went (both players).
     Plain text (API clients and the page show it as it is)."""
@@ -162,8 +175,7 @@ class Handlers:
 
         The final WAV is a file named after the voice and text (`wav_name`). After the page's Stop
         (`stop`) it holds the audio made until then, and the stats line says it was stopped."""
-        t_start = time.monotonic()
-        queue_s = queue_wait_s(request, t_start)
+        queue_s = queue_wait_s(request, time.monotonic())
         lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
         stream = bool(stream)
         owner, client = caller(request, profile)
@@ -171,70 +183,65 @@ class Handlers:
         if stop.stopped:  # Stop while this request waited in the queue
             yield None, None, translate("Stopped before it started.", lang), None
             return
+        prepared = await self._prepare(SpeechInputs(
+            text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
+            instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner,
+            dialogue=bool(dialogue)), lang)
+        live = stream and live_playback()
+        if stream and not live:  # shown with the stats, so it goes into the request's record
+            prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
+        parts: list[np.ndarray] = []
+        folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
-            prepared = await prepare(self.service, SpeechInputs(
-                text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text,
-                mode=mode, instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner,
-                dialogue=bool(dialogue)))
+            try:
+                async with self.service.speak(prepared.request, prepared=prepared, client=client, queue_wait_s=queue_s,
+                                              stop=stop.event) as (_, chunks), \
+                        contextlib.aclosing(until_stopped(chunks, stop)) as until:
+                    async for chunk in until:
+                        if chunk.samples.size:
+                            parts.append(chunk.samples)
+                        if live and chunk.samples.size:
+                            progress = translate(f"streaming… {sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ:.2f} s",
+                                                 lang)
+                            for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
+                                yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
+            except (BusyError, ShareError, EmptyTextError, NotReadyError, ValueError) as e:
+                raise stream_error(e) from e
+            path = folder / wav_name(text, voice)
+            audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
+            yield self._result(prepared.request, audio, path, stop, live, lang)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
+
+    async def _prepare(self, inputs: SpeechInputs, lang: str) -> Prepared:
+        """`prepare(inputs)` for the page: its refusals as gr.Error, its notes as warnings."""
+        try:
+            prepared = await prepare(self.service, inputs)
         except NotReadyError as e:
             raise gr.Error(str(e), title="Not ready", print_exception=False) from e
         except InputError as e:
             raise refused(e) from e
-        req = prepared.request
         for note in prepared.notes:
             note = translate(note, lang)
             gr.Warning(note[0].upper() + note[1:])
-        live = stream and live_playback()
-        if stream and not live:  # shown with the stats, so it goes into the request's record
-            prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
+        return prepared
 
-        parts: list[np.ndarray] = []
-        n_samples = 0
-        folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
-        try:
-            try:
-                async with contextlib.AsyncExitStack() as stack:
-                    _, chunks = await stack.enter_async_context(self.service.speak(
-                        req, prepared=prepared, client=client, queue_wait_s=queue_s, stop=stop.event))
-                    until = await stack.enter_async_context(contextlib.aclosing(until_stopped(chunks, stop)))
-                    async for chunk in until:
-                        if not chunk.samples.size:
-                            continue
-                        parts.append(chunk.samples)
-                        n_samples += chunk.samples.size
-                        if live:
-                            progress = translate(f"streaming… {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s", lang)
-                            for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
-                                yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
-            except BusyError as e:
-                raise gr.Error(str(e), title="Busy", print_exception=False) from e
-            except ShareError as e:
-                raise gr.Error(str(e), title="Your share is in use", print_exception=False) from e
-            except EmptyTextError as e:
-                raise refused(e) from e
-            except NotReadyError as e:
-                raise gr.Error(str(e), title="Not ready", print_exception=False) from e
-            except ValueError as e:  # e.g. a prompt longer than the engine's max_model_len
-                raise gr.Error(f"Synthesis failed: {e}") from e
-            audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            path = folder / wav_name(text, voice)
-            path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
-            # the stream has ended (its final chunk came, or Stop), so its record is in the metrics: the same
-            # builders as the low-latency player's (GET /studio/requests/{id}, app/server/studio_stream.py)
-            rec = self.service.metrics.record(req.request_id)
-            if stop.stopped:
-                kept_s = audio.size / OUTPUT_SAMPLE_RATE_HZ
-                line = translate(f"Stopped: kept {kept_s:.2f} s of audio · mode {req.mode} · seed {req.seed}", lang)
-                details = {"stopped": True, "seed": req.seed, "mode": req.mode, "request_id": req.request_id,
-                           "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.size)}
-                # the live player is reset (no buffered audio plays on), the take so far is the final WAV
-                yield None, (str(path) if audio.size else None), line, details
-                return
-            assert rec is not None and rec.outcome == "ok", rec
-            line = translate(stats_line(rec), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
-            yield (gr.skip() if live else None), str(path), line, request_details(rec)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
+    def _result(self, req, audio: np.ndarray, path: Path, stop: StopSignal, live: bool, lang: str) -> tuple:
+        """The take's last outputs: (live player, final WAV, stats line, details). The stream has ended (its
+        final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
+        player's (GET /studio/requests/{id}, app/server/studio_stream.py)."""
+        if stop.stopped:
+            kept_s = audio.size / OUTPUT_SAMPLE_RATE_HZ
+            line = translate(f"Stopped: kept {kept_s:.2f} s of audio · mode {req.mode} · seed {req.seed}", lang)
+            details = {"stopped": True, "seed": req.seed, "mode": req.mode, "request_id": req.request_id,
+                       "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.size)}
+            # the live player is reset (no buffered audio plays on), the take so far is the final WAV
+            return None, (str(path) if audio.size else None), line, details
+        rec = self.service.metrics.record(req.request_id)
+        assert rec is not None and rec.outcome == "ok", rec
+        line = translate(stats_line(rec), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
+        return (gr.skip() if live else None), str(path), line, request_details(rec)
 
     @staticmethod
     async def begin(stop: StopSignal | None = None) -> tuple[Any, ...]:
