@@ -40,6 +40,7 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
 from app.ui.handlers import notes_markdown, request_details, stats_line
+from app.ui.panels import REQUEST_ID_CHARS
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -370,6 +371,11 @@ def test_stop_mid_stream_aborts_the_request(studio, page):
         assert time.monotonic() < deadline, h
         time.sleep(0.2)
     assert h["requests"]["outcomes"]["cancelled"] == before + 1, h["requests"]
+    # the player told the server before it hung up: the panels' row of that request says "stopped", as the
+    # standard player's Stop does (a closed tab's request says "cancelled")
+    rid = run["requestId"][:REQUEST_ID_CHARS]  # the table's cells: request, ended (hh:mm:ss), outcome, ...
+    page.wait_for_function(f"() => /{rid}\\s+[0-9:]+\\s+stopped\\b/.test("
+                           "document.querySelector('#latency_table')?.innerText || '')", timeout=30_000)
     page.locator("#text textarea").fill(TEXT)  # the server keeps serving
     assert play_low_latency(page)["state"] == "done"
 

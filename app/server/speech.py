@@ -11,6 +11,7 @@ and frees the slot, also when the body never started.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import struct
 import time
@@ -99,7 +100,8 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
-                          prepared: Prepared | None = None, client: str = "") -> StreamingResponse:
+                          prepared: Prepared | None = None, client: str = "",
+                          stop: asyncio.Event | None = None) -> StreamingResponse:
     """The streamed response for `req` in format `fmt` ("wav" | "pcm", checked by the door); `ApiError`
     before any audio. `prepared` (what made `req`) goes into the request's metrics record; `client`
     (app/server/identity.py) holds one of its fair-share places until the body ends."""
@@ -107,7 +109,8 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
-        queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client))
+        queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client,
+                                                                        stop=stop))
         t_start = time.perf_counter()
         head = await _first_audio(chunks)
     except BaseException as e:

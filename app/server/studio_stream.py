@@ -4,6 +4,7 @@
                                 -> raw PCM s16le mono 24 kHz, streamed as it is produced
     GET  /studio/requests/{id}  {request_id, line, notes, details}: the stats line and details of a
                                 finished request (its metrics record), as the Gradio path shows them
+    POST /studio/requests/{id}/stop   the player's Stop, before it hangs up: the record says "stopped"
 
 The page (app/ui/player.js) calls them with relative URLs (they work behind a proxy and a root path).
 `prompt_audio` is a *server path* (the page's upload or an example asset), accepted only if it
@@ -15,9 +16,11 @@ request's metrics record. As open as the page: the bearer key guards /v1 only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
+import weakref
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
@@ -98,6 +101,9 @@ QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upl
 def add_studio_routes(app: FastAPI, service: StudioService) -> None:
     """Add /studio/speech and /studio/requests/{id} to `app` (before Gradio is mounted at "/")."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
+    # the running /studio/speech requests' Stop events by request id; an entry goes with its request (the
+    # event is held only by the request's stream: weak values)
+    stops: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
@@ -110,12 +116,25 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
             text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
             mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True, dialogue=body.dialogue,
             owner=state.get(OWNER_STATE_KEY, ANYONE)), STUDIO_PARAMS)
+        stop = asyncio.Event()  # set by POST /studio/requests/{id}/stop: the player's Stop, before it hangs up
+        stops[prepared.request.request_id] = stop
         response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
                                          headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
-                                         client=state.get(CLIENT_STATE_KEY, ""))
+                                         client=state.get(CLIENT_STATE_KEY, ""), stop=stop)
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response
+
+    @router.post("/requests/{request_id}/stop")
+    async def studio_stop(request_id: str) -> dict:
+        """The low-latency player's Stop, sent before it closes the stream: the request's record then says
+        "stopped" (as the standard player's Stop), not "cancelled" (a closed tab). 404 once it has ended."""
+        stop = stops.get(request_id)
+        if stop is None:
+            raise ApiError(404, "no running /studio/speech request with this id", param="request_id",
+                           code="unknown_request")
+        stop.set()
+        return {"request_id": request_id, "stopped": True}
 
     @router.get("/requests/{request_id}")
     async def studio_request(request_id: str) -> dict:

@@ -166,7 +166,15 @@
       this.run = null;
       this.setBusy(false);
       this.idleLater();
-      this.worker.postMessage({type: 'abort', id: run.id});
+      const abort = () => this.worker.postMessage({type: 'abort', id: run.id});
+      if (keep && run.requestId && run.state === 'playing') {
+        // the Stop button: tell the server first, so the request's record says "stopped", not a closed tab's
+        // "cancelled"; then hang up (the sound stops below at once either way)
+        fetch(new URL(`studio/requests/${run.requestId}/stop`, document.baseURI), {method: 'POST'})
+          .catch(() => {}).finally(abort);
+      } else {
+        abort();
+      }
       if (this.mode === 'worklet') this.node.port.postMessage({type: 'flush', id: run.id});
       for (const src of run.sources) {
         try { src.stop(); } catch (e) { /* not started yet */ }
@@ -200,6 +208,7 @@
         underruns: 0, samples: 0, buffers: 0, bytes: 0, playedFrames: null, firstStartS: null,
         contextState: null, error: null, aborted: false, flushed: false, sources: new Set(), nextFrame: null,
         pcm: [], text: params.text, result: null,  // the body's bytes (Uint8Array per read); result: 'shown' | error
+        params, wav: null, wavName: null, details: null, statsLine: null,  // what the history keeps (record())
         t: {click, request: now, headers: null, firstByte: null, firstSound: null, end: null},
       };
       run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
@@ -325,7 +334,7 @@
     async finish(run) {
       if (run.state !== 'playing' && run.state !== 'done') return;  // stopped or failed; 'done' may come first
       await run.soundKnown;  // the worklet reports its start after the body may have ended
-      if (this.last === run) await this.showResult(run);
+      if (this.last === run) { await this.showResult(run); this.record(run); }
       if (this.mode === 'buffers') {
         const leftMs = (run.nextFrame / RATE_HZ - this.ctx.currentTime) * 1000;
         setTimeout(() => this.done(run), Math.max(0, leftMs));
@@ -350,8 +359,9 @@
     showWav(run) {
       const nBytes = run.pcm.reduce((n, b) => n + b.length, 0) & ~1;  // an odd trailing byte is no sample
       if (this.wavUrl) URL.revokeObjectURL(this.wavUrl);
-      this.wavUrl = URL.createObjectURL(new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'}));
-      const name = wavName(run.text, run.voice);
+      run.wav = new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'});
+      this.wavUrl = URL.createObjectURL(run.wav);
+      const name = run.wavName = wavName(run.text, run.voice);
       setHtml('player_final', `<audio controls preload="auto" src="${this.wavUrl}"></audio>` +
               `<a href="${this.wavUrl}" download="${escapeHtml(name)}">⬇ ${escapeHtml(name)}</a> ` +
               `<span>(${(nBytes / 2 / RATE_HZ).toFixed(2)} s, ${(nBytes / 1024).toFixed(0)} KiB)</span>`);
@@ -377,6 +387,7 @@
                          client: {first_byte_ms: tenth(since(run.t.firstByte)),
                                   first_sound_ms: tenth(since(run.t.firstSound))}};
         setHtml('player_details_json', escapeHtml(JSON.stringify(details, null, 1)));
+        Object.assign(run, {details, statsLine: body.line});
         run.result = 'shown';
       } catch (e) {
         run.result = `the stats could not be read: ${e}`;
