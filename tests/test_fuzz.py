@@ -27,7 +27,8 @@ MAX_EXAMPLES = 30
 MAX_FUZZ_TOKENS = 50  # speech tokens (2 s of audio) at most per fuzzed synthesis
 VOICE = "fuzz"
 OPERATIONS = ["GET /health", "GET /metrics", "POST /v1/audio/speech", "GET /v1/voices", "POST /v1/voices",
-              "GET /v1/voices/{voice_id}", "DELETE /v1/voices/{voice_id}", "GET /v1/models"]
+              "GET /v1/voices/{voice_id}", "DELETE /v1/voices/{voice_id}", "GET /v1/models",
+              "GET /v1/voices/{voice_id}/export", "POST /v1/voices/import"]
 STATUS: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # operation -> codes
 
 

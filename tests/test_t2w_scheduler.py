@@ -13,9 +13,14 @@ from app.engine.t2w_scheduler import Token2WavScheduler
 def test_earliest_deadline_first_and_results():
     async def main() -> list[str]:
         s = Token2WavScheduler(1)
-        gate, order = threading.Event(), []
-        first = asyncio.ensure_future(s.run(gate.wait, deadline=0.0))  # holds the only worker
-        while s.queued():  # the worker has taken it
+        gate, started, order = threading.Event(), threading.Event(), []
+
+        def hold() -> bool:
+            started.set()
+            return gate.wait()
+
+        first = asyncio.ensure_future(s.run(hold, deadline=0.0))  # holds the only worker
+        while not started.is_set():  # the worker runs it (queued() is 0 also before the job is queued)
             await asyncio.sleep(0.01)
         jobs = [asyncio.ensure_future(s.run(lambda n=n: order.append(n) or n, deadline=d))
                 for n, d in (("later chunk", 5.0), ("first chunk", 1.0), ("middle", 3.0))]
