@@ -35,6 +35,7 @@
     };
     self.apply = (lang) => {
       self.lang = lang;
+      document.dispatchEvent(new CustomEvent('studio-lang', {detail: lang}));  // JS-drawn parts redraw (history.js)
       for (const id of IDS) {
         const el = document.getElementById(id);
         if (!el) continue;

@@ -4,12 +4,11 @@
 Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`,
 `export_voice`, `import_voice` (a voice as a `.cvvoice` file: app/ui/voice_files.py).
 
-Generate first runs a browser-only gate (player_gate.js): with the low-latency player (default) the
-request is played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the
-standard player (or streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio (also the
-fallback where the page's player cannot start). After a low-latency stream the page itself shows the
-final WAV (built from the PCM it played), the stats line and details (GET /studio/requests/{id}) in
-the player's result area, in place of `final_out`, `stats` and `details` (app/ui/player.py).
+Generate first runs a browser-only gate (player_gate.js): with the low-latency player (default) the request is
+played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the standard player (or
+streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio (also the fallback where the page's player
+cannot start). The low-latency player shows its own final WAV, stats and details (app/ui/player.py). Both players'
+finished takes go into the visitor's history, kept in the browser (app/ui/history.py).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import gradio as gr
 from app.config import Config
 from app.engine.service import ASSETS_DIR, StudioService
 from app.engine.voice_file import SUFFIX
-from app.ui import panels, ui_text
+from app.ui import history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
@@ -216,6 +215,7 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
         ui.stats = gr.Markdown(elem_id="stats")
         with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
             ui.details = gr.JSON(elem_id="details")
+        history.history_box(i18n)  # the visitor's takes, kept in the browser (app/ui/history.py)
 
 
 def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
@@ -244,6 +244,7 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
                           concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
     synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
+    history.record_standard(synth, ui.final_out, ui.details)  # the finished take into the page's history
     # the seed it used, into the seed box (so the take can be made again)
     synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
                   show_progress="hidden", **PAGE_ONLY)
@@ -296,3 +297,4 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) ->
     ui.lang.input(None, ui.lang, ui.lang, js=lang_switch_js(), **PAGE_ONLY).then(
         h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
     demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private")
+    demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory

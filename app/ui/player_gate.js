@@ -10,6 +10,9 @@
   for (const a of document.querySelectorAll('#stream_out audio')) a.muted = false;  // muted by Stop
   if (player !== 'webaudio' || !stream || !p) {
     document.body.dataset.studioResult = 'gradio';
+    // what its take was asked (history.js; the rest comes with the take's details)
+    const h = window.studioHistory;
+    if (h) h.started({text: text || '', instruct: instruct_text || '', dialogue: !!dialogue});
     return [];
   }
   p.play({text: text || '', prompt_audio: prompt_audio ? (prompt_audio.path || null) : null,

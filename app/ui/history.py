@@ -1,0 +1,51 @@
+"""The history of takes on the page: a section below the outputs, kept in the visitor's browser.
+
+history.js (run on page load) stores each finished take of either player in the browser's IndexedDB: per
+browser profile, so it survives a reload and another visitor never sees it, and the server keeps nothing.
+The low-latency player hands it its takes itself (player_page.js); the standard player's are read after
+`synthesize` succeeds (`record_standard`: its final WAV and details). Its limits (the newest 20 takes within
+50 MiB of WAV) are constants in history.js; its words are the `history_*` labels (app/ui/locales/labels.toml).
+"""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+
+from app.ui import ui_text
+from app.ui.i18n import LANGS, labels
+
+# history.js draws the list, the status line and the Clear button's text
+HISTORY_HTML = ('<div id="history"><div id="history_status" class="prose"></div><div id="history_list"></div>'
+                '<button id="history_clear" type="button" disabled>Clear history</button></div>')
+# the standard player's take, after `synthesize` succeeded: its final WAV (FileData) and details
+RECORD_STANDARD_JS = ("(final, details) => { if (window.studioHistory) window.studioHistory.fromStandard(final, "
+                      "details); return []; }")
+MODES = ("mode_zero_shot", "mode_cross_lingual", "mode_instruct")
+
+
+def history_box(i18n: gr.I18n) -> None:
+    """The "History" accordion (history.js fills it)."""
+    with gr.Accordion(i18n("history"), open=True, elem_id="history_box"):
+        gr.HTML(HISTORY_HTML, elem_id="history_html", js_on_load=None)
+
+
+def record_standard(synth: gr.events.Dependency, final_out: gr.Audio, details: gr.JSON) -> None:
+    """After the standard player's `synthesize` succeeded, its take goes into the history (browser only)."""
+    synth.success(None, [final_out, details], None, js=RECORD_STANDARD_JS, queue=False, api_visibility="private")
+
+
+def history_labels() -> dict[str, dict[str, str]]:
+    """history.js's words per language: the `history_*` labels without the prefix, and the modes' names."""
+    out = {}
+    for lang in LANGS:
+        table = labels(lang)
+        out[lang] = {**{k.removeprefix("history_"): v for k, v in table.items() if k.startswith("history_")},
+                     **{k: table[k] for k in MODES}}
+    return out
+
+
+def history_js() -> str:
+    """The page-load JS that defines `window.studioHistory` (history.js with its words inlined)."""
+    return ui_text("history.js").replace("__LABELS__", json.dumps(history_labels(), ensure_ascii=False))

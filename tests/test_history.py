@@ -1,0 +1,291 @@
+"""The history of takes (app/ui/history.py, history.js) in headless Debian Chromium against `python app.py`
+(tiny model, configs/cpu.toml, the real vLLM CPU engine): one server for the module.
+
+Two takes with the low-latency player and one with the standard player (streaming off, speed 1.5) are listed
+newest first with their text, seed, mode and speed; each one's audio in the history is byte for byte the final
+WAV the page showed; they survive a reload; "Use these settings" puts text, mode, seed, stream and speed back;
+Delete removes one; a stopped take is not kept; with small limits (window.studioHistory.configure: the pruning
+every take goes through) the oldest go first, by count and by bytes; Clear empties it; another visitor (a second
+browser context) sees none of it. Without IndexedDB the history says it is unavailable and Generate works as before.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, run_studio
+from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+
+from app.ui import ui_text
+from app.ui.history import history_labels
+
+TIMEOUT_MS = 120_000
+VIEWPORT = {"width": 1400, "height": 1000}
+TAKES = [  # (player, text, seed, mode): the takes this test makes, in order
+    ("webaudio", "The first take of the history.", 11, "zero_shot"),
+    ("webaudio", "A second take, spoken across languages.", 12, "cross_lingual"),
+    ("gradio", "The third take comes from the standard player.", 13, "zero_shot"),
+]
+SPEED = 1.5  # the standard player's take: streaming off, so the speed applies
+LAST = "window.studioPlayer.last"
+# the history's takes as stored (newest first), without their audio
+STORED = """async () => (await window.studioHistory.list()).map(({wav, details, ...t}) =>
+  ({...t, wavSize: wav.size, requestId: details && details.request_id}))"""
+# the rows drawn on the page, top to bottom
+ROWS = """() => [...document.querySelectorAll('#history_list .history-take')].map((r) => ({
+  id: Number(r.dataset.id), text: r.querySelector('.history-text').title,
+  facts: r.querySelector('.history-facts').textContent, stats: r.querySelector('.history-stats').textContent,
+  audio: r.querySelector('audio').src, link: r.querySelector('a[download]').href,
+  name: r.querySelector('a[download]').download}))"""
+N_ROWS = ("() => window.studioHistory && window.studioHistory.state === 'ready' && "
+          "document.querySelectorAll('#history_list .history-take').length === %d")
+# the bytes behind a URL the page holds (a blob: URL or a Gradio file), base64
+FETCH_BASE64 = """async (url) => { const b = new Uint8Array(await (await fetch(url)).arrayBuffer()); let s = '';
+  for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
+  return btoa(s); }"""
+INPUTS = """() => ({text: document.querySelector('#text textarea').value,
+  seed: document.querySelector('#seed input').value,
+  mode: document.querySelector('#mode input[type=radio]:checked')?.value,
+  stream: document.querySelector('#stream input[type=checkbox]').checked,
+  speed: document.querySelector('#speed input[type=range]').value})"""
+
+
+# --- without a server ------------------------------------------------------------------------------------
+
+
+def test_history_words_exist_in_both_languages_with_the_same_fields():
+    table = history_labels()
+    assert set(table["en"]) == set(table["zh"])
+    for key, en in table["en"].items():
+        assert re.findall(r"{(\w+)}", en) == re.findall(r"{(\w+)}", table["zh"][key]), key
+    used = set(re.findall(r"label\('(\w+)'", ui_text("history.js")))
+    assert used and used <= set(table["en"]), used - set(table["en"])
+
+
+# --- the studio ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_model_dir, tmp_path_factory):
+    """The base URL of `python app.py` (tests/studio.py) on a free port."""
+    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
+    _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing (Gradio needs it for streamed audio)")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        _need(False, "the playwright package is missing")
+    pytest.importorskip("vllm")
+    tmp = tmp_path_factory.mktemp("history")
+    with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):
+        assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(studio):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_page(context, url: str):
+    """The studio in a page of `context` (one visitor), loaded, its history read."""
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')", timeout=60_000)
+    page.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
+    page.wait_for_function("() => window.studioHistory && window.studioHistory.state !== 'opening'")
+    return page
+
+
+def upload_reference(page) -> None:
+    page.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+    page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                           state="attached", timeout=30_000)
+    page.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+
+
+def fill(page, text: str, seed: int, mode: str) -> None:
+    page.locator("#text textarea").fill(text)
+    page.locator("#seed input").fill(str(seed))
+    page.locator(f"#mode input[type=radio][value={mode}]").check()
+
+
+def take_low_latency(page, n_rows: int | None) -> str:
+    """Generate with the low-latency player; once the take is in the history (n_rows rows; None: no history),
+    the final WAV the page showed (fetch_digest)."""
+    seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
+    page.locator("#go").click()
+    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && ['done', 'error', 'stopped'].includes("
+                           f"{LAST}.state)", timeout=TIMEOUT_MS)
+    assert page.evaluate(f"{LAST}.state") == "done", page.evaluate(f"{LAST}.error")
+    if n_rows is not None:
+        page.wait_for_function(N_ROWS % n_rows, timeout=30_000)
+    return fetch_digest(page, page.locator("#player_final a[download]").get_attribute("href"))
+
+
+def take_standard(page, n_rows: int) -> str:
+    """Generate with the standard player, streaming off, at SPEED; once it is in the history, the final WAV
+    the page showed (fetch_digest)."""
+    page.locator("#player").get_by_label("standard (Gradio)").check()
+    page.locator("#stream input[type=checkbox]").uncheck()
+    page.wait_for_function("() => !document.querySelector('#speed input[type=range]').disabled")
+    page.evaluate(f"""() => {{ const r = document.querySelector('#speed input[type=range]'); r.value = '{SPEED}';
+                                r.dispatchEvent(new Event('input', {{bubbles: true}})); }}""")
+    page.locator("#go").click()
+    page.wait_for_function(f"() => ({N_ROWS % n_rows})() || document.querySelector('#studio_error')?.textContent",
+                           timeout=TIMEOUT_MS)
+    assert not page.locator("#studio_error").text_content(), page.locator("#studio_error").text_content()
+    link = page.locator("#final_out a[data-testid=download-link]")  # the standard output's download
+    assert link.get_attribute("download") == page.evaluate(ROWS)[0]["name"]
+    return fetch_digest(page, link.get_attribute("href"))
+
+
+def fetch_digest(page, url: str) -> str:
+    """The bytes behind a URL the page holds (a blob: URL or a Gradio file): their sha256 and size."""
+    data = base64.b64decode(page.evaluate(FETCH_BASE64, url))
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE", data[:64]
+    return f"{hashlib.sha256(data).hexdigest()[:16]} {len(data)} B"
+
+
+def history_audio(page) -> dict[int, str]:
+    """Each row's audio (its <audio> and its download link hold the same blob URL), by take id (fetch_digest)."""
+    out = {}
+    for row in page.evaluate(ROWS):
+        assert row["audio"] == row["link"] and row["audio"].startswith("blob:"), row
+        out[row["id"]] = fetch_digest(page, row["audio"])
+    return out
+
+
+def seeds(page) -> list[int]:
+    return [t["seed"] for t in page.evaluate(STORED)]
+
+
+@pytest.mark.slow
+def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    page = open_page(context, studio)
+    assert page.evaluate("window.studioHistory.limits") == {"maxTakes": 20, "maxBytes": 50 * 1024 * 1024}
+    assert page.evaluate(STORED) == [] and "No takes yet" in page.locator("#history_status").inner_text()
+    upload_reference(page)
+    shown = []  # the final WAV the page showed for each take (fetch_digest), in order
+    for i, (player, text, seed, mode) in enumerate(TAKES):
+        fill(page, text, seed, mode)
+        shown.append(take_low_latency(page, i + 1) if player == "webaudio" else take_standard(page, i + 1))
+
+    # newest first, with what each take was asked and how it was made
+    stored = page.evaluate(STORED)
+    assert [(t["player"], t["text"], t["seed"], t["mode"]) for t in stored] == TAKES[::-1], stored
+    assert [(t["stream"], t["speed"]) for t in stored] == [(False, SPEED), (True, 1.0), (True, 1.0)], stored
+    assert all(t["voice"] == "" and t["requestId"] and t["bytes"] == t["wavSize"] > 44 for t in stored), stored
+    assert all(t["statsLine"].startswith("TTFA") for t in stored), stored
+    rows = page.evaluate(ROWS)
+    assert [r["id"] for r in rows] == [t["id"] for t in stored]
+    assert [r["text"] for r in rows] == [text for _, text, _, _ in TAKES[::-1]]
+    for row, (_, _, seed, _) in zip(rows, TAKES[::-1], strict=True):
+        assert f"seed {seed}" in row["facts"] and row["stats"].startswith("TTFA"), row
+    assert "speed 1.50" in rows[0]["facts"] and "Cross-lingual" in rows[1]["facts"], rows
+    assert rows[2]["name"] == "the-first-take-of-the-history.wav", rows[2]
+    ids = [t["id"] for t in stored]
+    audio = dict(zip(ids, shown[::-1], strict=True))  # take id -> the final WAV the page showed
+    assert history_audio(page) == audio  # byte for byte, both players
+
+    # a reload: the same takes, the same audio
+    page.reload()
+    page.wait_for_function(N_ROWS % 3, timeout=60_000)
+    assert page.evaluate(STORED) == stored
+    assert history_audio(page) == audio
+
+    # "Use these settings": the standard take's (streaming off, its speed), then the cross-lingual one's
+    assert page.evaluate(INPUTS)["text"] == ""
+    page.locator(f"#history_list [data-id='{ids[0]}'] button[data-act=use]").click()
+    page.wait_for_function(f"() => ({INPUTS})().speed === '{SPEED}'", timeout=30_000)
+    assert page.evaluate(INPUTS) == {"text": TAKES[2][1], "seed": "13", "mode": "zero_shot", "stream": False,
+                                     "speed": str(SPEED)}
+    page.locator(f"#history_list [data-id='{ids[1]}'] button[data-act=use]").click()
+    page.wait_for_function(f"() => ({INPUTS})().speed === '1'", timeout=30_000)  # streaming: the page resets it
+    assert page.evaluate(INPUTS) == {"text": TAKES[1][1], "seed": "12", "mode": "cross_lingual", "stream": True,
+                                     "speed": "1"}
+
+    # in Chinese, redrawn
+    page.locator("#lang").get_by_label("中文").check()
+    page.wait_for_function("() => document.querySelector('#history_list button[data-act=use]')?.textContent"
+                           " === '使用这些设置'")
+    assert "种子 13" in page.evaluate(ROWS)[0]["facts"]
+    assert page.locator("#history_clear").inner_text() == "清空历史记录"
+    page.locator("#lang").get_by_label("English").check()
+    page.wait_for_function("() => document.querySelector('#history_clear')?.textContent === 'Clear history'")
+
+    # another visitor (a second browser context) sees none of it
+    other = browser.new_context(viewport=VIEWPORT)
+    try:
+        stranger = open_page(other, studio)
+        assert stranger.evaluate("window.studioHistory.state") == "ready"
+        assert stranger.evaluate(STORED) == [] and stranger.evaluate(ROWS) == []
+    finally:
+        other.close()
+
+    # Delete: the middle take goes
+    page.locator(f"#history_list [data-id='{ids[1]}'] button[data-act=delete]").click()
+    page.wait_for_function(N_ROWS % 2)
+    assert seeds(page) == [13, 11]
+
+    # bounds: at most 2 takes, then a new one drops the oldest (a stopped take before it is not kept); then
+    # bytes for the newest alone
+    assert page.evaluate("window.studioHistory.configure({maxTakes: 2})")["maxTakes"] == 2
+    upload_reference(page)
+    fill(page, " ".join(["This long take is stopped before it ends."] * 10), 31, "zero_shot")
+    seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
+    page.locator("#go").click()
+    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null",
+                           timeout=TIMEOUT_MS)
+    page.locator("#stop").click()
+    page.wait_for_function(f"() => {LAST}.state === 'stopped'", timeout=10_000)
+    fill(page, "A fourth take pushes the oldest out.", 14, "zero_shot")
+    fourth = take_low_latency(page, 2)
+    assert seeds(page) == [14, 13]
+    newest = page.evaluate(STORED)[0]
+    assert history_audio(page)[newest["id"]] == fourth
+    page.evaluate(f"window.studioHistory.configure({{maxBytes: {newest['bytes'] + 100}}})")
+    page.wait_for_function(N_ROWS % 1)
+    assert seeds(page) == [14]
+
+    # Clear: empty, also after a reload
+    page.locator("#history_clear").click()
+    page.wait_for_function(N_ROWS % 0)
+    assert page.evaluate(STORED) == [] and "No takes yet" in page.locator("#history_status").inner_text()
+    page.reload()
+    page.wait_for_function(N_ROWS % 0, timeout=60_000)
+    assert page.evaluate(STORED) == []
+    context.close()
+
+
+@pytest.mark.slow
+def test_without_indexeddb_the_history_is_unavailable_and_generate_works(studio, browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    context.add_init_script("Object.defineProperty(window, 'indexedDB', {value: undefined, configurable: true});")
+    try:
+        page = open_page(context, studio)
+        assert page.evaluate("window.studioHistory.state") == "unavailable"
+        assert "unavailable" in page.locator("#history_status").inner_text()
+        upload_reference(page)
+        fill(page, "Generate works without a history.", 21, "zero_shot")
+        t0 = time.monotonic()
+        take_low_latency(page, None)  # played and shown as always; nothing listed
+        print(f"\ntake without IndexedDB: {time.monotonic() - t0:.1f} s")
+        assert page.locator("#player_final a[download]").get_attribute("download").startswith("generate-works")
+        assert "unavailable" in page.locator("#history_status").inner_text()
+    finally:
+        context.close()
