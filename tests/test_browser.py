@@ -47,6 +47,17 @@ for (const name of ['play', 'playing', 'waiting', 'ended', 'error']) {
 """
 
 
+def need_browser_stack() -> None:
+    """Debian's chromium, ffmpeg (Gradio streams audio through it), the playwright package and vLLM are here."""
+    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
+    _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing (Gradio needs it for streamed audio)")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        _need(False, "the playwright package is missing")
+    pytest.importorskip("vllm")
+
+
 def _need(ok: bool, why: str) -> None:
     """Skip where the browser stack is missing; in CI that is a setup error, so fail instead."""
     if ok:
@@ -60,13 +71,7 @@ def _need(ok: bool, why: str) -> None:
 @pytest.fixture(scope="module")
 def studio(tiny_model_dir, tmp_path_factory):
     """(base URL, health JSON) of `python app.py` (tests/studio.py) on a free port."""
-    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
-    _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing (Gradio needs it for streamed audio)")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        _need(False, "the playwright package is missing")
-    pytest.importorskip("vllm")
+    need_browser_stack()
     tmp = tmp_path_factory.mktemp("studio")
     t0 = time.perf_counter()
     with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):

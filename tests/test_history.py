@@ -14,14 +14,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import shutil
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, run_studio
-from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
+from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack
 
 from app.ui import ui_text
 from app.ui.history import history_labels
@@ -75,13 +73,7 @@ def test_history_words_exist_in_both_languages_with_the_same_fields():
 @pytest.fixture(scope="module")
 def studio(tiny_model_dir, tmp_path_factory):
     """The base URL of `python app.py` (tests/studio.py) on a free port."""
-    _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
-    _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing (Gradio needs it for streamed audio)")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        _need(False, "the playwright package is missing")
-    pytest.importorskip("vllm")
+    need_browser_stack()
     tmp = tmp_path_factory.mktemp("history")
     with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):
         assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
