@@ -57,13 +57,13 @@ def test_every_line_the_page_shows_is_translated():
     English for an API client); the stats line's numbers are kept."""
     from app.engine.metrics import RequestRecord
     from app.engine.requests import RequestStats
-    from app.ui.handlers import NO_FFMPEG_NOTE, stats_line
+    from app.ui.handlers import NO_FFMPEG_NOTE
 
     stats = RequestStats(ttfa_ms=123.4, wall_s=1.0, audio_s=2.0, n_tokens=25, n_segments=1, n_chunks=2, lm_s=0.1,
                          flow_s=0.2, hift_s=0.3)  # RTF 0.5, 25 tokens/s
     rec = RequestRecord(seq=1, t=0.0, outcome="ok", queue_wait_s=0.25, request_id="a" * 32, seed=11,
                         mode="zero_shot", stats=stats)
-    line = stats_line(rec)
+    line = rec.line()
     zh = i18n.translate(line, "zh")
     assert zh.startswith("首音延迟 123 毫秒 · 实时率 0.50") and "种子 11" in zh and "声码器 0.30 秒" in zh, zh
     assert not re.search(r"\b(?:ms|tokens|audio|queue|reference|seed)\b", zh), zh

@@ -39,7 +39,7 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
 
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
-from app.ui.handlers import notes_markdown, request_details, stats_line
+from app.ui.handlers import notes_markdown
 from app.ui.panels import REQUEST_ID_CHARS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,13 +90,13 @@ def test_request_records_are_found_by_id_while_kept_and_build_the_stats():
     assert m.record("") is None and m.record("0" * 32) is None
     rec = m.record(reqs[1].request_id)
     assert rec is not None and (rec.seed, rec.mode, rec.voice, rec.notes) == (41, "cross_lingual", "alice", ("a note",))
-    line = stats_line(rec)
+    line = rec.line()
     for part in ("TTFA 123 ms", "RTF 0.50", "50.0 tokens/s", "audio 2.00 s", "queue 0.25 s",
                  "reference 0.50 s", "mode cross_lingual", "seed 41"):
         assert part in line, (part, line)
     assert "*" not in line  # plain text: API clients show it as it is
     assert notes_markdown(rec.notes) == "\n\n- a note" and notes_markdown(()) == ""
-    details = request_details(rec)
+    details = rec.details()
     assert details["request_id"] == reqs[1].request_id and details["audio_samples"] == 48_000
     assert (details["chunks"], details["segments"], details["voice"], details["notes"]) == (5, 2, "alice", ["a note"])
     assert (details["queue_wait_s"], details["reference_s"], details["ttfa_ms"]) == (0.25, 0.5, 123.4)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import RequestStats, SynthesisRequest
 from app.engine.resources import ResourceProbe
 
@@ -62,6 +63,31 @@ class RequestRecord:
                 "lm_s": s.lm_s, "flow_s": s.flow_s, "vocoder_s": s.hift_s, "audio_s": s.audio_s,
                 "wall_s": s.wall_s, "tokens_per_s": s.tokens_per_s, "n_tokens": s.n_tokens, "n_chunks": s.n_chunks,
                 "n_segments": s.n_segments}
+
+    def line(self) -> str:
+        """The stats line under both players: latency, speed and where the time went. Plain text (API clients
+        and the page show it as it is; the page translates it)."""
+        t = self.timings()
+        rtf = t["rtf"] if t["rtf"] is not None else float("inf")  # None: no audio
+        t = {k: v or 0 for k, v in t.items()}
+        return (f"TTFA {t['ttfa_ms']:.0f} ms · RTF {rtf:.2f} · {t['tokens_per_s']:.1f} tokens/s · "
+                f"audio {t['audio_s']:.2f} s · LM {t['lm_s']:.2f} s · flow {t['flow_s']:.2f} s · "
+                f"vocoder {t['vocoder_s']:.2f} s · queue {self.queue_wait_s:.2f} s · "
+                f"reference {self.reference_s:.2f} s · mode {self.mode} · seed {self.seed}")
+
+    def details(self) -> dict[str, Any]:
+        """The details JSON of both players (strict JSON: no NaN)."""
+        def r(x: float | None, digits: int) -> float | None:
+            return None if x is None else round(x, digits)
+
+        t = self.timings()
+        return {"seed": self.seed, "mode": self.mode, "stream": self.stream, "speed": self.speed,
+                "voice": self.voice or None, "request_id": self.request_id, "sample_rate": OUTPUT_SAMPLE_RATE_HZ,
+                "audio_samples": self.n_samples, "audio_s": r(t["audio_s"], 3), "ttfa_ms": r(t["ttfa_ms"], 1),
+                "rtf": r(t["rtf"], 3), "tokens": t["n_tokens"], "tokens_per_s": r(t["tokens_per_s"], 1),
+                "lm_s": r(t["lm_s"], 3), "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3),
+                "queue_wait_s": round(self.queue_wait_s, 3), "reference_s": round(self.reference_s, 3),
+                "chunks": t["n_chunks"], "segments": t["n_segments"], "notes": list(self.notes)}
 
     def row(self) -> dict[str, Any]:
         """A plain dict: the record's own fields and its `timings()` (the panels' table and charts, /health)."""

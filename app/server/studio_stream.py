@@ -31,7 +31,7 @@ from app.engine.prepare import SpeechInputs
 from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
 from app.server.speech import prepare_or_raise, speech_response
-from app.ui.handlers import ARRIVAL_KEY, request_details, stats_line
+from app.ui.handlers import ARRIVAL_KEY
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 UNKNOWN_REFERENCE = "unknown reference file: upload the reference recording again, or pick an example"
@@ -146,7 +146,6 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         if rec is None or rec.outcome != "ok":
             raise ApiError(404, "unknown request, one that did not finish, or one too old to be kept",
                            param="request_id", code="unknown_request")
-        return {"request_id": rec.request_id, "line": stats_line(rec), "notes": list(rec.notes),
-                "details": request_details(rec)}
+        return {"request_id": rec.request_id, "line": rec.line(), "notes": list(rec.notes), "details": rec.details()}
 
     app.include_router(router)

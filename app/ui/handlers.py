@@ -4,8 +4,8 @@
 parameters are the API's (text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed,
 stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed scale (never float
 arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
-per-request stats line and the details, built from the request's metrics record by `stats_line` and
-`request_details` (the low-latency player's result uses the same two, through GET /studio/requests/{id}).
+per-request stats line and the details, built from the request's metrics record (`RequestRecord.line` and
+`.details`; the low-latency player's result uses the same two, through GET /studio/requests/{id}).
 A cancelled event closes this generator: `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
 """
 
@@ -30,7 +30,6 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine.admission import BusyError
 from app.engine.fair_share import ShareError
 from app.engine.inputs import MAX_SEED, InputError
-from app.engine.metrics import RequestRecord
 from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
 from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
@@ -126,36 +125,9 @@ def stream_error(e: Exception) -> gr.Error:
     return gr.Error(f"Synthesis failed: {e}")  # a ValueError, e.g. a prompt longer than the engine's max_model_len
 
 
-def stats_line(rec: RequestRecord) -> str:
-    """The per-request line under the player: latency, speed and where the time went (both players).
-    Plain text (API clients and the page show it as it is)."""
-    t = rec.timings()
-    rtf = t["rtf"] if t["rtf"] is not None else float("inf")  # None: no audio
-    t = {k: v or 0 for k, v in t.items()}
-    return (f"TTFA {t['ttfa_ms']:.0f} ms · RTF {rtf:.2f} · {t['tokens_per_s']:.1f} tokens/s · "
-            f"audio {t['audio_s']:.2f} s · LM {t['lm_s']:.2f} s · flow {t['flow_s']:.2f} s · "
-            f"vocoder {t['vocoder_s']:.2f} s · queue {rec.queue_wait_s:.2f} s · "
-            f"reference {rec.reference_s:.2f} s · mode {rec.mode} · seed {rec.seed}")
-
-
 def notes_markdown(notes: tuple[str, ...] | list[str]) -> str:
     """The notes as a Markdown list below the stats line ("" for none)."""
     return "\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""
-
-
-def request_details(rec: RequestRecord) -> dict[str, Any]:
-    """The details JSON of one finished request (the page's "details" output, both players)."""
-    def r(x: float | None, digits: int) -> float | None:
-        return None if x is None else round(x, digits)
-
-    t = rec.timings()
-    return {"seed": rec.seed, "mode": rec.mode, "stream": rec.stream, "speed": rec.speed, "voice": rec.voice or None,
-            "request_id": rec.request_id, "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": rec.n_samples,
-            "audio_s": r(t["audio_s"], 3), "ttfa_ms": r(t["ttfa_ms"], 1), "rtf": r(t["rtf"], 3),
-            "tokens": t["n_tokens"], "tokens_per_s": r(t["tokens_per_s"], 1), "lm_s": r(t["lm_s"], 3),
-            "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3), "queue_wait_s": round(rec.queue_wait_s, 3),
-            "reference_s": round(rec.reference_s, 3), "chunks": t["n_chunks"], "segments": t["n_segments"],
-            "notes": list(rec.notes)}
 
 
 class Handlers:
@@ -240,8 +212,8 @@ class Handlers:
             return None, (str(path) if audio.size else None), line, details
         rec = self.service.metrics.record(req.request_id)
         assert rec is not None and rec.outcome == "ok", rec
-        line = translate(stats_line(rec), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
-        return (gr.skip() if live else None), str(path), line, request_details(rec)
+        line = translate(rec.line(), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
+        return (gr.skip() if live else None), str(path), line, rec.details()
 
     @staticmethod
     async def begin(stop: StopSignal | None = None) -> tuple[Any, ...]:

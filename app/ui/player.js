@@ -54,7 +54,7 @@
   const byId = (id) => document.getElementById(id);
   const setHtml = (id, html) => { const el = byId(id); if (el) el.innerHTML = html; };
   const escapeHtml = (t) => String(t).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-  // the stats line's Markdown (app/ui/handlers.py stats_line): **bold** only
+  // the stats line's Markdown (app/engine/metrics.py RequestRecord.line): **bold** only
   const markdownLine = (t) => escapeHtml(t).replace(/\*\*(.+?)\*\*/g, '<strong>$1</strong>');
 
   // RIFF/WAVE header of 16-bit mono PCM at RATE_HZ with nBytes of samples
