@@ -11,6 +11,7 @@ package: `bash scripts/setup_browser.sh`. Never `playwright install` (no browser
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import time
@@ -55,7 +56,7 @@ def need_browser_stack() -> None:
         import playwright  # noqa: F401
     except ImportError:
         _need(False, "the playwright package is missing")
-    pytest.importorskip("vllm")
+    _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (the studio's engine)")
 
 
 def _need(ok: bool, why: str) -> None:
