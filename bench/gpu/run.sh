@@ -16,7 +16,9 @@
 #                 CONFIG (e.g. configs/fast.toml), MEMORY (1), PREFLIGHT (1), TEXTS (a file), WARMUP (1), SWEEP_TIMEOUT
 #   fast          STAGE=options | defaults | fast (HOP_CHECK=1): the flow's speed options, then a sweep
 #   graphs        the flow estimator's CUDA graphs, then the sweep with them on (SWEEP=0: the check only)
-#   incremental   STEPS="base inc fast fast_inc long_base long_fast long_inc hops", INC_GIB (90), CONC (1,16)
+#   incremental   STEPS="base inc fast fast_inc long_base long_fast long_inc hops", INC_GIB (90), CONC (1,16);
+#                 *_inc_pg: the incremental flow with its paged hop and HiFT as CUDA graphs; paged_hops: the
+#                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
 #   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
 #   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile", CONC (1,64), REPS, LM_TIMEOUT
 #   soak start|finish   `python app.py` soaked over HTTP, then the engine-kill drill: STREAMS (64), MINUTES (10),
@@ -150,7 +152,8 @@ step_graphs() {  # the flow estimator's CUDA graphs alone, then the sweep with t
 
 step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json per step
   local inc="engine.flow_incremental=true engine.flow_state_gib=${INC_GIB:-90}" step dt
-  local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS=2 SWEEP_TIMEOUT=240)
+  local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
+  local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS=2 "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
   local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt SWEEP_TIMEOUT=240)
   echo "Hello." > /tmp/one_segment.txt  # one short sentence: one text segment, its length set by FIXED
   for step in ${STEPS:-base inc long_base long_inc}; do
@@ -163,6 +166,13 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
       long_base) env TAG="$step" "${long[@]}" bash "$ME" serve ;;
       long_fast) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml bash "$ME" serve ;;
       long_inc) env TAG="$step" "${long[@]}" SETS="$inc" bash "$ME" serve ;;
+      inc_pg) env TAG="$step" "${short[@]}" SETS="$inc $pg" bash "$ME" serve ;;
+      fast_inc_pg) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
+      long_inc_pg) env TAG="$step" "${long[@]}" SETS="$inc $pg" bash "$ME" serve ;;
+      long_fast_inc_pg) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
+      paged_hops) timeout "${HOPS_TIMEOUT:-330}" python3 -m bench.gpu.paged_hops "$OUT/paged_hops.json" 2>&1 \
+          | grep -v Warning | tail -30
+        continue ;;
       hops) for dt in float32 float16; do
           timeout 500 python3 -m bench.gpu.incremental_graphs "$OUT/incremental_hops_$dt.json" --dtype $dt 2>&1 \
             | grep -v Warning | tail -8
