@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from t2w_chunks import run_chunk
 from tolerances import (
     FLOW_MEL_ATOL,
     INCREMENTAL_ATOL,
@@ -246,7 +247,7 @@ def _audio(flow, hift, prompt, tok, *, incremental: bool, voice_prefix=None) -> 
                         voice_prefix=voice_prefix)
     chunks = []
     while not s.done:
-        chunks.append(s.run(tok, s.next_plan(tok.shape[1], lm_finished=True)))
+        chunks.append(run_chunk(s, tok, s.next_plan(tok.shape[1], lm_finished=True)))
     return chunks
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from t2w_chunks import run_chunk
 from tolerances import BATCH_ATOL, BATCH_SOLVE_ATOL, FLOW_MEL_ATOL, PREFIX_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.config import StreamingConfig
@@ -30,13 +31,14 @@ def modules(parity_model_dir):
 
 def run_all(flow, hift, prompt, tokens: torch.Tensor, *, stream: bool, speed: float = 1.0,
             streaming: StreamingConfig | None = None):
-    """Feed all tokens at once (the official vc path) and collect every chunk and plan."""
+    """Feed all tokens at once (the official vc path) and collect every chunk and plan (each through
+    the pipeline's flow job and finish: `run_chunk`)."""
     s = Token2WavStream(flow, hift, prompt, streaming or StreamingConfig(), stream=stream, speed=speed)
     plans, chunks = [], []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
         plans.append(plan)
-        chunks.append(s.run(tokens, plan))
+        chunks.append(run_chunk(s, tokens, plan))
     return plans, chunks
 
 
@@ -161,7 +163,7 @@ def test_interleaved_requests_match_solo(modules, prompt, golden):
         for s, tok, out in ((sa, tok_a, out_a), (sb, tok_b, out_b)):
             avail = min(n, tok.shape[1])
             while (plan := s.next_plan(avail, lm_finished=avail == tok.shape[1])) is not None:
-                out.append(s.run(tok, plan))
+                out.append(run_chunk(s, tok, plan))
     assert sa.done and sb.done
     assert torch.equal(torch.cat(out_a), solo_a)
     assert torch.equal(torch.cat(out_b), solo_b)

@@ -180,7 +180,8 @@ class Token2WavStream:
     """Per-request token->wave state: hop schedule, token offset, HiFT mel/source/speech caches.
 
     Usage: whenever tokens arrive, `plan = s.next_plan(n_available, lm_finished)`; if a plan is
-    returned, `wave = s.run(tokens, plan)` ([N] float32 at 24 kHz). Exactly one plan has
+    returned, its flow call (`flow_item` + `flow_batch`, or an `IncrementalItem`) gives the mel and
+    `wave = s.finish(mel, plan)` ([N] float32 at 24 kHz) (app/engine/pipeline.py). Exactly one plan has
     `finalize=True`; after it `s.done` is True. With `stream=False` only that final plan exists.
     The shared flow/hift modules are never mutated.
     """
@@ -326,8 +327,3 @@ class Token2WavStream:
         wave = self.emit(row, wav, source, plan)
         self.advance(plan)
         return wave
-
-    def run(self, tokens: Tensor, plan: ChunkPlan) -> Tensor:
-        """Flow + HiFT for `plan` on `tokens` [1, N>=plan.n_tokens]; returns [samples] float32. The same
-        functions as the pipeline's jobs (`flow_batch`/`flow_step`, then `finish`), for one stream alone."""
-        return self.finish(self.flow_mel(tokens, plan), plan)
