@@ -13,7 +13,7 @@ sos/task_id are the two rows of `llm_embedding`; no speaker embedding is used.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -179,76 +179,3 @@ class SpeechLM(nn.Module):
         sampler = sampler or self.ras_sampler()
         while (token := self.next_token(state, sampler)) is not None:
             yield token
-
-    @torch.inference_mode()
-    def decode_bistream(self, text_pieces: Iterable[Tensor | Sequence[int]],
-                        prompt_text_ids: Tensor | Sequence[int], prompt_speech_tokens: Tensor | Sequence[int],
-                        generator: torch.Generator, sampler: Sampler | None = None,
-                        max_len: int | None = None) -> Iterator[int]:
-        """Official bi-streaming decode: text arrives piece by piece, speech tokens leave as made.
-
-        Each item of `text_pieces` is handled as one arrival (upstream feeds one id at a time).
-        Prompt text/speech are interleaved 5 text : 15 speech (`mix_ratio`); then each 5 new
-        text tokens let the LM speak until it emits (or is forced to emit, every 16th output)
-        the fill token 6563, which is never fed back. After the last piece, leftover text +
-        task_id are fed and decoding runs to eos with no length limits. Upstream quirks kept:
-        after a fill, the last fed chunk is fed again in front of the final text; prompt speech
-        still pending when the text ends is dropped. Fill tokens are not yielded.
-        `max_len` (not upstream, which has no limit) stops after that many yielded tokens.
-        """
-        sampler = sampler or self.ras_sampler()
-        n_text, n_speech = self.dims.mix_ratio
-        cache, out, n_yielded = self.new_cache(), [], 0  # out: every output incl. fills (RAS window)
-        pending = self._special(SOS_ROW)  # [1, T, D]; stays as-is after it is fed (see quirks)
-        text_cache = self.embed_text(prompt_text_ids)  # [1, Lt, D] text waiting to be fed
-        speech_prompt = self.embed_speech(prompt_speech_tokens)  # [1, Ls, D]
-        n_prompt = speech_prompt.shape[1]
-        next_fill = (n_prompt // n_speech + 1) * n_speech - n_prompt  # output index of a forced fill
-
-        def step(logp: Tensor) -> int:
-            if len(out) == next_fill:
-                return FILL_TOKEN
-            logp[EOS_TOKEN] = -float("inf")
-            return sampler(logp, out, generator)
-
-        for piece in text_pieces:
-            text_cache = torch.cat([text_cache, self.embed_text(piece)], dim=1)
-            while speech_prompt.shape[1] and text_cache.shape[1] >= n_text:
-                pending = torch.cat([pending, text_cache[:, :n_text], speech_prompt[:, :n_speech]], dim=1)
-                text_cache, speech_prompt = text_cache[:, n_text:], speech_prompt[:, n_speech:]
-            if speech_prompt.shape[1]:
-                continue
-            after_fill = bool(out) and out[-1] == FILL_TOKEN
-            if after_fill or (not out and pending.shape[1] == 1):
-                if text_cache.shape[1] < n_text:
-                    continue  # wait for more text
-                chunk, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
-                pending = chunk if after_fill else torch.cat([pending, chunk], dim=1)
-            while True:
-                token = step(self._feed(pending, cache))
-                if token == FILL_TOKEN:
-                    next_fill = len(out) + n_speech + 1
-                out.append(token)
-                if token == FILL_TOKEN:
-                    break
-                if token >= SPEECH_TOKEN_SIZE:
-                    raise RuntimeError(f"bistream decode produced stop token {token} mid-text")
-                yield token
-                n_yielded += 1
-                if max_len is not None and n_yielded >= max_len:
-                    return
-                pending = self.embed_speech(token)
-
-        pending = torch.cat([pending, text_cache, self._special(TASK_ID_ROW)], dim=1)
-        while True:
-            token = sampler(self._feed(pending, cache), out, generator)
-            out.append(token)
-            if token == EOS_TOKEN:
-                return
-            if token >= SPEECH_TOKEN_SIZE:
-                raise RuntimeError(f"bistream decode produced {token}; only speech or eos may come")
-            yield token
-            n_yielded += 1
-            if max_len is not None and n_yielded >= max_len:
-                return
-            pending = self.embed_speech(token)

@@ -80,9 +80,3 @@ def ras_distribution(logp: Tensor, decoded: Sequence[int], *, top_p: float = 0.8
         else:
             out[x] += qx
     return out
-
-
-def greedy_sample(logp: Tensor, decoded: Sequence[int], generator: torch.Generator) -> int:
-    """Deterministic sampler (argmax); the bistream goldens were made with it."""
-    del decoded, generator
-    return int(logp.argmax())
