@@ -21,7 +21,6 @@ import re
 import threading
 import unicodedata
 from collections.abc import Callable
-from importlib.util import find_spec
 from typing import Literal, overload
 
 TextBackend = Literal["wetext", "none"]
@@ -47,11 +46,6 @@ def contains_chinese(text: str) -> bool:
 def is_only_punctuation(text: str) -> bool:
     """True if every char is Unicode punctuation (P*) or symbol (S*); True for ''."""
     return all(unicodedata.category(c)[0] in "PS" for c in text)
-
-
-def default_backend() -> TextBackend:
-    """'wetext' where the package is installed, else 'none' (the official fallback order)."""
-    return "wetext" if find_spec("wetext") is not None else "none"
 
 
 def replace_blank(text: str) -> str:
