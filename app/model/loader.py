@@ -42,10 +42,6 @@ class CosyVoice2Model:
     device: torch.device
     checkpoint_counts: dict[str, dict[str, int]]  # per file: {"tensors": n, "params": n} as stored
 
-    def parameter_counts(self) -> dict[str, int]:
-        """Parameters of each checkpoint file as stored (llm counts Qwen's tied lm_head separately)."""
-        return {name: c["params"] for name, c in self.checkpoint_counts.items()}
-
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 # Ids up to 151662 come out of the tokenizer (151643 BPE + 3 Qwen2 + 17 CosyVoice specials).
 TOKENIZER_LEN = 151_663
 QWEN2_VOCAB_SIZE = 151_936  # embed_tokens rows of Qwen2-0.5B (tokenizer length padded for GPUs)
-# head sizes vLLM's CPU attention accepts (vllm_feasibility.md §2, item 3)
-VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 @dataclass(frozen=True)
@@ -68,11 +66,6 @@ class ModelSize:
     @property
     def qwen_head_dim(self) -> int:
         return self.qwen_hidden_size // self.qwen_num_heads
-
-    @property
-    def vllm_cpu_ok(self) -> bool:
-        """Whether vLLM's CPU attention supports this head size."""
-        return self.qwen_head_dim in VLLM_CPU_HEAD_DIMS
 
 
 # CosyVoice2-0.5B (Qwen2-0.5B backbone, head_dim 64).

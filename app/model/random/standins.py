@@ -178,8 +178,3 @@ def write_speech_tokenizer(path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     onnx.save_model(build_speech_tokenizer(seed), path)
     return path
-
-
-def expected_token_count(n_frames: int) -> int:
-    """T' = ceil(ceil(T/2)/2): tokens the stand-in (and the real 25 Hz tokenizer) gives for T frames."""
-    return math.ceil(math.ceil(n_frames / 2) / 2)
