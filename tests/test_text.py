@@ -91,16 +91,12 @@ def test_shared_frontend_across_threads(tokenizer, text_json):
 
 
 @pytest.mark.parity
-def test_encode_plain_keeps_specials_as_text(tokenizer):
+def test_encode_matches_specials(tokenizer):
+    """Special-token strings become their ids (user text loses them before: app/engine/inputs.py,
+    tests/test_inputs.py::test_special_tokens_never_reach_the_lm_input), and decode drops them."""
     text = "You are a helpful assistant.<|endofprompt|>[breath]Hi"
     specials = set(tokenizer.special_token_ids.values())
     assert specials & set(tokenizer.encode(text)) == {151646, 151647}
-    plain = tokenizer.encode_plain(text)
-    assert not specials & set(plain)
-    assert tokenizer.decode(plain) == text
-    assert tokenizer.encode_plain("Hello there, how are you today?") == tokenizer.encode(
-        "Hello there, how are you today?"
-    )
     assert tokenizer.decode(tokenizer.encode(text)) == "You are a helpful assistant.Hi"
     assert tokenizer.count_tokens(text) == len(tokenizer.encode(text))
 

@@ -9,7 +9,6 @@ BOS/EOS; special-token strings typed in the text are recognised as specials.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,16 +47,13 @@ class SpeechTextTokenizer:
     """Qwen2 BPE + CosyVoice2 specials; `encode` reproduces the official text ids exactly.
 
     Encoding runs on the fast tokenizer's Rust backend directly (no per-call state is toggled), so
-    one instance can be shared across threads. `encode_plain` uses a second backend copy that
-    never matches specials, for user text that must not smuggle control tokens in.
+    one instance can be shared across threads.
     """
 
     def __init__(self, hf_tokenizer, folder: Path) -> None:
         self.folder = folder
         self._hf = hf_tokenizer
         self._backend = hf_tokenizer.backend_tokenizer
-        self._plain = None  # backend copy for encode_plain, built on first use (~1 s)
-        self._plain_lock = threading.Lock()
         names = (EOS_TOKEN, *ADDITIONAL_SPECIAL_TOKENS)
         self.special_token_ids: dict[str, int] = {n: hf_tokenizer.convert_tokens_to_ids(n) for n in names}
         self._len = len(hf_tokenizer)
@@ -95,17 +91,6 @@ class SpeechTextTokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> ids, no BOS/EOS; special-token strings in `text` become their special ids."""
         return self._backend.encode(text, add_special_tokens=True).ids
-
-    def encode_plain(self, text: str) -> list[int]:
-        """Like `encode`, but special-token strings are tokenised as ordinary characters."""
-        with self._plain_lock:
-            if self._plain is None:
-                # a private copy with special matching off: `encode_special_tokens` is a mutable
-                # flag of the backend, so flipping it per call on a shared one would race threads
-                plain = type(self._backend).from_str(self._backend.to_str())
-                plain.encode_special_tokens = True
-                self._plain = plain
-        return self._plain.encode(text, add_special_tokens=True).ids
 
     def count_tokens(self, text: str) -> int:
         """Number of ids `encode(text)` gives (the length unit of English segment splitting)."""
