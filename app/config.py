@@ -69,6 +69,10 @@ class SamplingConfig:
         if not 0.0 <= self.min_len_ratio <= self.max_len_ratio:
             raise ConfigError("sampling: need 0 <= min_len_ratio <= max_len_ratio")
 
+    def length_limits(self, n_text_tokens: int) -> tuple[int, int]:
+        """(min, max) speech tokens for a tts text of `n_text_tokens` tokens (prompt excluded), as upstream."""
+        return int(n_text_tokens * self.min_len_ratio), int(n_text_tokens * self.max_len_ratio)
+
     def resolved(self, defaults: object) -> SamplingConfig:
         """These settings with every unset RAS field taken from `defaults` (the checkpoint's LLMDims)."""
         return replace(self, **{k: getattr(defaults, k) for k in ("top_p", "top_k", "win_size", "tau_r")

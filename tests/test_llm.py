@@ -11,6 +11,7 @@ import torch
 from bistream import decode_bistream, greedy_sample
 from tolerances import LM_ATOL, LM_INPUT_ATOL, within
 
+from app.config import SamplingConfig
 from app.model.hparams import load_hparams
 from app.model.llm import EOS_TOKEN, STOP_TOKENS, SpeechLM
 from app.model.sampling import ras_distribution, ras_sample
@@ -58,7 +59,7 @@ def test_teacher_forced_steps(lm, golden, manifest, case):
     assert tuple(lm_input.shape) == g[f"{case}_lm_input"].shape
     assert within(_max_err(lm_input, g[f"{case}_lm_input"]), LM_INPUT_ATOL)
 
-    min_len, _ = lm.length_limits(g[f"{case}_text"].shape[1])
+    min_len, _ = SamplingConfig().length_limits(g[f"{case}_text"].shape[1])
     forced = g[f"{case}_forced_tokens"].tolist()
     cache, pending = lm.new_cache(), lm_input
     hidden, logits, logp = [], [], []
@@ -96,7 +97,7 @@ def test_sampled_tokens_exact(lm, golden, manifest):
     # zs_text run, which may differ in length from this text
     n_prefix = 1 + g["zs_prompt_text"].shape[1] + text.shape[1] + 1 + g["zs_prompt_speech_token"].shape[1]
     assert tuple(lm_input.shape[:2]) == (1, n_prefix)
-    min_len, max_len = lm.length_limits(text.shape[1])
+    min_len, max_len = SamplingConfig().length_limits(text.shape[1])
     assert max_len == m["sampled_max_len"]
     gen = torch.Generator().manual_seed(m["sampled_seed"])
     tokens = list(lm.decode(lm_input, min_len, max_len, gen))
@@ -114,7 +115,7 @@ def test_e2e_llm_tokens_exact(lm, golden, manifest, parity):
     front = golden("frontend")
     assert front["a_zs_prompt_text"][0].tolist() == prompt_text
     lm_input = lm.build_lm_input(text, prompt_text, front["a_zs_prompt_speech_token"])
-    min_len, max_len = lm.length_limits(len(text))
+    min_len, max_len = SamplingConfig().length_limits(len(text))
     tokens = list(lm.decode(lm_input, min_len, max_len, torch.Generator().manual_seed(e2e["seed"])))
     want = golden("e2e")
     assert tokens == want["nonstream_llm_tokens"][0].tolist()

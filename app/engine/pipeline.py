@@ -105,7 +105,7 @@ class Synthesizer:
         if req.fixed_tokens:  # benchmark mode: a set output length whatever the (random) weights sample
             min_tokens = max_tokens = req.fixed_tokens
         else:
-            min_tokens, max_tokens = int(len(text_ids) * s.min_len_ratio), int(len(text_ids) * s.max_len_ratio)
+            min_tokens, max_tokens = s.length_limits(len(text_ids))
         return LMRequest(
             request_id=f"{req.request_id}-{index}", prompt_embeds=lm_input[0].float().cpu(), min_tokens=min_tokens,
             max_tokens=max_tokens, seed=req.seed + index, sampling=s, ignore_eos=bool(req.fixed_tokens))

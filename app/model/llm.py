@@ -2,8 +2,8 @@
 
 `SpeechLM` holds weights only (state-dict keys identical to `Qwen2LM`); each request owns a
 `DecodeState` (KV cache, generator, emitted tokens). The pure-torch `decode` loop here is the
-reference backend; a serving engine may replace the loop and keep `build_lm_input`,
-`length_limits` and the stop-token constants.
+reference backend; a serving engine may replace the loop and keep `build_lm_input` and the
+stop-token constants (the length limits are `SamplingConfig.length_limits`, app/config.py).
 
 Sequence fed to the Qwen2 backbone (positions from 0 at sos):
     [sos, embed_tokens(prompt_text + text), task_id, speech_embedding(prompt_speech)]
@@ -30,8 +30,6 @@ FILL_TOKEN = SPEECH_TOKEN_SIZE + 2  # 6563: bistream "need more text" marker
 STOP_TOKENS = frozenset({EOS_TOKEN, UNUSED_STOP_TOKEN, FILL_TOKEN})
 N_SPEECH_ROWS = SPEECH_TOKEN_SIZE + 3  # rows of speech_embedding / outputs of llm_decoder
 SOS_ROW, TASK_ID_ROW = 0, 1  # rows of llm_embedding
-MIN_TOKEN_TEXT_RATIO = 2  # min_len = 2 x tts-text tokens
-MAX_TOKEN_TEXT_RATIO = 20  # max_len = 20 x tts-text tokens
 
 
 class _Qwen2Encoder(nn.Module):
@@ -106,11 +104,6 @@ class SpeechLM(nn.Module):
         text = torch.cat([_ids(prompt_text_ids, self.device), _ids(text_ids, self.device)], dim=1)
         return torch.cat([self._special(SOS_ROW), self.embed_text(text), self._special(TASK_ID_ROW),
                           self.embed_speech(prompt_speech_tokens)], dim=1)
-
-    @staticmethod
-    def length_limits(n_tts_text_tokens: int) -> tuple[int, int]:
-        """(min_len, max_len) speech tokens for a tts text of that many tokens (prompt excluded)."""
-        return int(n_tts_text_tokens * MIN_TOKEN_TEXT_RATIO), int(n_tts_text_tokens * MAX_TOKEN_TEXT_RATIO)
 
     @torch.inference_mode()
     def hidden(self, inputs_embeds: Tensor, cache: KVCache | None = None) -> Tensor:
