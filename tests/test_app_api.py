@@ -8,6 +8,7 @@ One server for the module (~40 s to start on 2 cores). Its queue is small on pur
 from __future__ import annotations
 
 import json
+import pickle
 import time
 import wave
 from pathlib import Path
@@ -52,25 +53,30 @@ def test_voice_store_roundtrip_and_safe_names(tmp_path):
         assert torch.equal(getattr(got, k), getattr(v, k)), k
     with np.load(tmp_path / "voices" / "alice.npz", allow_pickle=False) as z:  # plain arrays only
         assert set(z.files) == {"prompt_text_ids", "speech_tokens", "speech_mel", "embedding", "prompt_text_utf8"}
-    with pytest.raises(VoiceError, match="exists already"):
+    with pytest.raises(VoiceError, match="exists already") as taken:
         store.save("alice", v)
+    assert taken.value.code == "exists"  # what the doors choose a 409 / "Name taken" by
+    assert pickle.loads(pickle.dumps(taken.value)).code == "exists"
     store.save("alice", _voice("replaced"), overwrite=True)
     assert store.load("alice").prompt_text == "replaced"
     assert check_name("声音_1") == "声音_1"
     for bad in ("../evil", "a/b", "..", ".hidden", "a b", "", "-x", "x" * 65, "a.npz", "C:\\x"):
-        with pytest.raises(VoiceError, match="invalid voice name"):
+        with pytest.raises(VoiceError, match="invalid voice name") as invalid:
             store.save(bad, v)
+        assert invalid.value.code == "invalid_name", bad
     assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["alice.json", "alice.npz"]
     assert not list(tmp_path.glob("evil*"))
     # another model's features are not offered and not loaded
     other = VoiceStore(tmp_path / "voices", model_fingerprint="zzz")
     assert other.names() == []
-    with pytest.raises(VoiceError, match="another model"):
+    with pytest.raises(VoiceError, match="another model") as other_model:
         other.load("alice")
+    assert other_model.value.code == "other_model"
     store.delete("alice")
     assert store.names() == [] and not list((tmp_path / "voices").iterdir())
-    with pytest.raises(VoiceError, match="no saved voice"):
+    with pytest.raises(VoiceError, match="no saved voice") as unknown:
         store.delete("alice")
+    assert unknown.value.code == "not_found"
 
 
 def test_space_front_matter_and_files():

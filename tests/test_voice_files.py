@@ -171,11 +171,13 @@ def test_export_import_round_trip_is_exact(exported, tmp_path):
 def test_taken_and_invalid_names_write_nothing(exported):
     a, data = exported
     before = _snapshot(a.root)
-    with pytest.raises(VoiceError, match="exists already"):
+    with pytest.raises(VoiceError, match="exists already") as taken:
         import_voice(a, data, max_bytes=MAX_BYTES)
+    assert taken.value.code == "exists"
     for bad in ("../evil", "a b", "x" * 65, ".hidden"):
-        with pytest.raises(VoiceError, match="invalid voice name"):
+        with pytest.raises(VoiceError, match="invalid voice name") as invalid:
             import_voice(a, data, max_bytes=MAX_BYTES, name=bad)
+        assert invalid.value.code == "invalid_name", bad
     assert _snapshot(a.root) == before
     info = import_voice(a, data, max_bytes=MAX_BYTES, overwrite=True)  # same semantics as save
     assert info.name == "alice" and a.names() == ["alice"]

@@ -55,8 +55,7 @@ class VoiceFileError(VoiceError):
     """A voice file cannot be imported; the message says why, `code` says it for the API."""
 
     def __init__(self, message: str, code: str = "invalid_voice_file") -> None:
-        super().__init__(message)
-        self.code = code  # invalid_voice_file | other_model | file_too_large | not_ready
+        super().__init__(message, code=code)  # invalid_voice_file | other_model | file_too_large | not_ready
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ is listed only once complete). A voice records its model's fingerprint; another 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -33,7 +34,17 @@ NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), star
 
 
 class VoiceError(ValueError):
-    """A voice name is invalid, unknown, taken, or its files are unusable; the message says which."""
+    """A voice name is invalid, unknown, taken, or its files are unusable; the message says which (for people),
+    `code` says it for the doors that pick a status or a reaction (never the message's words)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        # invalid_name | invalid_transcript | not_found | exists | other_model | damaged
+        # (VoiceFileError, app/engine/voice_file.py, adds its own)
+        self.code = code
+
+    def __reduce__(self):  # unpickling calls type(self)(*args): code is keyword-only, so pass it along
+        return functools.partial(type(self), code=self.code), self.args
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,10 @@ class VoiceInfo:
 def check_name(name: str) -> str:
     """The NFC-normalised name if it is a valid voice name, else `VoiceError` naming the rule."""
     if not isinstance(name, str):
-        raise VoiceError(f"a voice name must be text, got {type(name).__name__}")
+        raise VoiceError(f"a voice name must be text, got {type(name).__name__}", code="invalid_name")
     norm = unicodedata.normalize("NFC", name.strip())
     if not NAME_RE.fullmatch(norm) or norm.startswith(("_", "-")):
-        raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}")
+        raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}", code="invalid_name")
     return norm
 
 
@@ -99,7 +110,7 @@ class VoiceStore:
         npz, meta = self.root / f"{name}.npz", self.root / f"{name}.json"
         # belt and braces: NAME_RE already rules out separators and dots
         if npz.parent != self.root or meta.parent != self.root:
-            raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}")
+            raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}", code="invalid_name")
         return npz, meta
 
     # --- reading -------------------------------------------------------------------------------
@@ -135,7 +146,7 @@ class VoiceStore:
         _, meta = self._paths(name)
         info = self._read_info(meta) if meta.is_file() else None
         if info is None:
-            raise VoiceError(f"no saved voice named {check_name(name)!r}")
+            raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
         return info
 
     def load(self, name: str) -> VoiceFeatures:
@@ -143,12 +154,14 @@ class VoiceStore:
         npz, _ = self._paths(name)
         info = self.info(name)
         if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
-            raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording")
+            raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording",
+                             code="other_model")
         try:
             with np.load(npz, allow_pickle=False) as z:
                 return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
         except (OSError, ValueError, KeyError, AssertionError) as e:
-            raise VoiceError(f"voice {info.name!r} is damaged ({e}); delete it and save it again") from e
+            raise VoiceError(f"voice {info.name!r} is damaged ({e}); delete it and save it again",
+                             code="damaged") from e
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -159,7 +172,8 @@ class VoiceStore:
         name = check_name(name)
         limit = self.max_transcript_chars
         if limit is not None and len(voice.prompt_text) > limit:
-            raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)")
+            raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)",
+                             code="invalid_transcript")
         npz, meta = self._paths(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
                          prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2),
@@ -167,7 +181,8 @@ class VoiceStore:
                          model_fingerprint=self.model_fingerprint, owner=self.owner)
         with self._lock:
             if meta.exists() and not overwrite:
-                raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name")
+                raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name",
+                                 code="exists")
             self.root.mkdir(parents=True, exist_ok=True)
             self._atomic_write(npz, lambda f: np.savez(f, **voice.to_arrays()))
             self._atomic_write(meta, lambda f: f.write(json.dumps(info.to_dict(), ensure_ascii=False).encode()))
@@ -178,7 +193,7 @@ class VoiceStore:
         npz, meta = self._paths(name)
         with self._lock:
             if not meta.exists() and not npz.exists():
-                raise VoiceError(f"no saved voice named {check_name(name)!r}")
+                raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
             meta.unlink(missing_ok=True)  # unlisted first, then the arrays
             npz.unlink(missing_ok=True)
 

@@ -100,7 +100,7 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
         except InputError as e:
             raise ApiError(400, str(e), param="audio", code=e.code) from e
         except VoiceError as e:
-            raise ApiError(409 if "exists" in str(e) else 400, str(e), param="name", code="invalid_voice") from e
+            raise ApiError(409 if e.code == "exists" else 400, str(e), param="name", code="invalid_voice") from e
         # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well
         return {**voice_json(info, owner.admin), "warnings": list(features.notes)}
 
@@ -146,7 +146,7 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
         try:
             info, data = await asyncio.to_thread(export_voice, service.voices.of(owner_of(request), owner), voice_id)
         except VoiceError as e:  # another owner's voice reads as unknown, as GET /v1/voices/{id}
-            unknown = "no saved voice" in str(e) or "invalid voice name" in str(e)
+            unknown = e.code in ("not_found", "invalid_name")
             raise ApiError(404 if unknown else 409, str(e), param="voice_id",
                            code="voice_not_found" if unknown else "voice_unusable") from e
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
@@ -172,7 +172,7 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
         except VoiceFileError as e:
             raise ApiError(413 if e.code == "file_too_large" else 400, str(e), param="file", code=e.code) from e
         except VoiceError as e:
-            if "exists already" in str(e):
+            if e.code == "exists":
                 raise ApiError(409, f"{e}; or send overwrite=true", param="name", code="voice_exists") from e
             raise ApiError(400, str(e), param="name", code="invalid_value") from e
         return {**voice_json(info, owner.admin), "warnings": []}

@@ -267,7 +267,7 @@ class Handlers:
             features = await reference_voice(self.service, prompt_audio, prompt_text)
             info = store.save(name or "", features, overwrite=bool(overwrite))
         except (VoiceError, InputError, OSError) as e:
-            if isinstance(e, VoiceError) and "exists already" in str(e):
+            if isinstance(e, VoiceError) and e.code == "exists":
                 raise gr.Error(f"{e}. Replace it: tick \"Replace a saved voice of that name\" on the page, or "
                                "pass overwrite=True through the API.", title="Name taken") from e
             raise _error(e, prompt_audio) from e

@@ -66,7 +66,7 @@ class VoiceFileEvents:
         except OSError as e:  # its message would name the server's upload folder
             raise gr.Error("the voice file could not be read; upload it again") from e
         except VoiceError as e:
-            if "exists already" in str(e):
+            if e.code == "exists":
                 raise gr.Error(f"{e}. Replace it: tick \"Replace a saved voice of that name\" on the page, or "
                                "pass overwrite=True through the API.", title="Name taken") from e
             raise refused(e) from e
