@@ -7,7 +7,8 @@ serves and `run` never captures: a call with no fitting bucket returns None and 
 static-shape code, at its tight shape). A bucket (B, N, nb) fits a call of b <= B streams whose new
 frames n_i <= N and whose keys fit nb blocks from each stream's start (start_i + N <= 50·nb). Graphs
 share one memory pool and static buffers are reused, so `run` holds `lock` from the input copy to
-the output clone (the clone is taken on the caller's stream before the lock is released).
+the output clone (the clone is taken on the caller's stream before the lock is released), and each
+caller's CUDA stream first waits for the previous caller's (workers replay on streams of their own).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class PagedGraphs:
         self.rows, self.frames, self.key_blocks = tuple(sorted(rows)), tuple(sorted(frames)), tuple(sorted(key_blocks))
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PagedInputs, Tensor]] = {}
         self.lock = threading.Lock()
+        # token->wave workers replay on their own CUDA streams: the next caller's stream waits for this event
+        # (recorded after the last caller's output clone), else its input copy could overwrite the static
+        # buffers while the last replay still reads them
+        self._released: torch.cuda.Event | None = None
         self.replays = self.misses = self.capture_failures = 0
 
     @staticmethod
@@ -125,7 +130,13 @@ class PagedGraphs:
         inp = make_inputs(self.pool, calls, mus, conds, spks, rows=key[0], n_frames=key[1], n_blocks=key[2])
         with self.lock:
             g, static, out = self._graphs[key]
+            stream = torch.cuda.current_stream(self.pool.device)
+            if self._released is not None:  # the previous caller's stream is done with the static buffers
+                stream.wait_event(self._released)
             static.copy_(inp)
             g.replay()
             self.replays += 1
-            return out.clone()
+            x = out.clone()
+            self._released = torch.cuda.Event()
+            self._released.record(stream)
+            return x
