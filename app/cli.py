@@ -46,9 +46,9 @@ def config_path(given: str | Path | None) -> str | Path | None:
     """The override file: `given`, else COSYVOICE_CONFIG, else configs/cpu.toml without CUDA (None: defaults)."""
     path = given or os.environ.get("COSYVOICE_CONFIG")
     if path is None:
-        import torch
+        from app.model.loader import cuda_available  # (does not initialise CUDA: see gpu_sharing)
 
-        path = None if torch.cuda.is_available() else CONFIG_DIR / "cpu.toml"
+        path = None if cuda_available() else CONFIG_DIR / "cpu.toml"
     return path
 
 

@@ -108,6 +108,7 @@ Backend = Literal["auto", "vllm", "torch"]
 _BACKENDS = ("auto", "vllm", "torch")
 _QUANTIZATIONS = ("", "awq", "compressed-tensors")
 _ASYNC_SCHEDULING = ("auto", "on", "off")
+_GPU_SHARING = ("off", "mps")
 _CUDAGRAPH_MODES = ("", "FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE", "NONE")
 
 
@@ -132,6 +133,7 @@ class EngineConfig:
     hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)
     hift_graph_frames: tuple[int, ...] = ()  # exact mel lengths to capture; () = the streaming schedule's
     hift_max_graphs: int = 160  # graphs per token->wave worker at most (buckets past it run eagerly)
+    gpu_sharing: str = "off"  # "off" | "mps": this process and vLLM's share one CUDA MPS server (gpu_sharing.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hift_graph_frames", tuple(self.hift_graph_frames))  # TOML gives a list
@@ -141,6 +143,8 @@ class EngineConfig:
             raise ConfigError("engine.flow_state_gib and engine.prompt_cache_gib must be >= 0")
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.gpu_sharing not in _GPU_SHARING:
+            raise ConfigError(f"engine.gpu_sharing must be one of {_GPU_SHARING}, got {self.gpu_sharing!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
                self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows, self.flow_paged_graph_rows,
                self.flow_paged_graph_blocks) < 1:

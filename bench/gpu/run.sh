@@ -19,6 +19,7 @@
 #   incremental   STEPS="base inc fast fast_inc long_base long_fast long_inc hops", INC_GIB (90), CONC (1,16);
 #                 *_inc_pg: the incremental flow with its paged hop and HiFT as CUDA graphs; paged_hops: the
 #                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
+#   sharing       the sweep with engine.gpu_sharing off, then mps (MODES, CONFIG, CONC (1,16), RPS (2), SETS)
 #   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
 #   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile", CONC (1,64), REPS, LM_TIMEOUT
 #   soak start|finish   `python app.py` soaked over HTTP, then the engine-kill drill: STREAMS (64), MINUTES (10),
@@ -193,6 +194,17 @@ for lv in r.get("levels", []):
     if f:
         print("flow ms/frame by chunk:", f)
 PY
+  done
+}
+
+step_sharing() {  # the GPU shared time-sliced vs through a CUDA MPS daemon of the app's own, in one run
+  local mode
+  for mode in ${MODES:-off mps}; do
+    echo "=== gpu_sharing=$mode"
+    env TAG="sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}" PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved \
+      RPS="${RPS:-2}" SETS="engine.gpu_sharing=$mode ${SETS:-}" bash "$ME" serve
+    python3 -c "import json; f=json.load(open('$OUT/sweep_sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}.json'))\
+['facts']; print('gpu_sharing', f.get('gpu_sharing'))" 2>&1 | tail -1
   done
 }
 
@@ -397,6 +409,7 @@ case $step in
   graphs) gpu_env || exit 3; step_graphs ;;
   incremental) gpu_env || exit 3; step_incremental ;;
   lm) gpu_env || exit 3; step_lm ;;
+  sharing) gpu_env || exit 3; step_sharing ;;
   levers) gpu_env || exit 3; step_levers ;;
   soak) gpu_env || exit 3; step_soak "${2:-}" ;;
   cluster) gpu_env || exit 3; step_cluster ;;
