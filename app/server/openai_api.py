@@ -174,7 +174,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
         response = await speech_response(service, prepared.request, "wav" if fmt == "wav" else "pcm",
-                                         headers=notes, prepared=prepared,
+                                         headers=notes, prepared=prepared, params=V1_PARAMS,
                                          client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
         return audio_formats.encoded_response(response, fmt)
 

@@ -20,21 +20,14 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
-from app.engine.admission import BusyError
-from app.engine.fair_share import ShareError
 from app.engine.inputs import InputError
-from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import Prepared, SpeechInputs, prepare
+from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError, StudioService
+from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
-RETRY_AFTER_S = 2  # Retry-After for 503 busy / not ready / out of memory
-ENGINE_RETRY_AFTER_S = 30  # Retry-After while a dead engine restarts (15-60 s)
-# 503s: (what was raised, code, Retry-After s); EngineDeadError before its base class NotReadyError
-UNAVAILABLE = ((BusyError, "server_busy", RETRY_AFTER_S), (EngineDeadError, "engine_dead", ENGINE_RETRY_AFTER_S),
-               (GpuOutOfMemoryError, "gpu_out_of_memory", RETRY_AFTER_S), (NotReadyError, "not_ready", RETRY_AFTER_S))
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -64,20 +57,14 @@ def pcm_bytes(chunk: AudioChunk) -> bytes:
 
 
 def map_error(e: BaseException, params: dict[str, str] | None = None) -> ApiError:
-    """ApiError for what `prepare` or a synthesis raises before its first chunk; `params` maps
-    `InputError.param` (prepare's field names) to the door's."""
-    if isinstance(e, InputError):
-        return ApiError(400, str(e), param=(params or {}).get(e.param, e.param), code=e.code)
-    if isinstance(e, ShareError):
-        return ApiError(429, str(e), code="client_share_exceeded", headers={"Retry-After": str(e.retry_after_s)})
-    for kind, code, retry_s in UNAVAILABLE:
-        if isinstance(e, kind):
-            return ApiError(503, str(e), code=code, headers={"Retry-After": str(retry_s)})
-    if isinstance(e, EmptyTextError):
-        return ApiError(400, str(e), param="input", code="empty_text")
-    if isinstance(e, ValueError):  # e.g. the prompt plus output does not fit the engine's max_model_len
-        return ApiError(400, f"synthesis refused: {e}", code="invalid_request")
-    raise e
+    """ApiError for what `prepare` or a synthesis raises before its first chunk (app/engine/refusals.py);
+    `params` maps prepare's field names to the door's. Not a refusal: `e` is raised again."""
+    r = refusal(e)
+    if r is None:
+        raise e
+    headers = None if r.retry_after_s is None else {"Retry-After": f"{r.retry_after_s:g}"}
+    param = None if r.param is None else (params or {}).get(r.param, r.param)
+    return ApiError(r.status, r.message, param=param, code=r.code, headers=headers)
 
 
 async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict[str, str]) -> Prepared:
@@ -101,7 +88,8 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None, client: str = "",
-                          stop: asyncio.Event | None = None) -> StreamingResponse:
+                          stop: asyncio.Event | None = None, params: dict[str, str] | None = None
+                          ) -> StreamingResponse:
     """The streamed response for `req` in format `fmt` ("wav" | "pcm", checked by the door); `ApiError`
     before any audio. `prepared` (what made `req`) goes into the request's metrics record; `client`
     (app/server/identity.py) holds one of its fair-share places until the body ends."""
@@ -116,7 +104,7 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     except BaseException as e:
         await stack.aclose()
         if isinstance(e, Exception):
-            raise map_error(e) from e
+            raise map_error(e, params) from e
         raise
     ttfa_ms = (time.perf_counter() - t_start) * 1e3
 

@@ -120,7 +120,7 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         stops[prepared.request.request_id] = stop
         response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
                                          headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
-                                         client=state.get(CLIENT_STATE_KEY, ""), stop=stop)
+                                         client=state.get(CLIENT_STATE_KEY, ""), stop=stop, params=STUDIO_PARAMS)
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response

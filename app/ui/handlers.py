@@ -27,12 +27,10 @@ import gradio as gr
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
-from app.engine.admission import BusyError
-from app.engine.fair_share import ShareError
 from app.engine.inputs import MAX_SEED, InputError
 from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
-from app.engine.pipeline import EmptyTextError
 from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
+from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
 from app.ui.i18n import lang_of, status_text, t, title_in, translate
@@ -112,17 +110,15 @@ def _error(e: BaseException, path: str) -> gr.Error:  # the message of `e`, the 
     return gr.Error(str(e).replace(path, Path(path).name), print_exception=False)
 
 
-def stream_error(e: Exception) -> gr.Error:
-    """A synthesis that failed before or while streaming, as the page shows it."""
-    if isinstance(e, BusyError):
-        return gr.Error(str(e), title="Busy", print_exception=False)
-    if isinstance(e, ShareError):
-        return gr.Error(str(e), title="Your share is in use", print_exception=False)
-    if isinstance(e, EmptyTextError):
-        return refused(e)
-    if isinstance(e, NotReadyError):
-        return gr.Error(str(e), title="Not ready", print_exception=False)
-    return gr.Error(f"Synthesis failed: {e}")  # a ValueError, e.g. a prompt longer than the engine's max_model_len
+def page_error(e: Exception) -> gr.Error:
+    """A refusal (app/engine/refusals.py) as the page's pop-up: its title and message, no traceback in the
+    log (one line for a refused input); `e` itself when it is not a refusal (a bug: Gradio logs it)."""
+    r = refusal(e)
+    if r is None:
+        raise e
+    if r.status == 400:
+        log.info("refused input: %s", r.message)
+    return gr.Error(r.message, title=r.title, print_exception=False)
 
 
 def notes_markdown(notes: tuple[str, ...] | list[str]) -> str:
@@ -177,8 +173,8 @@ class Handlers:
                                                  lang)
                             for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
                                 yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
-            except (BusyError, ShareError, EmptyTextError, NotReadyError, ValueError) as e:
-                raise stream_error(e) from e
+            except Exception as e:
+                raise page_error(e) from e
             path = folder / wav_name(text, voice)
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
@@ -190,10 +186,8 @@ class Handlers:
         """`prepare(inputs)` for the page: its refusals as gr.Error, its notes as warnings."""
         try:
             prepared = await prepare(self.service, inputs)
-        except NotReadyError as e:
-            raise gr.Error(str(e), title="Not ready", print_exception=False) from e
-        except InputError as e:
-            raise refused(e) from e
+        except (NotReadyError, InputError) as e:
+            raise page_error(e) from e
         for note in prepared.notes:
             note = translate(note, lang)
             gr.Warning(note[0].upper() + note[1:])

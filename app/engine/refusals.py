@@ -1,0 +1,49 @@
+"""One reading of why a request was refused, for every door (issue 28: `prepare` and `speak` raise, each
+door renders; none classifies on its own). A `Refusal` carries what the HTTP doors answer with (status,
+code, Retry-After, the input field at fault) and what the page shows (a pop-up title and the message).
+Exceptions that are not refusals (bugs) give None: the door lets them propagate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engine.admission import BusyError
+from app.engine.fair_share import ShareError
+from app.engine.inputs import InputError
+from app.engine.pipeline import EmptyTextError
+from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError
+
+RETRY_AFTER_S = 2  # busy / not ready / out of memory: worth retrying at once
+ENGINE_RETRY_AFTER_S = 30  # a dead engine restarts in 15-60 s
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # HTTP status
+    code: str  # machine-readable, OpenAI-style `error.code`
+    message: str  # for people: the page's pop-up and the API's `error.message`
+    title: str = "Error"  # the page's pop-up title (Gradio's default)
+    retry_after_s: float | None = None
+    param: str | None = None  # prepare()'s name of the input at fault; each door maps it to its own field
+
+
+def refusal(e: BaseException) -> Refusal | None:
+    """The refusal `e` stands for, or None when `e` is not one (subclasses before their bases)."""
+    msg = str(e)
+    if isinstance(e, InputError):
+        return Refusal(400, e.code, msg, param=e.param)
+    if isinstance(e, EmptyTextError):
+        return Refusal(400, "empty_text", msg, param="text")
+    if isinstance(e, ShareError):
+        return Refusal(429, "client_share_exceeded", msg, "Your share is in use", e.retry_after_s)
+    if isinstance(e, BusyError):
+        return Refusal(503, "server_busy", msg, "Busy", RETRY_AFTER_S)
+    if isinstance(e, EngineDeadError):
+        return Refusal(503, "engine_dead", msg, "Not ready", ENGINE_RETRY_AFTER_S)
+    if isinstance(e, NotReadyError):
+        return Refusal(503, "not_ready", msg, "Not ready", RETRY_AFTER_S)
+    if isinstance(e, GpuOutOfMemoryError):
+        return Refusal(503, "gpu_out_of_memory", f"Synthesis failed: {msg}", retry_after_s=RETRY_AFTER_S)
+    if isinstance(e, ValueError):  # e.g. the prompt plus the output does not fit the engine's max_model_len
+        return Refusal(400, "invalid_request", f"Synthesis failed: {msg}")
+    return None
