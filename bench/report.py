@@ -59,6 +59,20 @@ class RequestResult:
     first_flow_ms: float | None = None  # in-process: the first chunk's flow call (RequestStats.chunk_flow_ms[0])
     # in-process: per chunk, flow ms per emitted mel frame (RequestStats.chunk_flow_ms / chunk_frames)
     flow_ms_per_frame: list[float] | None = None
+    first_wave_ms: float | None = None  # in-process: RequestStats.first_wave_ms / first_hift_ms
+    first_hift_ms: float | None = None
+
+    @property
+    def first_wait_ms(self) -> float | None:
+        """The first chunk's time on the token->wave side that is neither its flow call nor its own HiFT: the
+        wait for its worker, and the HiFT of other streams' chunks batched before its own (utterance.py)."""
+        parts = (self.first_wave_ms, self.first_hift_ms, self.first_flow_ms, self.first_hop_ms)
+        return None if None in parts else parts[0] - parts[1] - parts[2] - parts[3]
+
+    @property
+    def first_handoff_ms(self) -> float | None:
+        """The first chunk's wave ready on its worker -> the stream yields it (the event loop's hand-off)."""
+        return None if None in (self.server_ttfa_ms, self.first_wave_ms) else self.server_ttfa_ms - self.first_wave_ms
 
     @property
     def rtf(self) -> float | None:
@@ -128,6 +142,9 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "hift_p50_s": p50("hift_s"), "first_token_p50_ms": p50("first_token_ms", 1),
         "first_hop_p50_ms": p50("first_hop_ms", 1), "first_flow_p50_ms": p50("first_flow_ms", 1),
         "lm_ms_per_token_p50": p50("lm_ms_per_token"),
+        # first audio = first_hop + first_wait + first_flow + first_hift + first_handoff (each p50, so ~)
+        "first_wait_p50_ms": p50("first_wait_ms", 1), "first_hift_p50_ms": p50("first_hift_ms", 1),
+        "first_handoff_p50_ms": p50("first_handoff_ms", 1),
         "kv_cache_usage_peak": _r(mem.get("kv_cache_usage_peak"), 3),
         "gpu_total_gb": _r(mem.get("gpu_total_gb"), 1), "error_examples": sorted(set(errors))[:3],
         "flow_ms_per_frame_by_chunk": flow_by_chunk(ok),
@@ -146,7 +163,8 @@ def flow_by_chunk(results: list[RequestResult]) -> list[float] | None:
 def _request_row(r: RequestResult) -> dict[str, Any]:
     """A request as JSON: ms to 0.1, seconds to 0.1 ms."""
     row = {k: (_r(v, 1 if k.endswith("_ms") else 4) if isinstance(v, float) else v) for k, v in asdict(r).items()}
-    return {**row, "rtf": _r(r.rtf, 4)}
+    return {**row, "rtf": _r(r.rtf, 4), "first_wait_ms": _r(r.first_wait_ms, 1),
+            "first_handoff_ms": _r(r.first_handoff_ms, 1)}
 
 
 # --- facts about the run ----------------------------------------------------------------------------

@@ -171,8 +171,8 @@ class InProcess:
         extra = {} if stats is None else dict(
             n_tokens=stats.n_tokens, server_ttfa_ms=stats.ttfa_ms, lm_s=stats.lm_s, flow_s=stats.flow_s,
             hift_s=stats.hift_s, first_token_ms=stats.first_token_ms, first_hop_ms=stats.first_hop_ms,
-            lm_ms_per_token=stats.lm_ms_per_token,
-            first_flow_ms=stats.chunk_flow_ms[0] if stats.chunk_flow_ms else None,
+            lm_ms_per_token=stats.lm_ms_per_token, first_wave_ms=stats.first_wave_ms,
+            first_hift_ms=stats.first_hift_ms, first_flow_ms=stats.chunk_flow_ms[0] if stats.chunk_flow_ms else None,
             flow_ms_per_frame=[round(ms / n, 4) for ms, n in zip(stats.chunk_flow_ms, stats.chunk_frames, strict=True)
                                if n])
         return rep.result_from_arrivals(i, arrivals, wall_s, frontend_s=frontend_s, **extra)

@@ -111,6 +111,21 @@ def test_level_reports_the_first_audio_path_and_lm_pace():
             lv["first_flow_p50_ms"]) == (2.0, 41.0, 101.0, 81.0)
     over_http = summarize_level("saved", 1, [RequestResult(index=0, ok=True, ttfa_ms=1.0, wall_s=1.0)], 1.0, {})
     assert over_http["lm_ms_per_token_p50"] is None and over_http["first_hop_p50_ms"] is None
+    assert over_http["first_wait_p50_ms"] is None and over_http["first_handoff_p50_ms"] is None
+
+
+def test_the_first_audio_path_adds_up_to_ttfa():
+    """first hop + wait for a worker + flow call + HiFT + hand-off = the server's TTFA, per request."""
+    from bench.report import RequestResult, summarize_level
+
+    rows = [RequestResult(index=i, ok=True, ttfa_ms=300.0, wall_s=2.0, audio_s=4.0, server_ttfa_ms=290.0 + i,
+                          first_hop_ms=100.0, first_flow_ms=80.0 + i, first_hift_ms=10.0, first_wave_ms=250.0 + i)
+            for i in range(3)]
+    lv = summarize_level("saved", 3, rows, wall_s=2.5, mem={})
+    assert (lv["first_wait_p50_ms"], lv["first_hift_p50_ms"], lv["first_handoff_p50_ms"]) == (60.0, 10.0, 40.0)
+    for r, row in zip(rows, lv["requests"], strict=True):
+        assert (r.first_hop_ms + row["first_wait_ms"] + r.first_flow_ms + r.first_hift_ms + row["first_handoff_ms"]
+                == r.server_ttfa_ms)
 
 
 def test_module_imports_stay_light():

@@ -71,6 +71,8 @@ def test_chunk_contract(tiny, stream):
     audio = np.concatenate([c.samples for c in chunks])
     assert stats is not None and stats.n_tokens > 0 and stats.ttfa_ms > 0
     assert 0 < stats.first_token_ms <= stats.first_hop_ms <= stats.ttfa_ms  # the first-audio path, in order
+    # the first chunk's wave after its tokens, its flow call and its HiFT, before it goes out
+    assert stats.first_hop_ms + stats.chunk_flow_ms[0] + stats.first_hift_ms <= stats.first_wave_ms <= stats.ttfa_ms
     assert stats.lm_ms_per_token is None or stats.lm_ms_per_token > 0  # None when the first hop came in one delta
     assert audio.dtype == np.float32 and np.isfinite(audio).all() and np.abs(audio).max() <= 0.99 + 1e-6
     assert abs(stats.audio_s - audio.shape[0] / 24000) < 1e-9

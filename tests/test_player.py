@@ -80,7 +80,8 @@ def test_request_records_are_found_by_id_while_kept_and_build_the_stats():
     m = Metrics(max_requests=3)  # keeps the last two requests and the rejection
     reqs = [SynthesisRequest(text="Hello.", voice=voice, mode="cross_lingual", seed=40 + i) for i in range(3)]
     stats = RequestStats(ttfa_ms=123.4, wall_s=1.0, audio_s=2.0, n_tokens=50, n_segments=2, n_chunks=5, lm_s=0.5,
-                         flow_s=0.3, hift_s=0.1)
+                         flow_s=0.3, hift_s=0.1, chunk_flow_ms=(30.04, 20.0), chunk_frames=(56, 50),
+                         first_token_ms=20.0, first_hop_ms=60.0, first_hift_ms=5.0, first_wave_ms=100.0)
     for req in reqs:
         m.request_started()
         m.request_finished(stats, 0.25, request=req, n_samples=48_000, voice="alice", notes=("a note",),
@@ -100,6 +101,8 @@ def test_request_records_are_found_by_id_while_kept_and_build_the_stats():
     assert details["request_id"] == reqs[1].request_id and details["audio_samples"] == 48_000
     assert (details["chunks"], details["segments"], details["voice"], details["notes"]) == (5, 2, "alice", ["a note"])
     assert (details["queue_wait_s"], details["reference_s"], details["ttfa_ms"]) == (0.25, 0.5, 123.4)
+    assert details["first_audio_path_ms"] == {"lm_first_token": 20.0, "first_chunk_tokens_in": 60.0, "flow_call": 30.0,
+                                              "vocoder": 5.0, "wave_ready": 100.0, "first_audio": 123.4}
     json.dumps(details, allow_nan=False)  # the route answers it as strict JSON
 
 

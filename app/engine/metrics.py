@@ -87,7 +87,19 @@ class RequestRecord:
                 "rtf": r(t["rtf"], 3), "tokens": t["n_tokens"], "tokens_per_s": r(t["tokens_per_s"], 1),
                 "lm_s": r(t["lm_s"], 3), "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3),
                 "queue_wait_s": round(self.queue_wait_s, 3), "reference_s": round(self.reference_s, 3),
-                "chunks": t["n_chunks"], "segments": t["n_segments"], "notes": list(self.notes)}
+                "chunks": t["n_chunks"], "segments": t["n_segments"], "notes": list(self.notes),
+                "first_audio_path_ms": self._first_audio_path()}
+
+    def _first_audio_path(self) -> dict[str, float | None] | None:
+        """Where the first audio's time went (ms since the request began, but `flow_call` and `vocoder`:
+        the first chunk's own durations); None without stats."""
+        s = self.stats
+        if s is None:
+            return None
+        path = {"lm_first_token": s.first_token_ms, "first_chunk_tokens_in": s.first_hop_ms,
+                "flow_call": s.chunk_flow_ms[0] if s.chunk_flow_ms else None, "vocoder": s.first_hift_ms,
+                "wave_ready": s.first_wave_ms, "first_audio": self.timings()["ttfa_ms"]}
+        return {k: None if v is None else round(v, 1) for k, v in path.items()}
 
     def row(self) -> dict[str, Any]:
         """A plain dict: the record's own fields and its `timings()` (the panels' table and charts, /health)."""

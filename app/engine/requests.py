@@ -82,6 +82,10 @@ class RequestStats:
     # (ttfa_ms - first_hop_ms is the token->wave queue wait + the first flow call + its HiFT)
     first_token_ms: float | None = None
     first_hop_ms: float | None = None
+    # the first chunk on its token->wave worker: request start -> its wave ready (flow call and HiFT done), and
+    # its HiFT's ms; so ttfa_ms = first_hop_ms + the queue wait + chunk_flow_ms[0] + first_hift_ms + the hand-off
+    first_wave_ms: float | None = None
+    first_hift_ms: float | None = None
     # the LM's pace inside the pipeline: ms per token from the first token's arrival to the first hop's
     # tokens all in (only tokens are awaited then), over the tokens after the first delta; None if < 2 deltas
     lm_ms_per_token: float | None = None

@@ -56,6 +56,8 @@ class Utterance:
         self.first_audio: float | None = None
         self.first_token: float | None = None  # the LM's first token arrived
         self.first_hop: float | None = None  # the first chunk's tokens were all in (its flow job is queued)
+        self.first_wave: float | None = None  # the first chunk's wave was ready on its worker (after its HiFT)
+        self.first_hift_s: float | None = None
         self.first_delta_tokens = 0  # tokens in the LM's first delta (arrived at first_token)
         self.first_hop_tokens = 0  # tokens in by first_hop
         self.lm_s = self.flow_s = self.hift_s = 0.0
@@ -121,6 +123,8 @@ class Utterance:
 
     def chunk_done(self, wave: torch.Tensor, n_frames: int, flow_s: float, hift_s: float) -> np.ndarray:
         """Count a chunk's stage times (s) and its `n_frames` flow frames; its samples as [N] float32."""
+        if self.first_wave is None:  # (on the worker thread; read once the request has ended)
+            self.first_wave, self.first_hift_s = time.perf_counter(), hift_s
         self.hift_s += hift_s
         self.flow_s += flow_s
         self.chunk_flow_ms.append(flow_s * 1e3)
@@ -142,7 +146,9 @@ class Utterance:
             n_tokens=self.n_tokens, n_segments=len(self.segments), n_chunks=self.n_chunks, lm_s=self.lm_s,
             flow_s=self.flow_s, hift_s=self.hift_s, chunk_flow_ms=tuple(self.chunk_flow_ms),
             chunk_frames=tuple(self.chunk_frames), first_token_ms=self._since_t0(self.first_token),
-            first_hop_ms=self._since_t0(self.first_hop), lm_ms_per_token=self._lm_ms_per_token())
+            first_hop_ms=self._since_t0(self.first_hop), lm_ms_per_token=self._lm_ms_per_token(),
+            first_wave_ms=self._since_t0(self.first_wave),
+            first_hift_ms=None if self.first_hift_s is None else self.first_hift_s * 1e3)
 
     def _lm_ms_per_token(self) -> float | None:
         n = self.first_hop_tokens - self.first_delta_tokens
