@@ -3,7 +3,7 @@
 `SpeechLM` holds weights only (state-dict keys identical to `Qwen2LM`); each request owns a
 `DecodeState` (KV cache, generator, emitted tokens). The pure-torch `decode` loop here is the
 reference backend; a serving engine may replace the loop and keep `build_lm_input` and the
-stop-token constants (the length limits are `SamplingConfig.length_limits`, app/config.py).
+stop-token constants (the length limits are `SamplingConfig.length_limits`, app/config/model.py).
 
 Sequence fed to the Qwen2 backbone (positions from 0 at sos):
     [sos, embed_tokens(prompt_text + text), task_id, speech_embedding(prompt_speech)]
