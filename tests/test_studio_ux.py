@@ -450,6 +450,42 @@ def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, pa
 
 
 @pytest.mark.slow
+def test_a_browser_without_web_audio_is_told_and_gets_the_standard_player(studio, page):
+    """No AudioContext: the low-latency player's line says it cannot run here, and Generate (with the
+    low-latency choice, the default) plays the take through the standard player, whose final WAV is the
+    server's exact PCM."""
+    url, _ = studio
+    context = page.context.browser.new_context(viewport={"width": 1400, "height": 1000})  # a tab of its own
+    try:
+        pg = context.new_page()
+        pg.add_init_script("delete window.AudioContext; delete window.webkitAudioContext;")
+        pg.goto(url)
+        pg.wait_for_function("() => /not available in this browser/.test("
+                             "document.querySelector('#studio_player_line')?.innerText || '')", timeout=60_000)
+        line = pg.locator("#studio_player_line").inner_text()
+        assert "no AudioContext" in line and "standard player" in line
+        assert pg.locator("#studio_player_line").is_visible()
+        assert pg.evaluate("window.studioPlayer === undefined")
+        pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                             timeout=60_000)
+        assert pg.locator("#player").get_by_label("low-latency (WebAudio)").is_checked()
+        pg.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
+        pg.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                             state="attached", timeout=30_000)
+        pg.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+        pg.locator("#text textarea").fill(TEXT)
+        pg.locator("#seed input").fill(str(SEED))
+        pg.locator("#go").click()
+        pg.wait_for_selector("#final_out a[download]", timeout=TIMEOUT_MS)
+        assert not pg.locator("#player_result").is_visible()  # the standard outputs show the take
+        final = _wav_pcm(base64.b64decode(pg.evaluate(FETCH_BASE64, pg.locator("#final_out a[download]")
+                                                      .get_attribute("href"))))
+        np.testing.assert_array_equal(final, server_pcm(url, TEXT, SEED))
+    finally:
+        context.close()
+
+
+@pytest.mark.slow
 def test_a_text_file_named_wav_is_refused_at_upload(page, tmp_path):
     fake = tmp_path / "notes.wav"
     fake.write_text("these are my notes, not a recording\n")

@@ -98,9 +98,6 @@
     }
 
     async init() {
-      const style = document.createElement('style');  // which result the page shows (body[data-studio-result])
-      style.textContent = RESULT_CSS;
-      document.head.appendChild(style);
       this.worker = new Worker(blobUrl(WORKER_SRC));
       this.worker.onmessage = (e) => this.onWorker(e.data);
       this.wireControls();
@@ -409,6 +406,18 @@
     }
   }
 
+  const style = document.createElement('style');  // which result the page shows (body[data-studio-result])
+  style.textContent = RESULT_CSS;
+  document.head.appendChild(style);
+  // without Web Audio or Workers this player cannot run: its line says so, and Generate uses the standard
+  // player (player_gate.js finds no window.studioPlayer)
+  const missing = ['AudioContext', 'Worker'].filter((name) => typeof window[name] !== 'function');
+  if (missing.length) {
+    window.studioPlayerMissing = missing;
+    setLine(`Low-latency player: not available in this browser (no ${missing.join(', no ')}); ` +
+            'Generate uses the standard player');
+    return;
+  }
   Object.assign(StudioPlayer.prototype, PAGE_METHODS);
   const player = new StudioPlayer();
   window.studioPlayer = player;
