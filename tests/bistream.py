@@ -53,6 +53,25 @@ def decode_bistream(lm: SpeechLM, text_pieces: Iterable[Tensor | Sequence[int]],
         logp[EOS_TOKEN] = -float("inf")
         return sampler(logp, out, generator)
 
+    def speak(pick, end: int) -> Iterator[int]:
+        """Feed `pending` and `pick` tokens until `end` (the fill token mid-text, eos at the end) or `max_len`;
+        yields the speech tokens (each fed back), raises on any other token."""
+        nonlocal pending, n_yielded, next_fill
+        while True:
+            token = pick(lm._feed(pending, cache))
+            out.append(token)
+            if token == end:
+                if end == FILL_TOKEN:
+                    next_fill = len(out) + n_speech  # the next forced fill, counted in outputs
+                return
+            if token >= SPEECH_TOKEN_SIZE:
+                raise RuntimeError(f"bistream decode produced {token} where only speech or {end} may come")
+            yield token
+            n_yielded += 1
+            if max_len is not None and n_yielded >= max_len:
+                return
+            pending = lm.embed_speech(token)
+
     for piece in text_pieces:
         text_cache = torch.cat([text_cache, lm.embed_text(piece)], dim=1)
         while speech_prompt.shape[1] and text_cache.shape[1] >= n_text:
@@ -66,31 +85,9 @@ def decode_bistream(lm: SpeechLM, text_pieces: Iterable[Tensor | Sequence[int]],
                 continue  # wait for more text
             chunk, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
             pending = chunk if after_fill else torch.cat([pending, chunk], dim=1)
-        while True:
-            token = step(lm._feed(pending, cache))
-            if token == FILL_TOKEN:
-                next_fill = len(out) + n_speech + 1
-            out.append(token)
-            if token == FILL_TOKEN:
-                break
-            if token >= SPEECH_TOKEN_SIZE:
-                raise RuntimeError(f"bistream decode produced stop token {token} mid-text")
-            yield token
-            n_yielded += 1
-            if max_len is not None and n_yielded >= max_len:
-                return
-            pending = lm.embed_speech(token)
-
-    pending = torch.cat([pending, text_cache, lm._special(TASK_ID_ROW)], dim=1)
-    while True:
-        token = sampler(lm._feed(pending, cache), out, generator)
-        out.append(token)
-        if token == EOS_TOKEN:
-            return
-        if token >= SPEECH_TOKEN_SIZE:
-            raise RuntimeError(f"bistream decode produced {token}; only speech or eos may come")
-        yield token
-        n_yielded += 1
+        yield from speak(step, FILL_TOKEN)
         if max_len is not None and n_yielded >= max_len:
             return
-        pending = lm.embed_speech(token)
+
+    pending = torch.cat([pending, text_cache, lm._special(TASK_ID_ROW)], dim=1)
+    yield from speak(lambda logp: sampler(logp, out, generator), EOS_TOKEN)

@@ -108,3 +108,17 @@ def save_voice(base: str, name: str, transcript: str = EXAMPLE_TRANSCRIPT) -> di
                    data={"transcript": transcript, "name": name}, timeout=60)
     assert r.status_code == 201, r.text
     return r.json()
+
+
+def fill_take(page, *, wav: Path = EXAMPLE_WAV, transcript: str = EXAMPLE_TRANSCRIPT, text: str | None = None,
+              seed: int | None = None) -> None:
+    """On the studio page (a Playwright page): upload the reference clip `wav` (waits until the page shows
+    it), type its transcript, and the text and seed of a take when given."""
+    page.locator("#prompt_audio input[type=file]").set_input_files(str(wav))
+    page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                           state="attached", timeout=30_000)
+    page.locator("#prompt_text textarea").fill(transcript)
+    if text is not None:
+        page.locator("#text textarea").fill(text)
+    if seed is not None:
+        page.locator("#seed input").fill(str(seed))

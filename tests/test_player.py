@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import run_studio
+from studio import fill_take, run_studio
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
 
 from app.engine.metrics import Metrics
@@ -177,12 +177,7 @@ def open_studio(browser, url: str, *init_scripts: str):
     pg.goto(url)
     pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')", timeout=60_000)
     pg.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
-    pg.locator("#prompt_audio input[type=file]").set_input_files(str(PROMPT_WAV))
-    pg.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
-                         state="attached", timeout=30_000)
-    pg.locator("#prompt_text textarea").fill(PROMPT_TEXT)
-    pg.locator("#text textarea").fill(TEXT)
-    pg.locator("#seed input").fill(str(SEED))
+    fill_take(pg, wav=PROMPT_WAV, transcript=PROMPT_TEXT, text=TEXT, seed=SEED)
     return pg
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, free_port, run_studio, save_voice, studio_command
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, fill_take, free_port, run_studio, save_voice, studio_command
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, TABLE_ROWS, _need
 
 from app.server.openai_api import OPENAI_TTS_MODELS
@@ -89,10 +89,7 @@ def page(studio):
             pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
                                  timeout=60_000)
             pg.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
-            pg.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
-            pg.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
-                                 state="attached", timeout=30_000)
-            pg.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
+            fill_take(pg)
             yield pg
         finally:
             browser.close()
@@ -469,12 +466,7 @@ def test_a_browser_without_web_audio_is_told_and_gets_the_standard_player(studio
         pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
                              timeout=60_000)
         assert pg.locator("#player").get_by_label("low-latency (WebAudio)").is_checked()
-        pg.locator("#prompt_audio input[type=file]").set_input_files(str(EXAMPLE_WAV))
-        pg.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
-                             state="attached", timeout=30_000)
-        pg.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
-        pg.locator("#text textarea").fill(TEXT)
-        pg.locator("#seed input").fill(str(SEED))
+        fill_take(pg, text=TEXT, seed=SEED)
         pg.locator("#go").click()
         pg.wait_for_selector("#final_out a[download]", timeout=TIMEOUT_MS)
         assert not pg.locator("#player_result").is_visible()  # the standard outputs show the take
