@@ -19,7 +19,7 @@ import pytest
 
 from app.config import CONFIG_DIR, ConfigError, load_config
 from app.engine.gpu_sharing import LOG_ENV, MPS_CONTROL, PIPE_ENV, start_sharing
-from app.model.loader import NVML_CHECK, cuda_available, resolve_device
+from app.model.loader import cuda_available, resolve_device
 
 STANDIN = """#!/bin/sh
 # stands in for the NVIDIA MPS control program: records its call, then answers like it
@@ -129,6 +129,7 @@ def test_the_setting_is_checked_and_cuda_is_asked_without_initialising_it():
         load_config(None, {"engine.gpu_sharing": "shared"})
     import torch
 
+    NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's switch for an NVML-based check: left as it was
     had = os.environ.get(NVML_CHECK)
     assert cuda_available() == torch.cuda.is_available() and os.environ.get(NVML_CHECK) == had  # env restored
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ class GpuSharing:
     mode: str
     reason: str
     folder: Path | None = None  # the private pipe/log folder of a daemon we started (removed by close)
-    env: dict[str, str] = field(default_factory=dict)  # what we put in os.environ
 
     def facts(self) -> dict[str, Any]:
         return {"mode": self.mode, "reason": self.reason, "own_daemon": self.folder is not None}
@@ -51,20 +50,26 @@ class GpuSharing:
         folder, self.folder = self.folder, None
         if folder is None:
             return
+        env = daemon_env(folder)
         binary = shutil.which(MPS_CONTROL)
         try:
             if binary is None:
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 subprocess.Popen(["sh", "-c", 'echo quit | "$0"; rm -rf "$1"', binary, str(folder)],
-                                 env=os.environ | self.env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                 env=os.environ | env, start_new_session=True, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError as e:
             log.warning("the CUDA MPS daemon was not asked to stop (%s); it stays idle until the machine restarts", e)
         finally:
-            for key, value in self.env.items():
+            for key, value in env.items():
                 if os.environ.get(key) == value:
                     del os.environ[key]
+
+
+def daemon_env(folder: Path) -> dict[str, str]:
+    """The environment that makes CUDA join the daemon whose pipe and log folders are in `folder`."""
+    return {PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")}
 
 
 def _time_sliced(reason: str, *, warn: bool) -> GpuSharing:
@@ -87,7 +92,7 @@ def start_sharing(mode: str, *, gpu: bool) -> GpuSharing:
     if binary is None:
         return _time_sliced(f"{MPS_CONTROL} is not installed here", warn=True)
     folder = Path(tempfile.mkdtemp(prefix="cosyvoice-mps-"))
-    env = {PIPE_ENV: str(folder / "pipe"), LOG_ENV: str(folder / "log")}
+    env = daemon_env(folder)
     for path in env.values():
         Path(path).mkdir()
     try:
@@ -101,4 +106,4 @@ def start_sharing(mode: str, *, gpu: bool) -> GpuSharing:
         return _time_sliced(f"the MPS daemon did not start: {why}", warn=True)
     os.environ.update(env)  # this process and vLLM's engine process (it inherits the environment) join it
     log.info("GPU sharing: a CUDA MPS daemon of this process (%s)", folder)
-    return GpuSharing("mps", "a CUDA MPS daemon started by this process", folder=folder, env=env)
+    return GpuSharing("mps", "a CUDA MPS daemon started by this process", folder=folder)

@@ -88,9 +88,9 @@ class RequestRecord:
                 "lm_s": r(t["lm_s"], 3), "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3),
                 "queue_wait_s": round(self.queue_wait_s, 3), "reference_s": round(self.reference_s, 3),
                 "chunks": t["n_chunks"], "segments": t["n_segments"], "notes": list(self.notes),
-                "first_audio_path_ms": self._first_audio_path()}
+                "first_audio_path_ms": self._first_audio_path(t["ttfa_ms"])}
 
-    def _first_audio_path(self) -> dict[str, float | None] | None:
+    def _first_audio_path(self, ttfa_ms: float | None) -> dict[str, float | None] | None:
         """Where the first audio's time went (ms since the request began, but `flow_call` and `vocoder`:
         the first chunk's own durations); None without stats."""
         s = self.stats
@@ -98,7 +98,7 @@ class RequestRecord:
             return None
         path = {"lm_first_token": s.first_token_ms, "first_chunk_tokens_in": s.first_hop_ms,
                 "flow_call": s.chunk_flow_ms[0] if s.chunk_flow_ms else None, "vocoder": s.first_hift_ms,
-                "wave_ready": s.first_wave_ms, "first_audio": self.timings()["ttfa_ms"]}
+                "wave_ready": s.first_wave_ms, "first_audio": ttfa_ms}
         return {k: None if v is None else round(v, 1) for k, v in path.items()}
 
     def row(self) -> dict[str, Any]:

@@ -7,7 +7,6 @@ whose parameter names equal the official ones; dimensions come from the folder's
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,6 @@ from app.model.tokenizer import SpeechTextTokenizer
 REQUIRED_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx",
                   "speech_tokenizer_v2.onnx", "CosyVoice-BlankEN/config.json")
 
-NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch: ask NVML, not the CUDA runtime, whether a GPU is there
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -46,17 +44,10 @@ class CosyVoice2Model:
 
 
 def cuda_available() -> bool:
-    """`torch.cuda.is_available()` asked through NVML, so CUDA is not initialised by the question: a CUDA
-    MPS daemon started afterwards (app/engine/gpu_sharing.py) can still take this process as its client."""
-    old = os.environ.get(NVML_CHECK)
-    os.environ[NVML_CHECK] = "1"  # read by torch at each call
-    try:
-        return torch.cuda.is_available()
-    finally:
-        if old is None:
-            del os.environ[NVML_CHECK]
-        else:
-            os.environ[NVML_CHECK] = old
+    """Whether a CUDA GPU is there, asked without initialising CUDA: `torch.cuda.device_count()` asks NVML
+    first (`is_available()` would call cuInit), so a CUDA MPS daemon started afterwards
+    (app/engine/gpu_sharing.py) can still take this process as its client."""
+    return torch.cuda.device_count() > 0
 
 
 def resolve_device(device: str) -> torch.device:

@@ -198,13 +198,14 @@ PY
 }
 
 step_sharing() {  # the GPU shared time-sliced vs through a CUDA MPS daemon of the app's own, in one run
-  local mode
+  local mode tag
   for mode in ${MODES:-off mps}; do
     echo "=== gpu_sharing=$mode"
-    env TAG="sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}" PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved \
-      RPS="${RPS:-2}" SETS="engine.gpu_sharing=$mode ${SETS:-}" bash "$ME" serve
-    python3 -c "import json; f=json.load(open('$OUT/sweep_sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}.json'))\
-['facts']; print('gpu_sharing', f.get('gpu_sharing'))" 2>&1 | tail -1
+    tag="sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}"
+    env TAG="$tag" PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS="${RPS:-2}" \
+      SETS="engine.gpu_sharing=$mode ${SETS:-}" bash "$ME" serve
+    python3 -c "import json; print('gpu_sharing', json.load(open('$OUT/sweep_$tag.json'))['facts'].get('gpu_sharing'))" \
+      2>&1 | tail -1
   done
 }
 
