@@ -1,63 +1,85 @@
-"""On a CUDA machine: the flow's ODE solve eagerly vs with CUDA graphs (engine.flow_cuda_graphs) on a
-model folder (the `full` random model for the real FLOPs): max |difference| of the mel and ms per
-flow call at the chunk lengths of a 10 s utterance with a 5 s prompt. Prints and writes JSON.
+"""On a CUDA machine: the flow's ODE solve (10 Euler steps, the CFG pair as 2 rows per stream) eagerly, with
+CUDA graphs (`engine.flow_cuda_graphs`) and with torch.compile under the graphs (`engine.flow_compile`), on
+the `size` random flow (`full`: the real model's FLOPs). Per solve: ms per call (median), max |diff| against
+eager and the mel's RMS, device kernels per call (torch profiler); and the compile time. Solves: one stream
+at the lengths of a 10 s utterance's calls after a 5 s prompt (300 / 400 / 600 frames chunk-causal, the
+final 750 with full attention), then 4 and 16 streams batched at 300 and 600 frames (what `flow_batch`
+makes at 16 streams). Prints each row as JSON and writes the report.
 
-    python3 -m bench.gpu.flow_graphs /tmp/full out/flow_graphs.json
+    python3 -m bench.gpu.flow_graphs out/flow_graphs.json                        # fp32 (the default config)
+    python3 -m bench.gpu.flow_graphs out/flow_graphs_fp16.json --dtype float16   # configs/fast.toml's flow
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.hparams import load_hparams
-from app.model.loader import load_strict
-from bench.gpu.timing import timed
+from bench.gpu.incremental_graphs import build_flow
+from bench.gpu.timing import kernels, timed
 
-model_dir, out = sys.argv[1], sys.argv[2]
-if os.environ.get("FLOW_TF32") == "1":  # what TF32 matmuls would give (not a project setting)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-hp = load_hparams(model_dir)
-flow = CausalFlow(hp.flow)
-load_strict(flow, Path(model_dir) / "flow.pt")
-flow = flow.cuda().eval()
-gen = torch.Generator().manual_seed(0)
-P = 125  # 5 s prompt: 125 tokens, 250 mel frames
-prompt_tokens = torch.randint(0, hp.flow.vocab_size, (1, P), generator=gen).cuda()
-prompt_mel = torch.randn(1, 2 * P, 80, generator=gen).cuda()
-embedding = torch.randn(1, 192, generator=gen).cuda()
-tokens = torch.randint(0, hp.flow.vocab_size, (1, 250), generator=gen).cuda()
-graphs = EstimatorGraphs(flow.decoder["estimator"], bucket_frames=64)
+SOLVES = [(1, 300, True), (1, 400, True), (1, 600, True), (1, 750, False),  # (streams, frames, chunk-causal)
+          (4, 300, True), (16, 300, True), (4, 600, True), (16, 600, True)]
 
 
-rows = []
-# the official schedule with a 125-token prompt: first chunk 25 (+0 pad) + 3 look-ahead, hops 50, 100, final
-for n, streaming, finalize in ((28, True, False), (78, True, False), (178, True, False), (250, False, True)):
-    def call(g=None, n=n, streaming=streaming, finalize=finalize):
-        return flow.inference(tokens[:, :n], prompt_tokens, prompt_mel, embedding, streaming=streaming,
-                              finalize=finalize, graphs=g)
-    eager = call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    first = call(graphs)  # captures this length's graph
-    torch.cuda.synchronize()
-    capture_ms = (time.perf_counter() - t0) * 1e3
-    graphed = call(graphs)
-    diff = (graphed - eager).abs().max().item()
-    rows.append({"tokens": n, "streaming": streaming, "frames": 2 * (P + n - (0 if finalize else 3)),
-                 "padded_frames": graphs.padded_length(2 * (P + n - (0 if finalize else 3))),
-                 "eager_ms": round(timed(call, 5), 2), "graph_ms": round(timed(lambda: call(graphs), 5), 2),
-                 "first_call_with_capture_ms": round(capture_ms, 1), "max_abs_diff": diff,
-                 "rms_ref": float(eager.pow(2).mean().sqrt()), "same_as_first": bool(torch.equal(first, graphed))})
-    print(json.dumps(rows[-1]), flush=True)
-report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model_dir": model_dir,
-          "prompt_tokens": P, "bucket_frames": 64, "stats": vars(graphs.stats), "rows": rows,
-          "memory_allocated_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2)}
-with open(out, "w") as f:
-    json.dump(report, f, indent=1)
-print(json.dumps({k: v for k, v in report.items() if k != "rows"}))
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    if os.environ.get("FLOW_TF32") == "1":  # what TF32 matmuls would give (not a project setting)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    flow = build_flow(args.size, args.device, dtype)
+    estimator = flow.decoder["estimator"]
+    graphs = EstimatorGraphs(estimator, bucket_frames=64, max_graphs=256)
+    compiled = EstimatorGraphs(estimator, bucket_frames=64, max_graphs=256, compile=True)
+    gen = torch.Generator().manual_seed(0)
+    rows, compile_s = [], None
+    for streams, frames, streaming in SOLVES:
+        mu, cond = (torch.randn(streams, 80, frames, generator=gen).to(device, dtype) for _ in range(2))
+        spks = torch.randn(streams, 80, generator=gen).to(device, dtype)
+        mask = torch.ones(streams, 1, frames, device=device, dtype=dtype)
+
+        def solve(g=None, mu=mu, mask=mask, spks=spks, cond=cond, streaming=streaming):
+            return flow.solve(mu, mask, spks, cond, streaming, g)
+
+        eager = solve()
+        t0 = time.perf_counter()
+        first = solve(compiled)  # the first call compiles (once) and captures this bucket's graph
+        first_s = time.perf_counter() - t0
+        compile_s = first_s if compile_s is None else compile_s
+        graphed, fused = solve(graphs), solve(compiled)
+        row = {"streams": streams, "frames": frames, "streaming": streaming,
+               "eager_ms": round(timed(solve, args.reps, device), 2),
+               "graph_ms": round(timed(lambda: solve(graphs), args.reps, device), 2),
+               "compiled_graph_ms": round(timed(lambda: solve(compiled), args.reps, device), 2),
+               "first_compiled_call_s": round(first_s, 2),
+               "graph_max_abs_diff": float((graphed - eager).abs().max()),
+               "compiled_max_abs_diff": float((fused - eager).abs().max()),
+               "compiled_replay_equal": bool(torch.equal(first, fused)),
+               "rms_ref": float(eager.pow(2).mean().sqrt()),
+               "kernels_eager": kernels(solve, device), "kernels_graph": kernels(lambda: solve(graphs), device),
+               "kernels_compiled_graph": kernels(lambda: solve(compiled), device)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    cuda = device.type == "cuda"
+    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "size": args.size, "dtype": args.dtype, "bucket_frames": 64, "compile_s": round(compile_s, 1),
+              "stats_graph": vars(graphs.stats), "stats_compiled": vars(compiled.stats), "rows": rows,
+              "memory_allocated_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps({k: v for k, v in report.items() if k != "rows"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -36,26 +36,7 @@ from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
 from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
 from bench.gpu.incremental_graphs import at_hop, build_flow
-from bench.gpu.timing import timed
-
-LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-
-
-def kernels(fn, device: torch.device) -> dict:
-    """Device kernels and launch calls of one `fn()` (torch profiler)."""
-    if device.type != "cuda":
-        return {}
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize(device)
-    ev = prof.events()
-    return {"device_kernels": sum(1 for e in ev if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
-                                  and "memset" not in e.name.lower()),
-            "kernel_launches": sum(1 for e in ev if e.name in LAUNCHES),
-            "graph_launches": sum(1 for e in ev if e.name in ("cudaGraphLaunch", "cuGraphLaunch"))}
+from bench.gpu.timing import kernels, timed
 
 
 def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> dict:
