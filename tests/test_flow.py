@@ -128,26 +128,3 @@ def test_batched_rows_match_single_rows(flow, g):
                                 spks[:1], cond[:1, :, :n], streaming=True)
             assert within(_max_err(v[i : i + 1, :, :n], vi), BATCH_ATOL)
     assert np.isfinite(v.numpy()).all()
-
-
-@pytest.mark.parity
-def test_compiled_estimator_matches_goldens(flow, g):
-    """engine.flow_compile: the estimator through torch.compile (inductor; here its CPU code, on a GPU its
-    Triton kernels under the graphs) is still the official model: one evaluation within the README's
-    estimator bound, whole mels (full attention and chunk-causal, frames padded to the graph bucket)
-    within its mel bound. One compilation per attention mode: later lengths reuse it (dynamic shapes)."""
-    from app.model.flow.graphs import EstimatorGraphs
-
-    graphs = EstimatorGraphs(flow.decoder["estimator"], bucket_frames=64, compile=True)
-    args = [g[f"a_est_{k}"] for k in ("x", "mask", "mu", "t", "spks", "cond")]
-    with torch.inference_mode():
-        v = graphs(*args, streaming=False)
-    assert within(_max_err(v, g["a_est_out"]), FLOW_MU_ATOL, "evaluation")
-    for name, streaming in (("a_mel", False), ("a2_mel", True)):
-        mel = flow.inference(g["a_tokens"], g["prompt_token"], g["prompt_feat"], g["embedding"],
-                             streaming=streaming, finalize=True, graphs=graphs)
-        assert within(_max_err(mel, g[name]), FLOW_MEL_ATOL, name)
-    assert graphs.stats.eager == 1 + 2 * flow.dims.n_timesteps  # CPU: compiled, never captured
-    # the service's warm-up: streams 1 and 2 (2 and 4 CFG rows) in both attention modes, the lock free after
-    flow.compile_ahead(graphs, 2, frames=100)
-    assert graphs.stats.eager == 1 + 6 * flow.dims.n_timesteps and not graphs.lock.locked()

@@ -107,7 +107,6 @@ class EngineConfig:
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
-    flow_compile: bool = False  # CUDA: torch.compile the estimator before its graphs are captured (fused kernels)
     flow_incremental: bool = False  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
     flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
     flow_paged: bool = True  # incremental states in one block pool of flow_state_gib (app/model/flow/paged.py)

@@ -61,8 +61,7 @@ class Synthesizer:
         self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
         # CUDA graphs of the flow estimator's ODE solve; batched HiFT after each flow call (graphs of its step)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
-                                           max_graphs=e.flow_max_graphs, compile=e.flow_compile) \
-            if e.flow_cuda_graphs and cuda else None
+                                           max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and cuda else None
         self.hift_graphs = HiftGraphs() if e.hift_graphs and cuda else None  # captured by `capture_graphs`
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
         finish_batch = self._vocode_chunks if e.hift_batch else None
@@ -78,13 +77,10 @@ class Synthesizer:
     def capture_graphs(self) -> None:
         """Warm-up only (before the first request): capture the HiFT graphs of every (rows, frames) bucket for
         every token->wave worker; the set is then frozen, nothing is captured while serving (a capture broke
-        other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing. With
-        `engine.flow_compile`, the flow estimator is compiled here too, for every row bucket of a batched call."""
-        e = self.cfg.engine
-        if self.flow_graphs is not None:
-            self.model.flow.compile_ahead(self.flow_graphs, e.flow_batch)
+        other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing."""
         if self.hift_graphs is None or self.hift_graphs.frozen:
             return
+        e = self.cfg.engine
         frames = e.hift_graph_frames or schedule_frames(
             self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
         self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,

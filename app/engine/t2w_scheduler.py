@@ -136,6 +136,8 @@ class Token2WavScheduler:
                 t0 = time.perf_counter()
                 try:
                     outs = self.flow_fn([j.item for j in jobs])
+                    if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop
+                        torch.cuda.current_stream(self.device).synchronize()  # returns before its kernels ran
                 except BaseException as e:  # every job of the call gets the error
                     for j in jobs:
                         self._hand_back(j, None, e)

@@ -15,11 +15,11 @@
 #                 CONC (1,16,64), FIXED (250 tokens), RPS (3 per stream), VOICE (saved,new), SETS ("k=v k=v"),
 #                 CONFIG (e.g. configs/fast.toml), MEMORY (1), PREFLIGHT (1), TEXTS (a file), WARMUP (1), SWEEP_TIMEOUT
 #   fast          STAGE=options | defaults | fast (HOP_CHECK=1): the flow's speed options, then a sweep
-#   graphs        the flow estimator eager / CUDA graphs / torch.compile under the graphs (DTYPES: float32
+#   graphs        the flow's solve eager / CUDA graphs / torch.compile under the graphs (DTYPES: float32
 #                 float16), then the sweep with the graphs on (SWEEP=0: the check only)
 #   incremental   STEPS="base inc fast fast_inc long_base long_fast long_inc hops", INC_GIB (90), CONC (1,16);
 #                 *_inc_pg: the incremental flow with its paged hop and HiFT as CUDA graphs; paged_hops: the
-#                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT); *_c: engine.flow_compile=true
+#                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
 #   sharing       the sweep with engine.gpu_sharing off, then mps (MODES, CONFIG, CONC (1,16), RPS (2), SETS)
 #   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
 #   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile", CONC (1,64), REPS, LM_TIMEOUT
@@ -147,7 +147,7 @@ step_graphs() {  # the flow estimator's CUDA graphs alone, then the sweep with t
   install_extra || exit 3  # soundfile needs cffi
   full_model || exit 4
   local dt
-  for dt in ${DTYPES:-float32}; do  # eager vs graphs vs torch.compile under the graphs (engine.flow_compile)
+  for dt in ${DTYPES:-float32}; do  # eager vs graphs vs torch.compile under the graphs
     timeout "${GRAPHS_TIMEOUT:-280}" python3 -m bench.gpu.flow_graphs "$OUT/flow_graphs_$dt.json" --dtype "$dt" 2>&1 \
       | grep -v Warning | tail -12
   done
@@ -159,7 +159,6 @@ step_graphs() {  # the flow estimator's CUDA graphs alone, then the sweep with t
 step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json per step
   local inc="engine.flow_incremental=true engine.flow_state_gib=${INC_GIB:-90}" step dt
   local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
-  local comp="engine.flow_compile=true"  # the re-solve's estimator through torch.compile under its graphs
   local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS=2 "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
   local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt SWEEP_TIMEOUT=240)
   echo "Hello." > /tmp/one_segment.txt  # one short sentence: one text segment, its length set by FIXED
@@ -177,10 +176,6 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
       fast_inc_pg) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
       long_inc_pg) env TAG="$step" "${long[@]}" SETS="$inc $pg" bash "$ME" serve ;;
       long_fast_inc_pg) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
-      base_c) env TAG="$step" "${short[@]}" SETS="$comp" bash "$ME" serve ;;
-      fast_c) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$comp" bash "$ME" serve ;;
-      long_base_c) env TAG="$step" "${long[@]}" SETS="$comp" bash "$ME" serve ;;
-      long_fast_c) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$comp" bash "$ME" serve ;;
       paged_hops) timeout "${HOPS_TIMEOUT:-330}" python3 -m bench.gpu.paged_hops "$OUT/paged_hops.json" 2>&1 \
           | grep -v Warning | tail -30
         continue ;;

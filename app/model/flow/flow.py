@@ -133,19 +133,6 @@ class CausalFlow(nn.Module):
             graphs.synchronize(x)
         return x
 
-    def compile_ahead(self, graphs: EstimatorGraphs, max_streams: int, frames: int = 300) -> None:
-        """Warm-up only, with `graphs.compiled`: one solve per row bucket (1, 2, 4, ... up to `max_streams`)
-        and attention mode through the serving path, so that torch.compile's re-specialisations (dynamo
-        guards some batch ranges, e.g. the conv's) happen before serving, never inside a request. On CUDA
-        this captures those buckets' graphs at `frames` (padded to the bucket) on the way."""
-        if not graphs.compiled:
-            return
-        p = next(self.parameters())
-        for streams in (1 << i for i in range((max_streams - 1).bit_length() + 1)):
-            mu = torch.zeros(streams, self.dims.output_size, frames, device=p.device, dtype=p.dtype)
-            for streaming in (True, False):
-                self.solve(mu, torch.ones_like(mu[:, :1]), mu[:, :, 0], mu, streaming, graphs)
-
     def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                streaming: bool, estimator) -> torch.Tensor:
         B, _, T = mu.shape

@@ -20,14 +20,6 @@ All graphs share one memory pool, so a graph's static output is valid only until
 `CausalFlow.solve` holds `lock` for its whole solve and waits for its stream before releasing it.
 Without capture (`capture=False`, or tensors off CUDA) the padding still applies and the estimator
 runs eagerly: what the CPU tests exercise.
-
-`compile=True` (`engine.flow_compile`) puts `torch.compile` (inductor, dynamic shapes, one graph for the
-whole estimator) between the padding and the capture: the graph then replays inductor's fused kernels
-(norms, residual adds, Mish/GELU chains, masks) instead of one kernel per torch op. Why: a replayed solve
-is still ~1,200 kernels per evaluation at ~7 us each on an H200 (docs/perf/NOTES.md run O), so its time
-is the kernel count. Compilation happens in the first evaluation (the service's warm-up request); with
-dynamic shapes later buckets reuse it. Not bit-equal to eager (fused reductions round differently):
-docs/precision.md has the measured deviation.
 """
 
 from __future__ import annotations
@@ -65,12 +57,10 @@ class EstimatorGraphs:
     `CausalConditionalDecoder.forward`); see the module docstring."""
 
     def __init__(self, estimator: nn.Module, *, bucket_frames: int = 64, max_graphs: int = 64,
-                 capture: bool = True, compile: bool = False) -> None:
+                 capture: bool = True) -> None:
         if bucket_frames < 1 or max_graphs < 1:
             raise ValueError("bucket_frames and max_graphs must be >= 1")
-        self.bucket_frames, self.max_graphs, self.compiled = bucket_frames, max_graphs, compile
-        # what runs (eagerly or under capture): the module, or its compiled form (compiled lazily, at its first call)
-        self.estimator = torch.compile(estimator, dynamic=True, fullgraph=True) if compile else estimator
+        self.estimator, self.bucket_frames, self.max_graphs = estimator, bucket_frames, max_graphs
         self.capture = capture
         self.lock = threading.Lock()  # one solve at a time: the static buffers and the pool are shared
         self.stats = GraphStats()
