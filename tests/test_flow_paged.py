@@ -190,6 +190,37 @@ def test_bytes_per_frame(flow):
           f"{bytes_per_frame(flow, torch.float16):.0f} fp16; tail slot {pool.tail_bytes} B per stream")
 
 
+def test_prompt_cache_hit_holds_its_blocks_before_a_racing_discard(flow, prompt):
+    """A hit and a racing `discard` (an eviction takes the same path): the discard waits for the cache's
+    lock until the stream started from the entry holds its own references, so the prefix's blocks never
+    go back to the pool while the stream reads them (before, the stream's start came after the lock)."""
+    import threading
+
+    from app.model.flow.prompt_cache import PromptCache
+
+    pool = KVPool(flow, n_blocks=32)
+    cache = PromptCache(max_bytes=1 << 40, pool=pool)
+    cache.get("a", flow, prompt.tokens, prompt.mel, prompt.embedding)  # cached: the cache's references
+    s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
+    racer, blocks = threading.Thread(target=cache.discard, args=("a",)), []
+
+    def begin(prefix):
+        blocks.extend(prefix.state.est.table)
+        racer.start()  # the discard, between this hit finding the entry and the stream's start
+        racer.join(0.2)
+        assert racer.is_alive()  # it waits for the lock
+        s.voice_prefix = prefix
+        return s.flow_state
+
+    state = cache.start("a", flow, prompt.tokens, prompt.mel, prompt.embedding, begin)
+    racer.join()
+    assert blocks and len(cache) == 0 and cache.stats.hits == 1
+    assert all(pool.refcount(x) == 1 for x in blocks)  # the stream's own references, nothing freed
+    assert state.est.table[: len(blocks)] == blocks
+    s.drop_flow_state()
+    assert pool.used_blocks == 0
+
+
 def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
     """A prompt cache on the pool: an evicted voice drops its references; its blocks go back to the pool
     only once the stream started from it ends (the stream keeps reading them meanwhile)."""

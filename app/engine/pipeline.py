@@ -24,7 +24,7 @@ from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
 from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import FlowState, bytes_after
+from app.model.flow.incremental import FlowState, VoicePrefix, bytes_after
 from app.model.flow.paged import PoolFull, blocks_needed
 from app.model.flow.paged_graphs import make_pool
 from app.model.flow.prompt_cache import PromptCache
@@ -148,8 +148,12 @@ class Synthesizer:
     def _flow_state(self, t2w: Token2WavStream, voice_key) -> FlowState:
         # the stream's incremental state, from its voice's prefix (a prompt cache miss builds it here, on a worker)
         if self.prompt_cache is not None and t2w.voice_prefix is None and t2w.flow_state_or_none is None:
+            def begin(prefix: VoicePrefix) -> FlowState:  # under the cache's lock (its blocks are held then)
+                t2w.voice_prefix = prefix
+                return t2w.flow_state
+
             p = t2w.prompt
-            t2w.voice_prefix = self.prompt_cache.get(voice_key, self.model.flow, p.tokens, p.mel, p.embedding)
+            return self.prompt_cache.start(voice_key, self.model.flow, p.tokens, p.mel, p.embedding, begin)
         return t2w.flow_state
 
     async def stream(self, req: SynthesisRequest,

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
 from app.model.flow.incremental import VoicePrefix, build_voice_prefix
 from app.model.flow.paged import KVPool
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,7 +56,15 @@ class PromptCache:
     def get(self, key: Hashable, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
             embedding: Tensor) -> VoicePrefix:
         """The prefix of voice `key` (prompt_tokens [1, P], prompt_mel [1, 2P, 80], embedding
-        [1, 192]), built on a miss (outside the lock: two streams of a new voice may both build)."""
+        [1, 192]), built on a miss (outside the lock: two streams of a new voice may both build). With a
+        pool, a stream must start from it through `start` (an eviction may release it once returned)."""
+        return self.start(key, flow, prompt_tokens, prompt_mel, embedding, lambda entry: entry)
+
+    def start(self, key: Hashable, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
+              embedding: Tensor, begin: Callable[[VoicePrefix], T]) -> T:
+        """`begin(prefix)` of voice `key` under the cache's lock: the stream's state takes its own block
+        references there, so an eviction or `discard` racing this hit cannot give the prefix's blocks
+        back to the pool first (they wait for the lock). Lock order: this cache, then the pool."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -62,7 +73,7 @@ class PromptCache:
                                  embedding.to(state.device)):
                     self._entries.move_to_end(key)
                     self.stats.hits += 1
-                    return entry
+                    return begin(entry)
                 self._entries.pop(key).release()  # same key, another prompt: rebuild
             self.stats.misses += 1
         entry = build_voice_prefix(flow, prompt_tokens, prompt_mel, embedding, pool=self.pool)
@@ -73,8 +84,9 @@ class PromptCache:
                     old.release()
                 self._entries[key] = entry
                 self._entries.move_to_end(key)
-                self._evict()
-        return entry
+            started = begin(entry)
+            self._evict()  # after `begin`: an entry evicted at once still has its stream's references
+        return started
 
     def discard(self, key: Hashable) -> None:
         with self._lock:
