@@ -29,9 +29,6 @@ class FairShare:
         self.max_streams, self.metrics = max_streams, metrics
         self._running: Counter[str] = Counter()
 
-    def running(self, client: str) -> int:
-        return self._running.get(client, 0)
-
     @contextlib.contextmanager
     def hold(self, client: str) -> Iterator[None]:
         """One of `client`'s places for the block; `ShareError` when all are taken (0 = no limit)."""
