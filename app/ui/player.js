@@ -413,7 +413,6 @@
   // player (player_gate.js finds no window.studioPlayer)
   const missing = ['AudioContext', 'Worker'].filter((name) => typeof window[name] !== 'function');
   if (missing.length) {
-    window.studioPlayerMissing = missing;
     setLine(`Low-latency player: not available in this browser (no ${missing.join(', no ')}); ` +
             'Generate uses the standard player');
     return;
