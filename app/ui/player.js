@@ -24,7 +24,8 @@
      the first sample reaches the output device: its context time (the worklet's currentFrame when it
      starts, or the first node's start time) mapped by ctx.getOutputTimestamp() ({contextTime,
      performanceTime} of the frame being output now), so the output latency is counted; before the first
-     render quantum (performanceTime 0) currentTime + outputLatency instead.
+     render quantum (performanceTime 0) currentTime + outputLatency instead; never earlier than its bytes'
+     arrival (soundTime()).
      PREBUFFER_S is 20 ms, below the 40-80 ms one might expect: on loopback the rest of a chunk follows its
      first read within milliseconds; gaps between chunks depend on the server's speed (chunk k+1 must be
      ready before chunk k has played), which a longer start delay does not fix. */
@@ -132,6 +133,13 @@
       if (ts && ts.performanceTime > 0) return ts.performanceTime + (t - ts.contextTime) * 1000;
       const latency = ctx.outputLatency || ctx.baseLatency || 0;
       return performance.now() + (t - ctx.currentTime + latency) * 1000;
+    }
+
+    // when context time `t` reaches the device, but never before `arrived` (when its samples reached this
+    // browser): the output timestamp is an estimate, and where the audio clock drifts from performance.now()
+    // (headless or virtual devices, Bluetooth) it has placed the start a few ms before the bytes were read
+    soundTime(t, arrived) {
+      return Math.max(this.perfTime(t), arrived);
     }
 
     // all scheduled samples of the latest request as one plain array (for tests)
@@ -286,7 +294,7 @@
       if (!run) return;
       if (m.type === 'started') {
         run.firstStartS = m.frame / RATE_HZ;
-        run.t.firstSound = this.perfTime(run.firstStartS);
+        run.t.firstSound = this.soundTime(run.firstStartS, this.fromWorker(m.at));
         run.contextState = this.ctx.state;
         run.soundResolve();
         setLine(`▶ ${this.summary(run)}`);
@@ -319,7 +327,7 @@
       run.sources.add(src);
       if (run.t.firstSound === null) {
         run.firstStartS = at;
-        run.t.firstSound = this.perfTime(at);
+        run.t.firstSound = this.soundTime(at, performance.now());
         run.contextState = ctx.state;
         run.soundResolve();
         setLine(`▶ ${this.summary(run)}`);

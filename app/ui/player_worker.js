@@ -3,7 +3,8 @@
    {type: 'sink', port}: where samples go (the AudioWorklet's MessagePort; none: to the page).
    {type: 'start', id, url, body, debugSamples}: POST body to url (studio/speech), read the raw PCM
    (s16le mono 24 kHz) as it arrives, int16 -> float32 (x / 32768; an odd trailing byte is carried to the
-   next read), post each read's samples to the sink (transferred: no copy, no main thread on the way).
+   next read), post each read's samples and its read time to the sink (transferred: no copy, no main
+   thread on the way).
    {type: 'abort', id}: AbortController.abort(); the server sees the disconnect and aborts the request.
    To the page: headers, firstByte, bytes (each read as received, transferred: the final WAV's data),
    copy (debug copies of the samples, the first debugSamples), end, aborted, error; times are epoch ms
@@ -52,7 +53,7 @@ async function run(m) {
       for (let i = 0; i < samples.length; i++) samples[i] = view.getInt16(2 * i, true) / 32768;
       const copy = debug < m.debugSamples ? samples.slice() : null;
       const n = samples.length;
-      if (samples.length && sink) sink.postMessage({type: 'pcm', id: m.id, samples}, [samples.buffer]);
+      if (samples.length && sink) sink.postMessage({type: 'pcm', id: m.id, samples, at}, [samples.buffer]);
       else if (samples.length) post('pcm', {samples}, [samples.buffer]);
       if (bytes === 0) post('firstByte', {at});
       bytes += value.length;

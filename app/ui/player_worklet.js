@@ -1,12 +1,13 @@
 /* The low-latency player's AudioWorklet (app/ui/player.js loads it from this text): a queue of
    Float32Array reads played back to back on the audio thread (gapless by construction).
 
-   From the Worker (through the port it is given in {type: 'source'}): {type: 'pcm', id, samples} and
+   From the Worker (through the port it is given in {type: 'source'}): {type: 'pcm', id, samples, at} and
    {type: 'end', id}; a larger id is a new request. From the page: {type: 'flush', id} (Stop) drops the
    queue. Jitter buffer: output starts once `prebufferFrames` are queued (or the stream has ended); when
    the queue runs dry before the end the quantum is padded with silence (an underrun, reported) and it
    waits for the prebuffer again (re-anchored, never overlapping). To the page: started {frame: the
-   context frame of the first sample}, underrun, drained {frames}, flushed. */
+   context frame of the first sample, at: the epoch ms its bytes were read}, underrun, drained {frames},
+   flushed. */
 class StudioPcm extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -16,8 +17,9 @@ class StudioPcm extends AudioWorkletProcessor {
     this.port.onmessage = (e) => this.onMessage(e.data);
   }
   reset(id) {
-    Object.assign(this, {id, queue: [], head: 0, queued: 0, playing: false, started: false, ended: false,
-                         frames: 0, underruns: 0});
+    // firstAt: the epoch ms the first queued samples were read (the Worker's `at`)
+    Object.assign(this, {id, queue: [], firstAt: null, head: 0, queued: 0, playing: false, started: false,
+                         ended: false, frames: 0, underruns: 0});
   }
   onMessage(m) {
     if (m.type === 'source') { m.port.onmessage = (e) => this.onMessage(e.data); return; }
@@ -30,7 +32,11 @@ class StudioPcm extends AudioWorkletProcessor {
     }
     if (m.id > this.id) this.reset(m.id);  // the first message of a new request
     if (m.id < this.id) return;
-    if (m.type === 'pcm') { this.queue.push(m.samples); this.queued += m.samples.length; }
+    if (m.type === 'pcm') {
+      if (this.firstAt === null) this.firstAt = m.at;
+      this.queue.push(m.samples);
+      this.queued += m.samples.length;
+    }
     else if (m.type === 'end') this.ended = true;
   }
   process(inputs, outputs) {
@@ -40,7 +46,7 @@ class StudioPcm extends AudioWorkletProcessor {
       this.playing = true;
       if (!this.started) {
         this.started = true;
-        this.port.postMessage({type: 'started', id: this.id, frame: currentFrame});
+        this.port.postMessage({type: 'started', id: this.id, frame: currentFrame, at: this.firstAt});
       }
     }
     if (this.playing) {
