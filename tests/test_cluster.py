@@ -373,7 +373,7 @@ def test_the_page_in_a_browser_plays_a_take_made_on_a_replica(cluster):
             page.locator("#prompt_text textarea").fill(EXAMPLE_TRANSCRIPT)
             page.locator("#text textarea").fill(TEXT)
             page.locator("#go").click()  # the default player: the page's low-latency one
-            page.wait_for_function("() => document.querySelector('#player_stats')?.innerText.includes('TTFA')",
+            page.wait_for_function("() => document.querySelector('#stats')?.innerText.includes('TTFA')",
                                    timeout=300_000)
         finally:
             browser.close()

@@ -125,13 +125,13 @@ def take_low_latency(page, n_rows: int | None) -> str:
     assert page.evaluate(f"{LAST}.state") == "done", page.evaluate(f"{LAST}.error")
     if n_rows is not None:
         page.wait_for_function(N_ROWS % n_rows, timeout=30_000)
-    return fetch_digest(page, page.locator("#player_final a[download]").get_attribute("href"))
+    page.wait_for_selector("#final_out a[download]", timeout=30_000)  # the take, in the page's final WAV
+    return fetch_digest(page, page.locator("#final_out a[download]").get_attribute("href"))
 
 
 def take_standard(page, n_rows: int) -> str:
     """Generate with the standard player, streaming off, at SPEED; once it is in the history, the final WAV
     the page showed (fetch_digest)."""
-    page.locator("#player").get_by_label("standard (Gradio)").check()
     page.locator("#stream input[type=checkbox]").uncheck()
     page.wait_for_function("() => !document.querySelector('#speed input[type=range]').disabled")
     page.evaluate(f"""() => {{ const r = document.querySelector('#speed input[type=range]'); r.value = '{SPEED}';
@@ -277,7 +277,7 @@ def test_without_indexeddb_the_history_is_unavailable_and_generate_works(studio,
         t0 = time.monotonic()
         take_low_latency(page, None)  # played and shown as always; nothing listed
         print(f"\ntake without IndexedDB: {time.monotonic() - t0:.1f} s")
-        assert page.locator("#player_final a[download]").get_attribute("download").startswith("generate-works")
+        assert page.locator("#final_out a[download]").get_attribute("download").startswith("generate-works")
         assert "unavailable" in page.locator("#history_status").inner_text()
     finally:
         context.close()

@@ -283,11 +283,11 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
             page.wait_for_function("() => document.getElementById('studio_player_line')?.textContent"
                                    ".startsWith('✔')", timeout=120_000)
             # the take's stats line and the live panels, in Chinese too
-            page.wait_for_function("() => (document.getElementById('player_stats')?.textContent || '')"
+            page.wait_for_function("() => (document.getElementById('stats')?.textContent || '')"
                                    ".includes('首音延迟')", timeout=30_000)
             page.wait_for_function("() => (document.querySelector('#panel_headline')?.innerText || '')"
                                    ".includes('活动流')", timeout=30_000)
-            player_stats = page.locator("#player_stats").inner_text()
+            player_stats = page.locator("#stats").inner_text()
             assert "种子" in player_stats and "低延迟" in player_stats and "TTFA" not in player_stats, player_stats
             assert "结果" in page.locator("#latency_table").inner_text()  # the table's columns
             SCREENSHOT.parent.mkdir(exist_ok=True)

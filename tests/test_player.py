@@ -3,12 +3,13 @@
 /v1 bearer key set: the player's Worker fetches with the page's login cookie.
 
 One server and one page for the module. The same request (uploaded assets/prompt_en.wav, its
-transcript, a short text, a fixed seed) runs with both players; click -> sound is observed in the
-page: the standard player's `playing` event on the streamed <audio>, the low-latency player's first
-buffer start (window.studioPlayer, app/ui/player.js). The samples the player scheduled must equal
-the PCM body the server sent, and the final WAV the page builds from them must hold exactly that PCM
-(and the server's PCM for the same request); the stats line and details come from the request's
-metrics record (GET /studio/requests/{id}). Stop aborts the fetch and the engine request.
+transcript, a short text, a fixed seed) runs with both players (the standard one in a page without Web
+Audio, where it is the fallback); click -> sound is observed in the page: the standard player's `playing`
+event on the streamed <audio>, the low-latency player's first buffer start (window.studioPlayer,
+app/ui/player.js). The samples the player scheduled must equal the PCM body the server sent, and the
+page's final WAV (the gr.Audio both players end in) must hold exactly that PCM (and the server's PCM for
+the same request), with the stats line and details of the request's metrics record. Stop aborts the fetch
+and the engine request, and keeps what came as the take.
 /studio/speech refuses reference paths outside Gradio's upload folder and assets/. Prints both
 players' numbers (docs/studio.md). Saves out/player.png.
 
@@ -30,11 +31,12 @@ import subprocess
 import time
 import wave
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
-from studio import fill_take, run_studio
+from studio import NO_WEB_AUDIO, fill_take, run_studio
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
 
 from app.engine.metrics import Metrics
@@ -126,6 +128,50 @@ def test_reference_path_accepts_only_uploads_and_assets(tmp_path, monkeypatch):
         assert e.value.status == 400
 
 
+def test_the_take_event_shows_a_players_take_and_refuses_anything_else(tmp_path, monkeypatch):
+    """PlayerTake.show (the hidden take element's change event): the request's record and the uploaded WAV
+    become the page's final WAV, stats line and details; a stopped take says what it kept; anything that is
+    not a take of this server (bad JSON, an id it never made, a path outside the upload folder) shows nothing."""
+    import gradio as gr
+
+    from app.ui.player import PlayerTake
+
+    uploads = tmp_path / "gradio"
+    (uploads / "h").mkdir(parents=True)
+    wav = uploads / "h" / "hello.wav"
+    wav.write_bytes(b"RIFF")
+    (tmp_path / "secret.wav").write_bytes(b"RIFF")
+    (uploads / "link.wav").symlink_to(tmp_path / "secret.wav")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    m = Metrics()
+    req = SynthesisRequest(text="Hello.", voice=object(), seed=7)
+    m.request_started()
+    stats = RequestStats(ttfa_ms=99.0, wall_s=1.0, audio_s=2.0, n_tokens=50, n_segments=1, n_chunks=2, lm_s=0.5,
+                         flow_s=0.3, hift_s=0.1)
+    m.request_finished(stats, 0.0, request=req,
+                       n_samples=48_000, notes=("a note",))
+    take = PlayerTake(SimpleNamespace(metrics=m))
+    value = {"request_id": req.request_id, "path": str(wav), "client": {"first_byte_ms": 80.4, "first_sound_ms": 95}}
+    path, line, details = take.show(json.dumps(value))
+    assert path == str(wav.resolve()) and line.startswith("TTFA 99 ms") and "seed 7" in line, line
+    assert line.endswith("player **low-latency** · click → first byte 80 ms → first sound 95 ms\n\n- a note"), line
+    assert details["request_id"] == req.request_id and details["player"] == "webaudio", details
+    assert details["client"] == {"first_byte_ms": 80.4, "first_sound_ms": 95.0}
+    assert take.show("") == (None, "", None)  # a new Generate clears the outputs
+    # the upload failed (or named a file elsewhere): the stats still show, and say why there is no WAV
+    for elsewhere in (str(tmp_path / "secret.wav"), str(uploads / "link.wav"), str(uploads), "a\0b", 7):
+        path, line, _ = take.show(json.dumps({**value, "path": elsewhere, "error": "413"}))
+        assert path is None and "could not be handed to this page (413)" in line, (elsewhere, line)
+    stopped = {"request_id": "a" * 32, "stopped": True, "samples": 36_000, "seed": "12", "path": str(wav)}
+    path, line, details = take.show(json.dumps(stopped))
+    assert path == str(wav.resolve()) and line == "Stopped: kept 1.50 s of audio · seed 12", line
+    assert details["stopped"] and details["seed"] == 12 and details["audio_samples"] == 36_000, details
+    for bad in ("{", "[]", "null", json.dumps({"request_id": "../x"}), json.dumps({**value, "request_id": "0" * 32}),
+                json.dumps({**value, "pad": "x" * 5000})):
+        with pytest.raises(gr.Error):
+            take.show(bad)
+
+
 # --- the studio ----------------------------------------------------------------------------------------
 
 
@@ -168,7 +214,8 @@ def browser(studio, tmp_path_factory):
 
 
 def open_studio(browser, url: str, *init_scripts: str):
-    """A new page of the studio with the reference uploaded, its transcript, TEXT and SEED filled in."""
+    """A new page of the studio with the reference uploaded, its transcript, TEXT and SEED filled in (the page's
+    player ready, unless an init script takes Web Audio away)."""
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     login = pg.request.post(f"{url}/login", form={"username": LOGIN[0], "password": LOGIN[1]})  # the cookie
     assert login.ok, login.status
@@ -176,7 +223,8 @@ def open_studio(browser, url: str, *init_scripts: str):
         pg.add_init_script(script)
     pg.goto(url)
     pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')", timeout=60_000)
-    pg.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
+    if NO_WEB_AUDIO not in init_scripts:
+        pg.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
     fill_take(pg, wav=PROMPT_WAV, transcript=PROMPT_TEXT, text=TEXT, seed=SEED)
     return pg
 
@@ -266,7 +314,6 @@ def _wav_pcm(data: bytes) -> np.ndarray:
 
 
 def _click_and_wait_standard(page) -> tuple[float, str]:
-    page.locator("#player").get_by_label("standard (Gradio)").check()
     page.evaluate("window.__audio = []")
     t_click = page.evaluate("performance.now()")
     page.locator("#go").click()
@@ -278,12 +325,15 @@ def _click_and_wait_standard(page) -> tuple[float, str]:
 
 
 @pytest.mark.slow
-def test_click_to_sound_both_players(studio, page):
-    standard_ms, standard_stats = _click_and_wait_standard(page)
+def test_click_to_sound_both_players(studio, browser, page):
+    standard = open_studio(browser, studio[0], RECORD_AUDIO_EVENTS, NO_WEB_AUDIO)  # the fallback: Gradio's player
+    try:
+        standard_ms, standard_stats = _click_and_wait_standard(standard)
+    finally:
+        standard.close()
     standard_ttfa = float(standard_stats.split("TTFA", 1)[1].split("ms", 1)[0])
     assert "low-latency" not in standard_stats
 
-    page.locator("#player").get_by_label("low-latency (WebAudio)").check()
     started = health(studio[0])["requests"]["started"]
     runs = []
     for _ in range(N_LOW_LATENCY):
@@ -322,19 +372,20 @@ def test_click_to_sound_both_players(studio, page):
 
     received = check_scheduled_equals_received(page, last)
 
-    # afterwards the page shows the final WAV, the stats line and details of that request, and the panel row
-    page.wait_for_function("() => (document.querySelector('#player_stats')?.innerText || '').includes('low-latency')",
+    # afterwards the page shows the final WAV, the stats line and details of that request (the standard
+    # player's outputs: one gr.Audio, one stats line, one details JSON), and the panel row
+    page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('low-latency')",
                            timeout=30_000)
-    stats = page.locator("#player_stats").inner_text()
+    stats = page.locator("#stats").inner_text()
     assert "TTFA" in stats and "click → first byte" in stats and f"seed {SEED}" in stats, stats
-    assert page.locator("#player_stats").is_visible() and not page.locator("#stats").is_visible()  # in its place
-    details = json.loads(page.locator("#player_details_json").text_content())
-    assert details["request_id"] == last["requestId"] and details["player"] == "webaudio", details
-    assert details["audio_samples"] == received.size and details["seed"] == SEED, details
-    # ... and the final WAV shown afterwards holds the very PCM the server sent: the page's own Blob
-    link = page.locator("#player_final a[download]")
+    assert page.locator("#final_out").is_visible() and not page.locator("#stream_out").is_visible()
+    page.locator("#details_box .label-wrap").click()  # the details accordion, closed by default
+    details = page.locator("#details").text_content()
+    for fact in (last["requestId"], "webaudio", "first_sound_ms", str(received.size)):
+        assert fact in details, (fact, details)
+    # ... and the final WAV shown afterwards holds the very PCM the server sent: the bytes the page played
+    link = page.locator("#final_out a[download]")
     assert link.get_attribute("download") == "hello-there-how-are-you-today.wav"
-    assert page.locator("#player_final audio[controls]").get_attribute("src") == link.get_attribute("href")
     final = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, link.get_attribute("href"))))
     np.testing.assert_array_equal(final, received)
     # ... which is what the server sends for this request (same inputs and seed: the same PCM)
@@ -353,7 +404,6 @@ def test_click_to_sound_both_players(studio, page):
 def test_stop_mid_stream_aborts_the_request(studio, page):
     url, _ = studio
     before = health(url)["requests"]["outcomes"]["cancelled"]
-    page.locator("#player").get_by_label("low-latency (WebAudio)").check()
     page.locator("#text textarea").fill(LONG_TEXT)
     seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
     page.locator("#go").click()
@@ -364,6 +414,15 @@ def test_stop_mid_stream_aborts_the_request(studio, page):
     run = page.evaluate(RUN_INFO)
     assert run["state"] == "stopped", run
     assert page.locator("#studio_player_line").inner_text().startswith("Stopped")
+    # what came before Stop is the take: the page's final WAV, and a stats line that says so
+    page.wait_for_function("() => /^Stopped: kept [0-9.]+ s of audio · seed [0-9]+/.test("
+                           "document.querySelector('#stats')?.innerText || '')", timeout=30_000)
+    kept = page.locator("#final_out a[download]")
+    raw = base64.b64decode(page.evaluate("window.studioPlayer.receivedBase64()"))
+    got = np.frombuffer(raw[:len(raw) // 2 * 2], "<i2")  # a Stop may cut a sample in two
+    kept_pcm = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, kept.get_attribute("href"))))
+    assert kept_pcm.size > 0
+    np.testing.assert_array_equal(kept_pcm, got)
     deadline = time.monotonic() + 30
     while (h := health(url))["active_streams"] or h["lm_unfinished"]:
         assert time.monotonic() < deadline, h
@@ -385,7 +444,6 @@ def test_without_audio_worklet_the_page_schedules_buffers(studio, browser):
     no_worklet = "Object.defineProperty(BaseAudioContext.prototype, 'audioWorklet', {get: () => undefined});"
     page = open_studio(browser, studio[0], no_worklet)
     try:
-        page.locator("#player").get_by_label("low-latency (WebAudio)").check()
         run = play_low_latency(page)
         assert run["state"] == "done" and run["mode"] == "buffers" and run["underruns"] == 0, run
         check_scheduled_equals_received(page, run)

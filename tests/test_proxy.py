@@ -147,7 +147,6 @@ def test_the_page_logs_in_and_plays_through_the_proxy(proxy):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = open_studio(browser, proxy)  # login form, page load, upload: all through nginx
-            page.locator("#player").get_by_label("low-latency (WebAudio)").check()
             run = play_low_latency(page)
             assert run["state"] == "done" and run["mode"] == "worklet" and run["underruns"] == 0, run
             received = check_scheduled_equals_received(page, run)

@@ -28,7 +28,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, fill_take, free_port, run_studio, save_voice, studio_command
+from studio import (
+    EXAMPLE_TRANSCRIPT,
+    EXAMPLE_WAV,
+    NO_WEB_AUDIO,
+    REPO,
+    fill_take,
+    free_port,
+    run_studio,
+    save_voice,
+    studio_command,
+)
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, TABLE_ROWS, _need
 
 from app.server.openai_api import OPENAI_TTS_MODELS
@@ -95,8 +105,20 @@ def page(studio):
             browser.close()
 
 
-def use_player(page, which: str) -> None:
-    page.locator("#player").get_by_label("standard (Gradio)" if which == "gradio" else "low-latency (WebAudio)").check()
+@pytest.fixture(scope="module")
+def standard_page(page):
+    """A page of its own in a browser without Web Audio: Generate streams through the standard player."""
+    context = page.context.browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        pg = context.new_page()
+        for script in (RECORD_AUDIO_EVENTS, COUNT_FRAMES, NO_WEB_AUDIO):
+            pg.add_init_script(script)
+        pg.goto(page.url)
+        pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')", timeout=60_000)
+        fill_take(pg)
+        yield pg
+    finally:
+        context.close()
 
 
 # --- without a server ----------------------------------------------------------------------------------
@@ -336,9 +358,8 @@ def test_page_defaults(studio, page):
 
 
 @pytest.mark.slow
-def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, page):
-    url, _ = studio
-    use_player(page, "gradio")
+def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, standard_page):
+    url, page = studio[0], standard_page
     page.locator("#seed input").fill(str(SEED))
     page.locator("#text textarea").fill(LONG_TEXT)
     page.locator("#go").click()
@@ -390,17 +411,20 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, pa
 
 @pytest.mark.slow
 def test_standard_player_errors_pop_up_and_show_next_to_generate(page):
-    use_player(page, "gradio")
-    page.locator("#text textarea").fill("")
-    page.locator("#go").click()
-    page.wait_for_selector(".toast-body", timeout=30_000)
-    page.wait_for_function("() => /text/i.test(document.querySelector('#studio_error')?.innerText || '')",
-                           timeout=10_000)
-    assert page.locator("#studio_error").inner_text().startswith("⚠️ Type the text")  # the message itself
-    assert near_generate(page, "#studio_error")
-    assert page.evaluate("document.body.dataset.studioBusy") is None
-    for close in page.locator(".toast-close").all():
-        close.click()
+    page.locator("#stream input[type=checkbox]").uncheck()  # streaming off: `synthesize`, the standard player
+    try:
+        page.locator("#text textarea").fill("")
+        page.locator("#go").click()
+        page.wait_for_selector(".toast-body", timeout=30_000)
+        page.wait_for_function("() => /text/i.test(document.querySelector('#studio_error')?.innerText || '')",
+                               timeout=10_000)
+        assert page.locator("#studio_error").inner_text().startswith("⚠️ Type the text")  # the message itself
+        assert near_generate(page, "#studio_error")
+        assert page.evaluate("document.body.dataset.studioBusy") is None
+        for close in page.locator(".toast-close").all():
+            close.click()
+    finally:
+        page.locator("#stream input[type=checkbox]").check()  # the page's player again, for the next tests
 
 
 def near_generate(page, selector: str) -> bool:
@@ -411,7 +435,6 @@ def near_generate(page, selector: str) -> bool:
 @pytest.mark.slow
 def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, page):
     url, _ = studio
-    use_player(page, "webaudio")
     # an error: next to Generate and as a pop-up, and not busy afterwards
     page.locator("#text textarea").fill("")
     page.locator("#go").click()
@@ -439,7 +462,8 @@ def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, pa
     assert page.evaluate("document.body.dataset.studioBusy") is None
     assert page.locator("#seed input").input_value() == run["seed"] != "-1"
     assert page.locator("#player_time").inner_text().split(" / ")[0] == f"{run['samples'] / 24_000:.2f}"
-    link = page.locator("#player_final a[download]")
+    page.wait_for_selector("#final_out a[download]", timeout=30_000)  # the take, in the page's final WAV
+    link = page.locator("#final_out a[download]")
     final = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, link.get_attribute("href"))))
     np.testing.assert_array_equal(final, server_pcm(url, TEXT, int(run["seed"])))  # the exact PCM
     # idle: the AudioContext is suspended (no audio thread running for an idle tab)
@@ -448,14 +472,14 @@ def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, pa
 
 @pytest.mark.slow
 def test_a_browser_without_web_audio_is_told_and_gets_the_standard_player(studio, page):
-    """No AudioContext: the low-latency player's line says it cannot run here, and Generate (with the
-    low-latency choice, the default) plays the take through the standard player, whose final WAV is the
+    """No AudioContext: the low-latency player's line says it cannot run here, and Generate plays the take
+    through the standard player, whose final WAV is the
     server's exact PCM."""
     url, _ = studio
     context = page.context.browser.new_context(viewport={"width": 1400, "height": 1000})  # a tab of its own
     try:
         pg = context.new_page()
-        pg.add_init_script("delete window.AudioContext; delete window.webkitAudioContext;")
+        pg.add_init_script(NO_WEB_AUDIO)
         pg.goto(url)
         pg.wait_for_function("() => /not available in this browser/.test("
                              "document.querySelector('#studio_player_line')?.innerText || '')", timeout=60_000)
@@ -465,11 +489,10 @@ def test_a_browser_without_web_audio_is_told_and_gets_the_standard_player(studio
         assert pg.evaluate("window.studioPlayer === undefined")
         pg.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
                              timeout=60_000)
-        assert pg.locator("#player").get_by_label("low-latency (WebAudio)").is_checked()
         fill_take(pg, text=TEXT, seed=SEED)
         pg.locator("#go").click()
         pg.wait_for_selector("#final_out a[download]", timeout=TIMEOUT_MS)
-        assert not pg.locator("#player_result").is_visible()  # the standard outputs show the take
+        assert not pg.locator("#player_controls").is_visible()  # the standard player's live part shows
         final = _wav_pcm(base64.b64decode(pg.evaluate(FETCH_BASE64, pg.locator("#final_out a[download]")
                                                       .get_attribute("href"))))
         np.testing.assert_array_equal(final, server_pcm(url, TEXT, SEED))

@@ -7,7 +7,7 @@ through the same `DeploymentHandle` as /v1 (Serve routes each call by load):
 
     stream(req)               a streaming call of `StudioReplica.speak`: the replica admits the request,
                               yields its `AudioChunk`s, then the request's `RequestRecord`, kept here
-                              (`metrics.record(id)`, the page's stats line, GET /studio/requests/{id})
+                              (`metrics.record(id)`: the page's stats line, its player's take event)
     voice_from_audio, asr     one call each; the clip goes as its bytes (the upload is a file on this host)
     voices                    the shared `VoiceStore` on `[server] voices_dir`, read and written here,
                               with the replicas' model fingerprint

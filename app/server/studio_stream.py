@@ -3,15 +3,16 @@
     POST /studio/speech         {text, prompt_audio, prompt_text, mode, instruct_text, voice, seed}
                                 -> raw PCM s16le mono 24 kHz, streamed as it is produced
     GET  /studio/requests/{id}  {request_id, line, notes, details}: the stats line and details of a
-                                finished request (its metrics record), as the Gradio path shows them
+                                finished request (its metrics record), as the page shows them
     POST /studio/requests/{id}/stop   the player's Stop, before it hangs up: the record says "stopped"
 
 The page (app/ui/player.js) calls them with relative URLs (they work behind a proxy and a root path).
 `prompt_audio` is a *server path* (the page's upload or an example asset), accepted only if it
 resolves, symlinks followed, inside Gradio's upload folder or assets/; else 400 "unknown reference
 file", without echoing the path. Speech is decode -> `prepare` -> `speech_response`, as /v1's. Nothing
-is kept for the page: it builds the final WAV from the PCM it played and reads the stats from the
-request's metrics record. As open as the page: the bearer key guards /v1 only.
+is kept for the page: it builds the final WAV from the PCM it played and hands it to its own outputs
+(app/ui/player.py PlayerTake, which reads the request's metrics record). As open as the page: the
+bearer key guards /v1 only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
 from app.server.speech import prepare_or_raise, speech_response
 from app.ui.handlers import ARRIVAL_KEY
+from app.ui.player import upload_file
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 UNKNOWN_REFERENCE = "unknown reference file: upload the reference recording again, or pick an example"
@@ -55,16 +57,10 @@ class StudioSpeech(BaseModel):
 
 def reference_path(raw: str) -> Path:
     """`raw` resolved, if it is a file inside Gradio's upload folder or assets/; else ApiError 400."""
-    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
-
-    try:
-        path = Path(raw).resolve(strict=True)  # follows symlinks: a link out of the folders is refused
-    except (OSError, RuntimeError, ValueError) as e:  # missing, loop, NUL byte
-        raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference") from e
-    for root in (Path(get_upload_folder()).resolve(), ASSETS_DIR.resolve()):
-        if path.is_relative_to(root) and path != root and path.is_file():
-            return path
-    raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
+    path = upload_file(raw, ASSETS_DIR)
+    if path is None:
+        raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
+    return path
 
 
 def end_page_streams(app: FastAPI) -> None:

@@ -5,7 +5,7 @@ parameters are the API's (text, prompt_audio, prompt_text, mode, instruct_text, 
 stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed scale (never float
 arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
 per-request stats line and the details, built from the request's metrics record (`RequestRecord.line` and
-`.details`; the low-latency player's result uses the same two, through GET /studio/requests/{id}).
+`.details`; the low-latency player's take uses the same two: app/ui/player.py PlayerTake).
 A cancelled event closes this generator: `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
 """
 
@@ -196,7 +196,7 @@ class Handlers:
     def _result(self, req, audio: np.ndarray, path: Path, stop: StopSignal, live: bool, lang: str) -> tuple:
         """The take's last outputs: (live player, final WAV, stats line, details). The stream has ended (its
         final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
-        player's (GET /studio/requests/{id}, app/server/studio_stream.py)."""
+        player's (app/ui/player.py PlayerTake.show)."""
         if stop.stopped:
             kept_s = audio.size / OUTPUT_SAMPLE_RATE_HZ
             line = translate(f"Stopped: kept {kept_s:.2f} s of audio · mode {req.mode} · seed {req.seed}", lang)

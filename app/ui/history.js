@@ -1,7 +1,7 @@
 () => {
   /* CosyVoice2 Studio: the history of takes (run once on page load; wired by app/ui/history.py). Defines
-     window.studioHistory. Each finished take of either player (player_page.js record() for the low-latency
-     player, fromStandard() after the standard player's `synthesize`) is kept in this browser's IndexedDB:
+     window.studioHistory. Each finished take of either player (fromTake() once the page shows it: after
+     `synthesize` or the low-latency player's take event) is kept in this browser's IndexedDB:
      per browser profile, so it survives a reload and no other visitor sees it; the server keeps nothing.
      A take: {id, createdAt, text, instruct, dialogue, voice, mode, seed, speed, stream, player, statsLine,
      details, name, wav (the final WAV, a Blob: the very bytes the page offered), bytes}. Stopped and failed
@@ -75,7 +75,8 @@
       this.error = null;       // why the history is unavailable
       this.note = null;        // why the latest take was not kept (the history stays)
       this.urls = [];          // blob: URLs of the rows drawn now
-      this.pendingStandard = null;  // the standard player's request, from Generate (player_gate.js)
+      this.pending = null;  // what the standard player's latest Generate asked (player_gate.js), for fromTake()
+      this.expected = new Map();  // the low-latency player's takes on their way to the page, by request id
       this.channel = window.BroadcastChannel ? new BroadcastChannel(DB_NAME) : null;  // other tabs redraw
       if (this.channel) this.channel.onmessage = () => this.render();
       const style = el('style');
@@ -173,23 +174,39 @@
       await this.render();
     }
 
-    // Generate with the standard player (player_gate.js): what it was asked, for fromStandard()
+    // Generate with the standard player (player_gate.js): what it was asked, for fromTake()
     started(params) {
-      this.pendingStandard = params;
+      this.pending = params;
     }
 
-    // the standard player's `synthesize` succeeded: its final WAV (a FileData) and details; a stopped take
-    // (details.stopped) is not kept
-    async fromStandard(final, details) {
-      const asked = this.pendingStandard;
-      this.pendingStandard = null;
-      if (!asked || !final || !final.url || !details || details.stopped) return;
+    // the low-latency player hands the page a finished take: what it was asked and its WAV (the bytes it
+    // played: not fetched back), for fromTake(); by request id, so a late answer never takes another's
+    expect(requestId, params) {
+      if (this.expected.size > 8) this.expected.clear();  // takes whose event failed
+      this.expected.set(requestId, params);
+    }
+
+    // a take is on the page: its final WAV (a FileData) and details; a stopped take (details.stopped) is
+    // not kept, and the page's outputs cleared for a new take (no final WAV) change nothing
+    async fromTake(final, details) {
+      if (!final || !final.url || !details) return;
+      let asked = this.expected.get(details.request_id);
+      if (asked) {
+        this.expected.delete(details.request_id);
+      } else {
+        asked = this.pending;
+        this.pending = null;
+      }
+      if (!asked || details.stopped) return;
       try {
-        const resp = await fetch(final.url);
-        if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-        const wav = await resp.blob();
+        let wav = asked.wav;
+        if (!wav) {
+          const resp = await fetch(final.url);
+          if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+          wav = await resp.blob();
+        }
         await this.add({...asked, voice: details.voice || '', mode: details.mode, seed: details.seed,
-                        speed: details.speed, stream: details.stream, player: 'gradio',
+                        speed: details.speed, stream: details.stream, player: details.player || 'gradio',
                         statsLine: (byId('stats') || {}).innerText || '', details,
                         name: final.orig_name || 'speech.wav', wav});
       } catch (e) {

@@ -2,8 +2,8 @@
 
 history.js (run on page load) stores each finished take of either player in the browser's IndexedDB: per
 browser profile, so it survives a reload and another visitor never sees it, and the server keeps nothing.
-The low-latency player hands it its takes itself (player_page.js); the standard player's are read after
-`synthesize` succeeds (`record_standard`: its final WAV and details). Its limits (the newest 20 takes within
+Either player's take is read from the page's final WAV and details once its event succeeded (`record_take`:
+`synthesize`, or the low-latency player's take event, app/ui/player.py). Its limits (the newest 20 takes within
 50 MiB of WAV) are constants in history.js; its words are the `history_*` labels (app/ui/locales/labels.toml).
 """
 
@@ -19,9 +19,9 @@ from app.ui.i18n import LANGS, labels
 # history.js draws the list, the status line and the Clear button's text
 HISTORY_HTML = ('<div id="history"><div id="history_status" class="prose"></div><div id="history_list"></div>'
                 '<button id="history_clear" type="button" disabled>Clear history</button></div>')
-# the standard player's take, after `synthesize` succeeded: its final WAV (FileData) and details
-RECORD_STANDARD_JS = ("(final, details) => { if (window.studioHistory) window.studioHistory.fromStandard(final, "
-                      "details); return []; }")
+# a take, after its event succeeded: its final WAV (FileData) and details
+RECORD_JS = ("(final, details) => { if (window.studioHistory) window.studioHistory.fromTake(final, details); "
+             "return []; }")
 MODES = ("mode_zero_shot", "mode_cross_lingual", "mode_instruct")
 
 
@@ -31,9 +31,9 @@ def history_box(i18n: gr.I18n) -> None:
         gr.HTML(HISTORY_HTML, elem_id="history_html", js_on_load=None)
 
 
-def record_standard(synth: gr.events.Dependency, final_out: gr.Audio, details: gr.JSON) -> None:
-    """After the standard player's `synthesize` succeeded, its take goes into the history (browser only)."""
-    synth.success(None, [final_out, details], None, js=RECORD_STANDARD_JS, queue=False, api_visibility="private")
+def record_take(event: gr.events.Dependency, final_out: gr.Audio, details: gr.JSON) -> None:
+    """After `event` (either player's take) succeeded, its take goes into the history (browser only)."""
+    event.success(None, [final_out, details], None, js=RECORD_JS, queue=False, api_visibility="private")
 
 
 def history_labels() -> dict[str, dict[str, str]]:

@@ -15,8 +15,7 @@ from app.ui import ui_text
 from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, labels, locale, patterns
 
 # the elements whose text the page's own players write (player.js, player.html), and gr.Examples' labels
-PAGE_IDS = ("studio_player_line", "studio_busy", "studio_error", "player_pause", "player_final_label", "player_stats",
-            "stats", "examples")
+PAGE_IDS = ("studio_player_line", "studio_busy", "studio_error", "player_pause", "stats", "examples")
 
 
 def page_phrases() -> dict[str, str]:

@@ -4,11 +4,11 @@
 Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`,
 `export_voice`, `import_voice` (a voice as a `.cvvoice` file: app/ui/voice_files.py).
 
-Generate first runs a browser-only gate (player_gate.js): with the low-latency player (default) the request is
-played by WebAudio from /studio/speech (player.js) and the gate stops the chain; with the standard player (or
-streaming off) it passes on to `synthesize`, Gradio's streamed gr.Audio (also the fallback where the page's player
-cannot start). The low-latency player shows its own final WAV, stats and details (app/ui/player.py). Both players'
-finished takes go into the visitor's history, kept in the browser (app/ui/history.py).
+Generate first runs a browser-only gate (player_gate.js): the page's player (low-latency, WebAudio) plays the
+request from /studio/speech (player.js) and the gate stops the chain; with streaming off, or in a browser that
+cannot run that player (no Web Audio or Workers: its line says so), it passes on to `synthesize`, Gradio's
+streamed gr.Audio. Either way the take ends in the same final WAV, stats line and details (the player's through
+its take event, app/ui/player.py), and goes into the visitor's history, kept in the browser (app/ui/history.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js
-from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js
+from app.ui.player import IDLE_JS, STATUS_HTML, PlayerTake, player_html, player_js, take_element
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
@@ -176,8 +176,6 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
             ui.stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
             ui.speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
                                  elem_id="speed")
-        ui.player = gr.Radio([(i18n("player_webaudio"), "webaudio"), (i18n("player_gradio"), "gradio")],
-                             value="webaudio", label=i18n("player"), info=i18n("player_info"), elem_id="player")
         with gr.Row():
             ui.go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
             ui.stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
@@ -207,8 +205,9 @@ def saved_voice_box(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
     with gr.Column():
         ui.stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
-        # the low-latency player's line and result area (player.js fills it)
+        # the low-latency player's line and controls (player.js fills them); its takes come in through ui.take
         gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
+        ui.take = take_element()
         ui.final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                 buttons=["download"], elem_id="final_out")
         build_download(ui.final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
@@ -237,14 +236,17 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
               ui.stream, ui.dialogue, stop_signal]
     outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
     gate = ui.go.click(None, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed,
-                              ui.stream, ui.player, ui.dialogue], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+                              ui.stream, ui.dialogue], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
     # the standard player: the previous take is cleared at once, then the request queues
     begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
     synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
                           concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
     synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
-    history.record_standard(synth, ui.final_out, ui.details)  # the finished take into the page's history
+    # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py)
+    take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[1:], show_progress="hidden", **PAGE_ONLY)
+    for done in (synth, take):  # the finished take into the page's history
+        history.record_take(done, ui.final_out, ui.details)
     # the seed it used, into the seed box (so the take can be made again)
     synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
                   show_progress="hidden", **PAGE_ONLY)

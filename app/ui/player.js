@@ -13,11 +13,11 @@
      vLLM request), the worklet drops its queue (or the nodes are stopped).
 
      The result: the Worker also hands this page each read's bytes (the body as received, 48 kB per
-     second of audio); when the body has ended, showResult() puts them behind a 44-byte RIFF/WAVE header
-     in a Blob (the final WAV: exactly the PCM that played), shows it as an <audio controls> with a
-     download link named after the first words of the text, and fetches GET studio/requests/<X-Request-Id>
-     (the request's metrics record: the same stats line and details as the standard player's) into
-     #player_result, which the page shows in place of the standard outputs (app/ui/player.css).
+     second of audio); when the body has ended (or at Stop), handOver() puts them behind a 44-byte
+     RIFF/WAVE header in a Blob (the final WAV: exactly the PCM that played), named after the first words
+     of the text, uploads it through the page's hidden take element and sets that element's value (the
+     request id, the upload's path, what this page measured): the server's take event answers the page's
+     final WAV, stats line and details, the standard player's outputs (app/ui/player.py PlayerTake).
 
      Timings (this page's performance.now(), ms; the Worker's converted through timeOrigin): click (the
      Generate click event's timeStamp), request, headers, firstByte, firstSound, end. firstSound is when
@@ -53,10 +53,6 @@
   };
   const ms = (x) => (x === null || x === undefined || !isFinite(x)) ? '–' : `${Math.round(x)} ms`;
   const byId = (id) => document.getElementById(id);
-  const setHtml = (id, html) => { const el = byId(id); if (el) el.innerHTML = html; };
-  const escapeHtml = (t) => String(t).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-  // the stats line's Markdown (app/engine/metrics.py RequestRecord.line): **bold** only
-  const markdownLine = (t) => escapeHtml(t).replace(/\*\*(.+?)\*\*/g, '<strong>$1</strong>');
 
   // RIFF/WAVE header of 16-bit mono PCM at RATE_HZ with nBytes of samples
   function wavHeader(nBytes) {
@@ -88,7 +84,6 @@
       this.nRuns = 0;
       this.scheduled = [];   // debug copies of the latest request (capped): Float32Array per read as handed
       this.scheduledSamples = 0;  // to the audio side
-      this.wavUrl = null;    // object URL of the latest final WAV (revoked when the next request starts)
       this.mode = null;      // 'worklet' | 'buffers' once ready
       this.idleTimer = null;  // the pending suspend of the idle AudioContext
       this.toastTimer = null;
@@ -190,16 +185,8 @@
       if (run.state === 'connecting' || run.state === 'playing') {
         run.state = 'stopped';
         setLine(`Stopped · ${this.summary(run)}`);
-        if (keep && run.pcm.length) this.showKept(run);
+        if (keep && run.pcm.length) this.handOver(run, true);  // what came is the final WAV
       }
-    }
-
-    // after Stop: the final WAV of what was received, and a line saying so
-    showKept(run) {
-      const nBytes = this.showWav(run);
-      setHtml('player_stats', escapeHtml(`Stopped: kept ${(nBytes / 2 / RATE_HZ).toFixed(2)} s of audio` +
-                                         (run.seed !== null ? ` · seed ${run.seed}` : '')));
-      run.result = 'kept';
     }
 
     async play(params) {
@@ -212,15 +199,15 @@
         id, seq: id, state: 'connecting', voice: params.voice || '', paused: false, requestId: null, serverTtfaMs: null, server: null, seed: null,
         underruns: 0, samples: 0, buffers: 0, bytes: 0, playedFrames: null, firstStartS: null,
         contextState: null, error: null, aborted: false, flushed: false, sources: new Set(), nextFrame: null,
-        pcm: [], text: params.text, result: null,  // the body's bytes (Uint8Array per read); result: 'shown' | error
-        params, wav: null, wavName: null, details: null, statsLine: null,  // what the history keeps (record())
+        pcm: [], text: params.text, params, wav: null,  // the body's bytes (Uint8Array per read); the final WAV
+        result: null,  // 'shown' | 'kept' (Stop) once handOver() has handed the take to the page
         t: {click, request: now, headers: null, firstByte: null, firstSound: null, end: null},
       };
       run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
       this.run = this.last = run;
       this.scheduled = [];
       this.scheduledSamples = 0;
-      this.clearResult();
+      if (window.studioTake) window.studioTake.show('');  // the page's outputs: the previous take goes
       this.setBusy(true);
       setLine('Low-latency player: connecting…');
       this.resume();
@@ -335,69 +322,40 @@
       run.nextFrame += samples.length;
     }
 
-    // the body is complete: show the final WAV and the request's stats
+    // the body is complete: the take goes to the page
     async finish(run) {
       if (run.state !== 'playing' && run.state !== 'done') return;  // stopped or failed; 'done' may come first
       await run.soundKnown;  // the worklet reports its start after the body may have ended
-      if (this.last === run) { await this.showResult(run); this.record(run); }
+      if (this.last === run) await this.handOver(run, false);
       if (this.mode === 'buffers') {
         const leftMs = (run.nextFrame / RATE_HZ - this.ctx.currentTime) * 1000;
         setTimeout(() => this.done(run), Math.max(0, leftMs));
       }
     }
 
-    // the page shows this player's result area (in place of the standard outputs), empty until the end
-    clearResult() {
-      document.body.dataset.studioResult = 'webaudio';
-      if (this.wavUrl) URL.revokeObjectURL(this.wavUrl);
-      this.wavUrl = null;
-      const label = (sel, id) => {  // the standard outputs' (translated) labels, where Gradio shows them
-        const text = document.querySelector(sel)?.textContent.trim();
-        if (text && byId(id)) byId(id).textContent = text;
-      };
-      label('#final_out [data-testid="block-label"]', 'player_final_label');
-      label('#details_box .label-wrap span', 'player_details_label');
-      for (const id of ['player_final', 'player_stats', 'player_details_json']) setHtml(id, '');
-    }
-
-    // the final WAV of the bytes received (<audio> + a download named after the voice and text); its size
-    showWav(run) {
+    // the take (all of it, or what came before Stop) into the page's final WAV, stats and details: its WAV
+    // (the bytes received: exactly the PCM that played) uploaded through the hidden take element, whose
+    // value then names it (app/ui/player.py PlayerTake.show answers the outputs); the history gets the Blob
+    async handOver(run, stopped) {
+      const take = window.studioTake;
       const nBytes = run.pcm.reduce((n, b) => n + b.length, 0) & ~1;  // an odd trailing byte is no sample
-      if (this.wavUrl) URL.revokeObjectURL(this.wavUrl);
       run.wav = new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'});
-      this.wavUrl = URL.createObjectURL(run.wav);
-      const name = run.wavName = wavName(run.text, run.voice);
-      setHtml('player_final', `<audio controls preload="auto" src="${this.wavUrl}"></audio>` +
-              `<a href="${this.wavUrl}" download="${escapeHtml(name)}">⬇ ${escapeHtml(name)}</a> ` +
-              `<span>(${(nBytes / 2 / RATE_HZ).toFixed(2)} s, ${(nBytes / 1024).toFixed(0)} KiB)</span>`);
-      return nBytes;
-    }
-
-    // the final WAV from the bytes that played, then the stats line and details of the server's record
-    async showResult(run) {
-      this.showWav(run);
-      const since = (x) => (x === null ? null : x - run.t.click);
-      const client = `click → first byte ${ms(since(run.t.firstByte))} → first sound ${ms(since(run.t.firstSound))}`;
+      const since = (x) => (x === null ? null : Math.round((x - run.t.click) * 10) / 10);
+      const value = {request_id: run.requestId, stopped, samples: nBytes / 2, seed: run.seed, path: null,
+                     client: {first_byte_ms: since(run.t.firstByte), first_sound_ms: since(run.t.firstSound)}};
+      if (!take) { run.result = 'the page has no take element'; return; }
       try {
-        const resp = await fetch(new URL(`studio/requests/${run.requestId}`, document.baseURI).href,
-                                 {cache: 'no-store'});
-        const body = await resp.json();
-        if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
-        if (this.last !== run) return;
-        const notes = body.notes.map((n) => `<li>${escapeHtml(n)}</li>`).join('');
-        setHtml('player_stats', `<p>${markdownLine(body.line)} · player <strong>low-latency</strong> · ${client}</p>` +
-                                (notes ? `<ul>${notes}</ul>` : ''));
-        const tenth = (x) => (x === null ? null : Math.round(x * 10) / 10);
-        const details = {...body.details, player: 'webaudio',  // and what this page measured
-                         client: {first_byte_ms: tenth(since(run.t.firstByte)),
-                                  first_sound_ms: tenth(since(run.t.firstSound))}};
-        setHtml('player_details_json', escapeHtml(JSON.stringify(details, null, 1)));
-        Object.assign(run, {details, statsLine: body.line});
-        run.result = 'shown';
+        value.path = (await take.upload(new File([run.wav], wavName(run.text, run.voice),
+                                                 {type: 'audio/wav'}))).path;
       } catch (e) {
-        run.result = `the stats could not be read: ${e}`;
-        if (this.last === run) setHtml('player_stats', escapeHtml(`${client} · ${run.result}`));
+        value.error = String(e && e.message ? e.message : e);
       }
+      if (this.last !== run) return;
+      const h = window.studioHistory, p = run.params;
+      if (h && !stopped) h.expect(run.requestId, {text: p.text, instruct: p.instruct_text, dialogue: p.dialogue,
+                                                  wav: run.wav});
+      take.show(JSON.stringify(value));
+      run.result = stopped ? 'kept' : 'shown';
     }
 
     // the last sample has been played
@@ -414,7 +372,7 @@
     }
   }
 
-  const style = document.createElement('style');  // which result the page shows (body[data-studio-result])
+  const style = document.createElement('style');  // which live part the page shows (body[data-studio-result])
   style.textContent = RESULT_CSS;
   document.head.appendChild(style);
   // without Web Audio or Workers this player cannot run: its line says so, and Generate uses the standard

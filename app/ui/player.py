@@ -3,10 +3,12 @@
 The browser part is `player.js` with `player_worker.js` (fetch + int16 -> float32) and
 `player_worklet.js` (an AudioWorklet playing the samples back to back), fed by `POST /studio/speech`
 (app/server/studio_stream.py): it plays raw PCM as it arrives, instead of Gradio's HLS/AAC path
-(0.4-1.1 s slower to first sound). When the body has ended, the page builds the final WAV from the
-PCM it played and fetches the stats line and details from `GET /studio/requests/{id}`; it shows
-them in `player_html()`'s result area, in place of the standard player's final WAV, stats and details
-(the body's `data-studio-result` attribute, set per Generate click, says which of the two shows: player.css).
+(0.4-1.1 s slower to first sound). When the body has ended (or at Stop, with what came), the page builds
+the final WAV from the PCM it played and hands it to the page's own outputs through `take_element()`, a
+hidden gr.HTML, by Gradio's public js_on_load API: `upload` puts the WAV into Gradio's upload folder and
+setting `props.value` fires the element's change event, `PlayerTake.show`, which answers the final WAV,
+stats line and details as `synthesize` does: one gr.Audio (replay, download in every format), one stats
+line, one details JSON for both players. The server keeps nothing for it.
 The page's other player events are JS files beside it (wired in layout.py): player_gate.js (Generate: the
 low-latency player runs in the browser and the Gradio `synthesize` event is skipped; the standard player
 passes on to it), player_stop.js, player_failure.js (the standard player's error) and `IDLE_JS` (its end).
@@ -15,14 +17,101 @@ passes on to it), player_stop.js, player_failure.js (the standard player's error
 from __future__ import annotations
 
 import json
+import math
+import re
+from pathlib import Path
+from typing import Any
 
+import gradio as gr
+
+from app.audio import OUTPUT_SAMPLE_RATE_HZ
+from app.engine.service import StudioService
 from app.ui import ui_text
+from app.ui.handlers import notes_markdown
 
 # next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
 STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…</span>'
                '<div id="studio_error" role="alert"></div></div>')
 # the standard player's `synthesize` ended (either way): the page is no longer busy
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
+
+
+# js_on_load of the hidden take element: what player.js calls (window.studioTake.upload / .show)
+TAKE_JS = "window.studioTake = {upload, show: (value) => { props.value = value; }};"
+MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id, a server path, a name, a few numbers
+REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
+NOT_SHOWN = "the final WAV could not be handed to this page ({why}); the stats are the take's"
+
+
+def take_element() -> gr.HTML:
+    """The hidden element the low-latency player hands its takes through (its value: `PlayerTake.show`'s JSON;
+    rendered as nothing)."""
+    return gr.HTML("", html_template="<span></span>", visible="hidden", elem_id="player_take", js_on_load=TAKE_JS)
+
+
+class PlayerTake:
+    """The low-latency player's take into the page's final WAV, stats line and details."""
+
+    def __init__(self, service: StudioService) -> None:
+        self.service = service
+
+    def show(self, value: str) -> tuple[Any, str, Any]:
+        """`value` (JSON from player.js): {request_id, path (the WAV in Gradio's upload folder, or null),
+        error (why there is none), stopped, samples, seed, client: {first_byte_ms, first_sound_ms}}; "" clears
+        the outputs (a new Generate). Returns (final WAV path, stats line, details). The line is English: the
+        page's translator puts it in the page's language and back (app/ui/lang_switch.py, #stats)."""
+        if not value:
+            return None, "", None
+        try:
+            take = json.loads(value) if len(value) <= MAX_TAKE_VALUE else None
+        except ValueError:
+            take = None
+        request_id = take.get("request_id") if isinstance(take, dict) else None
+        if not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None:
+            raise gr.Error("not a take of this page's player", print_exception=False)
+        found = upload_file(take.get("path"))
+        path = None if found is None else str(found)
+        why = take.get("error") if path is None else None
+        note = [NOT_SHOWN.format(why=str(why)[:200])] if why else []
+        if take.get("stopped"):
+            kept_s = _number(take.get("samples")) / OUTPUT_SAMPLE_RATE_HZ
+            raw_seed = take.get("seed")  # the X-Seed header, as the page read it
+            seed = int(raw_seed) if isinstance(raw_seed, str) and raw_seed.lstrip("-").isdigit() else None
+            line = f"Stopped: kept {kept_s:.2f} s of audio" + (f" · seed {seed}" if seed is not None else "")
+            details = {"stopped": True, "seed": seed, "request_id": request_id, "player": "webaudio",
+                       "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(kept_s * OUTPUT_SAMPLE_RATE_HZ)}
+            return path, line + notes_markdown(note), details
+        rec = self.service.metrics.record(request_id)
+        if rec is None or rec.outcome != "ok":
+            raise gr.Error("unknown take, one that did not finish, or one too old to be kept", print_exception=False)
+        client = take.get("client") if isinstance(take.get("client"), dict) else {}
+        client = {k: _number(client.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
+        player = ("player **low-latency** · click → first byte {} → first sound {}"
+                  .format(*(f"{round(v)} ms" if v is not None else "–" for v in client.values())))
+        line = f"{rec.line()} · {player}" + notes_markdown([*rec.notes, *note])
+        return path, line, {**rec.details(), "player": "webaudio", "client": client}
+
+
+def _number(x: Any, default: Any = 0.0) -> Any:
+    """`x` as a finite float (a number the page measured), else `default`."""
+    return round(float(x), 1) if isinstance(x, int | float) and math.isfinite(x) and x >= 0 else default
+
+
+def upload_file(raw: Any, *also: Path) -> Path | None:
+    """`raw` resolved (symlinks followed: a link out of the folders is refused), if it names a file inside
+    Gradio's upload folder (where the page's uploads go) or one of the folders `also`; else None."""
+    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
+
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        path = Path(raw).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):  # missing, loop, NUL byte
+        return None
+    for root in (Path(get_upload_folder()).resolve(), *(p.resolve() for p in also)):
+        if path.is_relative_to(root) and path != root and path.is_file():
+            return path
+    return None
 
 
 def player_html() -> str:

@@ -1,20 +1,22 @@
 /* The Generate button's first event (js only; app/ui/layout.py). Gradio passes the input values in order
    (gr.Audio with type="filepath": its FileData {path, url, orig_name, ...} or null). A gate that throws
-   ends the chain, so `.success(synthesize)` does not run: the low-latency player handles the request in
-   the browser. Either way it says whose result the page shows (the standard outputs or the player's
-   result area). */
-(text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, player, dialogue) => {
+   ends the chain, so `.success(synthesize)` does not run: the page's (low-latency) player handles the
+   request in the browser (its take reaches the page's outputs through its take event); with streaming off
+   or without that player, `synthesize` (the standard player) runs. Either way it says which player's live
+   part the page shows. */
+(text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, stream, dialogue) => {
   const p = window.studioPlayer;
   if (p) { p.stop(); p.begin(); }  // the previous take's error line goes, the page is busy
   delete document.body.dataset.studioStopped;
   for (const a of document.querySelectorAll('#stream_out audio')) a.muted = false;  // muted by Stop
-  if (player !== 'webaudio' || !stream || !p) {
+  if (!stream || !p) {  // streaming off (the speed applies), or a browser without the page's player
     document.body.dataset.studioResult = 'gradio';
     // what its take was asked (history.js; the rest comes with the take's details)
     const h = window.studioHistory;
     if (h) h.started({text: text || '', instruct: instruct_text || '', dialogue: !!dialogue});
     return [];
   }
+  document.body.dataset.studioResult = 'webaudio';
   p.play({text: text || '', prompt_audio: prompt_audio ? (prompt_audio.path || null) : null,
           prompt_text: prompt_text || '', mode, instruct_text: instruct_text || '', voice: voice || '',
           seed: (seed === null || seed === '') ? null : Number(seed), dialogue: !!dialogue});

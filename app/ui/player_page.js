@@ -60,15 +60,6 @@ const PAGE_METHODS = {
     if (time) time.textContent = `${played.toFixed(2)} / ${received.toFixed(2)} s`;
   },
 
-  // a finished take (its final WAV shown) into the page's history (history.js), which never throws
-  record(run) {
-    const h = window.studioHistory, d = run.details || {}, p = run.params;
-    if (!h || !run.wav) return;
-    h.add({text: p.text, instruct: p.instruct_text, dialogue: p.dialogue, voice: p.voice || d.voice || '',
-           mode: d.mode || p.mode, seed: d.seed ?? run.seed, speed: d.speed ?? 1, stream: true, player: 'webaudio',
-           statsLine: run.statsLine || '', details: d, name: run.wavName, wav: run.wav});
-  },
-
   // the AudioContext runs only while there is audio to play
   idleLater() {
     clearTimeout(this.idleTimer);
