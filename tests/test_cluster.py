@@ -301,21 +301,14 @@ def test_a_replicas_refusal_reaches_the_page_as_its_message(cluster, page, tmp_p
 
 
 def test_the_low_latency_players_routes_on_the_cluster(cluster):
-    """POST /studio/speech streams PCM made on a replica; GET /studio/requests/{id} then has its record."""
+    """POST /studio/speech streams PCM made on a replica (its record, the page's stats line: the browser test)."""
     base = cluster[0]
     body = {"text": TEXT, "prompt_audio": str(EXAMPLE_WAV), "prompt_text": EXAMPLE_TRANSCRIPT, "seed": 2}
     with httpx.stream("POST", f"{base}/studio/speech", json=body, timeout=300) as r:
         assert r.status_code == 200, r.read()
         n = sum(len(piece) for piece in r.iter_bytes())
         request_id = r.headers["x-request-id"]
-    assert n > 0 and n % SAMPLE_BYTES == 0
-    got = httpx.get(f"{base}/studio/requests/{request_id}", timeout=60)
-    assert got.status_code == 200, got.text
-    rec = got.json()
-    assert rec["request_id"] == request_id and "TTFA" in rec["line"]
-    assert rec["details"]["audio_samples"] * SAMPLE_BYTES == n
-    missing = httpx.get(f"{base}/studio/requests/{'0' * 32}", timeout=60)
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_request"
+    assert n > 0 and n % SAMPLE_BYTES == 0 and len(request_id) == 32
 
 
 def test_a_killed_replica_breaks_its_stream_only_and_the_service_goes_on(cluster, oai):
@@ -349,7 +342,7 @@ def test_a_killed_replica_breaks_its_stream_only_and_the_service_goes_on(cluster
 def test_the_page_in_a_browser_plays_a_take_made_on_a_replica(cluster):
     """Headless Chromium on the cluster's page (as tests/test_browser.py: without its stack skipped, in CI failed): the
     status and the panels name the replicas; Generate with the low-latency player (its upload -> POST
-    /studio/speech -> GET /studio/requests/{id}) shows the take's stats line."""
+    /studio/speech -> its take event, which reads the record the replica sent back) shows the take's stats line."""
     import importlib.util
 
     from test_browser import CHROMIUM, CHROMIUM_ARGS, _need

@@ -105,7 +105,7 @@ def test_request_records_are_found_by_id_while_kept_and_build_the_stats():
     assert (details["queue_wait_s"], details["reference_s"], details["ttfa_ms"]) == (0.25, 0.5, 123.4)
     assert details["first_audio_path_ms"] == {"lm_first_token": 20.0, "first_chunk_tokens_in": 60.0, "flow_call": 30.0,
                                               "vocoder": 5.0, "wave_ready": 100.0, "first_audio": 123.4}
-    json.dumps(details, allow_nan=False)  # the route answers it as strict JSON
+    json.dumps(details, allow_nan=False)  # the page gets it as strict JSON
 
 
 def test_reference_path_accepts_only_uploads_and_assets(tmp_path, monkeypatch):
@@ -289,21 +289,13 @@ def test_reference_paths_are_confined_and_the_routes_need_the_login(studio):
     assert r.headers["x-seed"] == str(SEED) and ttfa_ms > 0 and len(r.content) % 2 == 0 and r.content
     assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
     assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).status_code == 200
-    # the finished request's stats (its metrics record): behind the login, for ids of this server's requests
-    def get(rid: str, auth: tuple[str, str] | None = LOGIN) -> httpx.Response:
-        return httpx.get(f"{url}/studio/requests/{rid}", auth=auth, timeout=10)
+    # the player's Stop: behind the login too; an ended request has nothing to stop
+    def stop(rid: str, auth: tuple[str, str] | None = LOGIN) -> httpx.Response:
+        return httpx.post(f"{url}/studio/requests/{rid}/stop", auth=auth, timeout=10)
 
-    assert get(rid, auth=None).status_code == 401
-    got = get(rid)
-    assert got.status_code == 200, got.text
-    result = got.json()
-    assert result["request_id"] == rid and f"seed {SEED}" in result["line"] and "TTFA" in result["line"], result
-    details = result["details"]
-    assert details["audio_samples"] == len(r.content) // 2 and details["request_id"] == rid, details
-    assert details["seed"] == SEED and details["mode"] == "zero_shot" and details["chunks"] >= 1, details
-    assert details["ttfa_ms"] <= ttfa_ms + 1, (details, ttfa_ms)  # the engine's first audio comes inside the route's
-    assert get("x" * 32).status_code == 400 and get("../health").status_code in (400, 404)
-    assert get("0" * 32).json()["error"]["code"] == "unknown_request"
+    assert stop(rid, auth=None).status_code == 401
+    assert stop(rid).json()["error"]["code"] == "unknown_request" and stop(rid).status_code == 404
+    assert httpx.get(f"{url}/studio/requests/{rid}", auth=LOGIN, timeout=10).status_code in (404, 405)  # no route
     assert health(url)["ready"]
 
 

@@ -4,8 +4,8 @@
               session's queue state stays in this one process; each synthesis, reference clip and
               transcription runs on a replica, the saved voices are the shared store
     /studio/* the page's low-latency player (app/server/studio_stream.py, on the same `ClusterService`):
-              its reference is an upload on this host, and GET /studio/requests/{id} reads the record
-              the replica sent back at the end of the stream
+              its reference is an upload on this host, and its take event (app/ui/player.py) reads the
+              record the replica sent back at the end of the stream
     /v1/*     forwarded to one replica (Serve routes by load: fewest ongoing requests of two picked),
               the response streamed back message by message (`bridge.PassThroughResponse`)
     /health   every replica's GET /health (`handle.broadcast`), merged (app/cluster/metrics.py)

@@ -2,8 +2,6 @@
 
     POST /studio/speech         {text, prompt_audio, prompt_text, mode, instruct_text, voice, seed}
                                 -> raw PCM s16le mono 24 kHz, streamed as it is produced
-    GET  /studio/requests/{id}  {request_id, line, notes, details}: the stats line and details of a
-                                finished request (its metrics record), as the page shows them
     POST /studio/requests/{id}/stop   the player's Stop, before it hangs up: the record says "stopped"
 
 The page (app/ui/player.js) calls them with relative URLs (they work behind a proxy and a root path).
@@ -19,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import weakref
 from pathlib import Path
@@ -37,7 +34,6 @@ from app.ui.player import upload_file
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 UNKNOWN_REFERENCE = "unknown reference file: upload the reference recording again, or pick an example"
-REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
 
 
 class StudioSpeech(BaseModel):
@@ -95,7 +91,7 @@ QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upl
 
 
 def add_studio_routes(app: FastAPI, service: StudioService) -> None:
-    """Add /studio/speech and /studio/requests/{id} to `app` (before Gradio is mounted at "/")."""
+    """Add /studio/speech and its Stop to `app` (before Gradio is mounted at "/")."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
     # the running /studio/speech requests' Stop events by request id; an entry goes with its request (the
     # event is held only by the request's stream: weak values)
@@ -131,17 +127,5 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
                            code="unknown_request")
         stop.set()
         return {"request_id": request_id, "stopped": True}
-
-    @router.get("/requests/{request_id}")
-    async def studio_request(request_id: str) -> dict:
-        """A finished request's stats line (Markdown, without its notes), notes and details."""
-        if REQUEST_ID_RE.fullmatch(request_id) is None:
-            raise ApiError(400, "request_id must be the X-Request-Id of a /studio/speech response",
-                           param="request_id", code="invalid_value")
-        rec = service.metrics.record(request_id)
-        if rec is None or rec.outcome != "ok":
-            raise ApiError(404, "unknown request, one that did not finish, or one too old to be kept",
-                           param="request_id", code="unknown_request")
-        return {"request_id": rec.request_id, "line": rec.line(), "notes": list(rec.notes), "details": rec.details()}
 
     app.include_router(router)

@@ -34,8 +34,6 @@ STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…
                '<div id="studio_error" role="alert"></div></div>')
 # the standard player's `synthesize` ended (either way): the page is no longer busy
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
-
-
 # js_on_load of the hidden take element: what player.js calls (window.studioTake.upload / .show)
 TAKE_JS = "window.studioTake = {upload, show: (value) => { props.value = value; }};"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id, a server path, a name, a few numbers
@@ -115,9 +113,8 @@ def upload_file(raw: Any, *also: Path) -> Path | None:
 
 
 def player_html() -> str:
-    """player.html as one line (no whitespace between its elements); player.js fills #player_final (<audio>
-    + download link), #player_stats and #player_details_json, and drives #player_controls: pause/resume,
-    volume, played / received seconds."""
+    """player.html as one line (no whitespace between its elements): the player's line (click -> first byte ->
+    first sound) and #player_controls (pause/resume, volume, played / received seconds), which player.js drives."""
     return "".join(line.strip() for line in ui_text("player.html").splitlines())
 
 
