@@ -1,4 +1,5 @@
-"""The token->wave scheduler: earliest deadline first, request affinity, errors and cancellation."""
+"""The token->wave scheduler: earliest deadline first, request affinity, first chunks on the first free worker,
+errors and cancellation."""
 
 from __future__ import annotations
 
@@ -60,6 +61,48 @@ def test_affinity_errors_and_cancelled_jobs_are_skipped():
         s.shutdown()
         with pytest.raises(RuntimeError, match="shut down"):
             await s.run(lambda: None, deadline=0)
+
+    asyncio.run(main())
+
+
+def test_a_first_chunk_runs_on_the_first_free_worker_and_its_request_stays_there():
+    """Two workers, worker 0 busy: a flow job without a key (a request's first chunk: no state yet) runs on
+    worker 1 at once instead of queuing behind worker 0's call, and `on_worker` pins its request there
+    (`Utterance.pin`: the first worker sticks); a keyed job still waits for its own worker, and no other
+    worker batches it."""
+    from app.engine.requests import SynthesisRequest
+    from app.engine.utterance import Utterance
+
+    def flow_fn(items: list[_Item]) -> list[str]:
+        return [threading.current_thread().name for _ in items]
+
+    async def main() -> None:
+        s = Token2WavScheduler(2, flow_fn=flow_fn, max_batch=4)
+        gate, started = threading.Event(), threading.Event()
+
+        def hold() -> bool:
+            started.set()
+            return gate.wait()
+
+        blocker = asyncio.ensure_future(s.run(hold, deadline=0, key=0))  # worker 0 is busy
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        u = Utterance(SynthesisRequest(text="x", voice=None), ["x"])
+        assert u.worker is None
+        ran_on = await asyncio.wait_for(s.run_flow(_Item("first", "k"), lambda out, _s: out, deadline=1.0,
+                                                   key=u.worker, on_worker=u.pin), timeout=10)
+        assert ran_on == "token2wav-1" and u.worker == 1
+        u.pin(0)  # a later pin never moves a request
+        assert u.worker == 1
+        keyed = asyncio.ensure_future(s.run_flow(_Item("keyed", "k"), lambda out, _s: out, deadline=0.5, key=0))
+        other = await asyncio.wait_for(s.run_flow(_Item("new", "k"), lambda out, _s: out, deadline=2.0, key=None),
+                                       timeout=10)
+        assert other == "token2wav-1" and not keyed.done()  # the free worker took the shared job, not the keyed
+        assert s.queued() == 1
+        gate.set()
+        assert await keyed == "token2wav-0"
+        await blocker
+        s.shutdown()
 
     asyncio.run(main())
 

@@ -125,12 +125,13 @@ class Synthesizer:
         item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)), tokens[:, : plan.n_tokens],
                                plan.finalize, plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
         try:
-            return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker)
+            return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker,
+                                            on_worker=u.pin)
         except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
             seg.resolve = True
             t2w.drop_flow_state()
             return await self._t2w.run_flow(t2w.flow_item(tokens, plan), ChunkFinish(u, plan),
-                                            deadline=u.deadline(), key=u.worker)
+                                            deadline=u.deadline(), key=u.worker, on_worker=u.pin)
         finally:  # this stream's job is over (done, failed or cancelled): count what it holds
             if incremental:
                 self.flow_budget.update(t2w, t2w.flow_state_bytes)
@@ -160,7 +161,7 @@ class Synthesizer:
                      on_end: Callable[[RequestStats], None] | None = None) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats. `on_end` gets the
         stats so far when the stream ends, however it ends (a stopped request's are on no chunk)."""
-        u = Utterance(req, self.segments(req), n_workers=self.cfg.engine.token2wav_workers)
+        u = Utterance(req, self.segments(req))
         device = self.model.device
         prompts = {id(t.voice): t.voice.flow_prompt(device) for t in req.parts}  # the flow's view of each voice
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request

@@ -2,8 +2,12 @@
 
 A chunk's deadline is its request's start for a first chunk (someone waits in silence), else the
 moment the audio already sent runs out; each worker pops the earliest (EDF: a new request's first
-chunk goes first, no stream starves). A request always goes to the same worker (`key`), so its
-caches live on one CUDA stream. Threads start on the first job; `shutdown()` joins them.
+chunk goes first, no stream starves). A job with a `key` goes to worker `key % n_workers`, so a
+request's caches live on one CUDA stream; a job without one (a request's first chunk: no state yet)
+waits in a shared queue that every worker takes from, so it runs on whichever worker is free first
+(pinned workers left a first chunk queued behind its own worker's calls while another sat idle), and
+`on_worker(w)` tells the request where it landed, its key from then on. Threads start on the first
+job; `shutdown()` joins them.
 
 Batching (`run_flow`, `max_batch` > 1): a worker takes with a flow job up to `max_batch - 1` queued
 jobs of the same `batch_key`, runs one `flow_fn` call for all, then each job's `finish` in deadline
@@ -46,6 +50,7 @@ class _Job:
     finish: Callable[[Any, float], Any] | None = field(compare=False)  # (flow output, flow wall s) -> result
     fut: asyncio.Future = field(compare=False)
     loop: asyncio.AbstractEventLoop = field(compare=False)
+    on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
 
 
 class Token2WavScheduler:
@@ -66,13 +71,15 @@ class Token2WavScheduler:
         self.streams = [torch.cuda.Stream(self.device) if use_cuda and n_workers > 1 else None
                         for _ in range(n_workers)]
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
+        self._shared: list[_Job] = []  # jobs without a key: any worker
         self._cv = threading.Condition()
         self._seq = itertools.count()  # FIFO among equal deadlines
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.batch_sizes: dict[int, int] = {}  # flow calls by batch size (facts for the panels/bench)
 
-    async def _submit(self, key: int, deadline: float, fn=None, item=None, finish=None) -> Any:
+    async def _submit(self, key: int | None, deadline: float, fn=None, item=None, finish=None,
+                      on_worker=None) -> Any:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         with self._cv:
@@ -83,38 +90,50 @@ class Token2WavScheduler:
                                  for w in range(self.n_workers)]
                 for t in self._threads:
                     t.start()
-            heapq.heappush(self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop))
+            heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
+                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker))
             self._cv.notify_all()
         return await fut
 
-    async def run(self, fn: Callable[[], T], *, deadline: float, key: int = 0) -> T:
-        """`fn()` on worker `key % n_workers`; `deadline` in time.perf_counter() seconds (smaller = sooner)."""
+    async def run(self, fn: Callable[[], T], *, deadline: float, key: int | None = 0) -> T:
+        """`fn()` on worker `key % n_workers` (None: the first free one); `deadline` in time.perf_counter()
+        seconds (smaller = sooner)."""
         return await self._submit(key, deadline, fn=fn)
 
-    async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int = 0) -> T:
-        """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs."""
+    async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int | None = 0,
+                       on_worker: Callable[[int], None] | None = None) -> T:
+        """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs; with
+        `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs."""
         if self.flow_fn is None:
             raise RuntimeError("this scheduler has no flow_fn")
-        return await self._submit(key, deadline, item=item, finish=finish)
+        return await self._submit(key, deadline, item=item, finish=finish, on_worker=on_worker)
 
     def queued(self) -> int:
         with self._cv:
-            return sum(len(h) for h in self._heaps)
+            return sum(len(h) for h in self._heaps) + len(self._shared)
+
+    def _ready(self, w: int) -> bool:  # worker `w` has a job to take (lock held)
+        return bool(self._heaps[w] or self._shared)
 
     def _take(self, w: int) -> list[_Job]:
-        """The most urgent job of worker `w`, plus the flow jobs that can share its call (lock held)."""
-        heap = self._heaps[w]
-        job = heapq.heappop(heap)
-        if job.item is None or self.max_batch == 1:
-            return [job]
-        mates = sorted(j for j in heap if j.item is not None and j.item.batch_key == job.item.batch_key
-                       and not j.fut.done())[: self.max_batch - 1]
-        if mates:
-            taken = {id(j) for j in mates}
-            heap[:] = [j for j in heap if id(j) not in taken]
-            heapq.heapify(heap)
-        return [job, *mates]
+        """The most urgent job for worker `w` (its own or a shared one), plus the flow jobs of either queue that
+        can share its call; each shared job taken is told it runs on `w` (lock held)."""
+        own, shared = self._heaps[w], self._shared
+        job = heapq.heappop(own if own and (not shared or own[0] < shared[0]) else shared)
+        jobs = [job]
+        if job.item is not None and self.max_batch > 1:
+            mates = sorted(j for heap in (own, shared) for j in heap if j.item is not None
+                           and j.item.batch_key == job.item.batch_key and not j.fut.done())[: self.max_batch - 1]
+            if mates:
+                taken = {id(j) for j in mates}
+                for heap in (own, shared):
+                    heap[:] = [j for j in heap if id(j) not in taken]
+                    heapq.heapify(heap)
+            jobs += mates
+        for j in jobs:
+            if j.on_worker is not None:
+                j.on_worker(w)
+        return jobs
 
     def _work(self, w: int) -> None:
         stream = self.streams[w]
@@ -122,9 +141,9 @@ class Token2WavScheduler:
         with ctx:
             while True:
                 with self._cv:
-                    while not self._heaps[w] and not self._closed:
+                    while not self._ready(w) and not self._closed:
                         self._cv.wait()
-                    if not self._heaps[w]:
+                    if not self._ready(w):
                         return  # closed and drained
                     jobs = self._take(w)
                 jobs = [j for j in jobs if not j.fut.done()]  # cancelled while queued: skip the work

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import time
-import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -43,11 +42,12 @@ class Segment:
 class Utterance:
     """One request from its start to its final chunk (see the module docstring)."""
 
-    def __init__(self, request: SynthesisRequest, segments: list[Turn], *, n_workers: int = 1) -> None:
+    def __init__(self, request: SynthesisRequest, segments: list[Turn]) -> None:
         self.request = request
         self.segments = segments  # sentences in order, each with its voice (a dialogue's turns may differ)
-        # a request sticks to one token->wave worker (its CUDA stream): from its id, no shared counter
-        self.worker = zlib.crc32(request.request_id.encode()) % max(1, n_workers)
+        # the token->wave worker (its CUDA stream) this request sticks to: none until its first chunk runs on
+        # whichever worker is free first (`pin`, app/engine/t2w_scheduler.py)
+        self.worker: int | None = None
         self.segment: Segment | None = None
         self._voice_keys: dict[int, str] = {}  # id(voice) -> voice_key (the request holds the voices)
         self._next_lm: tuple[AsyncIterator[list[int]], asyncio.Future] | None = None  # see start_next_lm
@@ -64,6 +64,12 @@ class Utterance:
         self.n_tokens = self.n_samples = self.n_chunks = 0  # n_chunks: emitted so far (the next one's index)
         self.chunk_flow_ms: list[float] = []  # per chunk: its flow call's wall ms
         self.chunk_frames: list[int] = []  # per chunk: mel frames the flow emitted
+
+    def pin(self, worker: int) -> None:
+        """The scheduler ran this request's first token->wave job on `worker`: its later jobs go there too
+        (called on that worker, before the job runs; the next job is submitted after this one has ended)."""
+        if self.worker is None:
+            self.worker = worker
 
     def voice_key(self, voice: VoiceFeatures) -> str:
         """`voice` as the flow's prompt cache knows it (an exact match is checked on every hit); hashed on
