@@ -121,6 +121,15 @@ def page_error(e: Exception) -> gr.Error:
     return gr.Error(r.message, title=r.title, print_exception=False)
 
 
+def stopped_take(request_id: str, seed: int | None, n_samples: int, mode: str | None = None) -> tuple[str, dict]:
+    """A take ended by the page's Stop, either player's: its stats line (English) and details."""
+    parts = [f"Stopped: kept {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s of audio", f"mode {mode}" if mode else "",
+             f"seed {seed}" if seed is not None else ""]
+    line = " · ".join(p for p in parts if p)
+    return line, {"stopped": True, "seed": seed, **({"mode": mode} if mode else {}), "request_id": request_id,
+                  "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": n_samples}
+
+
 def notes_markdown(notes: tuple[str, ...] | list[str]) -> str:
     """The notes as a Markdown list below the stats line ("" for none)."""
     return "\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""
@@ -198,10 +207,8 @@ class Handlers:
         final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
         player's (app/ui/player.py PlayerTake.show)."""
         if stop.stopped:
-            kept_s = audio.size / OUTPUT_SAMPLE_RATE_HZ
-            line = translate(f"Stopped: kept {kept_s:.2f} s of audio · mode {req.mode} · seed {req.seed}", lang)
-            details = {"stopped": True, "seed": req.seed, "mode": req.mode, "request_id": req.request_id,
-                       "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(audio.size)}
+            line, details = stopped_take(req.request_id, req.seed, int(audio.size), req.mode)
+            line = translate(line, lang)
             # the live player is reset (no buffered audio plays on), the take so far is the final WAV
             return None, (str(path) if audio.size else None), line, details
         rec = self.service.metrics.record(req.request_id)

@@ -24,10 +24,9 @@ from typing import Any
 
 import gradio as gr
 
-from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.service import StudioService
 from app.ui import ui_text
-from app.ui.handlers import notes_markdown
+from app.ui.handlers import notes_markdown, stopped_take
 
 # next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
 STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…</span>'
@@ -72,18 +71,16 @@ class PlayerTake:
         why = take.get("error") if path is None else None
         note = [NOT_SHOWN.format(why=str(why)[:200])] if why else []
         if take.get("stopped"):
-            kept_s = _number(take.get("samples")) / OUTPUT_SAMPLE_RATE_HZ
             raw_seed = take.get("seed")  # the X-Seed header, as the page read it
             seed = int(raw_seed) if isinstance(raw_seed, str) and raw_seed.lstrip("-").isdigit() else None
-            line = f"Stopped: kept {kept_s:.2f} s of audio" + (f" · seed {seed}" if seed is not None else "")
-            details = {"stopped": True, "seed": seed, "request_id": request_id, "player": "webaudio",
-                       "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": int(kept_s * OUTPUT_SAMPLE_RATE_HZ)}
-            return path, line + notes_markdown(note), details
+            line, details = stopped_take(request_id, seed, int(_number(take.get("samples"))))
+            return path, line + notes_markdown(note), {**details, "player": "webaudio"}
         rec = self.service.metrics.record(request_id)
         if rec is None or rec.outcome != "ok":
             raise gr.Error("unknown take, one that did not finish, or one too old to be kept", print_exception=False)
-        client = take.get("client") if isinstance(take.get("client"), dict) else {}
-        client = {k: _number(client.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
+        measured = take.get("client")
+        measured = measured if isinstance(measured, dict) else {}
+        client = {k: _number(measured.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
         player = ("player **low-latency** · click → first byte {} → first sound {}"
                   .format(*(f"{round(v)} ms" if v is not None else "–" for v in client.values())))
         line = f"{rec.line()} · {player}" + notes_markdown([*rec.notes, *note])
