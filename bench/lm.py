@@ -124,10 +124,11 @@ async def run(args) -> dict:
     if args.profile_dir:
         from app.engine.vllm_backend import VLLMBackend
 
-        # a small trace, quick to write: the engine process only, 100 steps, no Python stacks or gzip
+        # a small trace, quick to write: the engine process only, 100 steps, no gzip; Python stacks (the host's
+        # time by function) only when asked, they make the trace several times larger
         # (run Q's default-option trace of a 300-token request was not written within minutes)
         profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
-                    "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
+                    "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
                     "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
         backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
     else:
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--voice-prefix", type=int, default=0, help="N: one saved voice with N prompt-text ids")
     p.add_argument("--profile-dir", default=None, help="vLLM: profile one 1-stream request into DIR")
+    p.add_argument("--profile-stack", action="store_true", help="record Python stacks in the profile")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)
