@@ -103,6 +103,7 @@ class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
+    first_chunk_priority: bool = False  # CUDA, workers > 1: calls with a first chunk on a high-priority stream
     flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this

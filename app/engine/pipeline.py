@@ -68,7 +68,7 @@ class Synthesizer:
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs,
                                                        paged_graphs=self.paged_graphs),
-                                       finish_batch=finish_batch)
+                                       finish_batch=finish_batch, first_priority=e.first_chunk_priority)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
         # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
@@ -241,6 +241,7 @@ class Synthesizer:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
         e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
+                                 "first_chunk_priority": any(s is not None for s in self._t2w.first_streams),
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
         if self.hift_graphs is not None:  # engine.hift_graphs on a GPU

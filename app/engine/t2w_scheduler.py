@@ -13,6 +13,10 @@ Batching (`run_flow`, `max_batch` > 1): a worker takes with a flow job up to `ma
 jobs of the same `batch_key`, runs one `flow_fn` call for all, then each job's `finish` in deadline
 order, or all together through `finish_batch(finishes, outs, flow_s)`, which yields (job index,
 result, error) as each is ready (the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
+
+`first_priority` (CUDA, several workers): a flow call that carries a first chunk, and its finish, run on
+a high-priority CUDA stream of its worker, so the GPU schedules its kernels ahead of the other workers'
+calls in this process (not ahead of vLLM's process: separate contexts are time-sliced).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class _Job:
     fut: asyncio.Future = field(compare=False)
     loop: asyncio.AbstractEventLoop = field(compare=False)
     on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
+    first: bool = field(compare=False, default=False)  # a request's first chunk (it came without a key)
 
 
 class Token2WavScheduler:
@@ -59,7 +64,7 @@ class Token2WavScheduler:
     def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu", *,
                  flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1,
                  finish_batch: Callable[[list[Any], list[Any], float], Iterator[tuple[int, Any, BaseException | None]]]
-                 | None = None) -> None:
+                 | None = None, first_priority: bool = False) -> None:
         if n_workers < 1 or max_batch < 1:
             raise ValueError("n_workers and max_batch must be >= 1")
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
@@ -70,6 +75,9 @@ class Token2WavScheduler:
         use_cuda = self.device.type == "cuda"
         self.streams = [torch.cuda.Stream(self.device) if use_cuda and n_workers > 1 else None
                         for _ in range(n_workers)]
+        # the most urgent stream priority CUDA has (a low number maps to the highest it allows)
+        self.first_streams = [torch.cuda.Stream(self.device, priority=-100) if s is not None and first_priority
+                              else None for s in self.streams]
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._shared: list[_Job] = []  # jobs without a key: any worker
         self._cv = threading.Condition()
@@ -91,7 +99,7 @@ class Token2WavScheduler:
                 for t in self._threads:
                     t.start()
             heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker))
+                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker, key is None))
             self._cv.notify_all()
         return await fut
 
@@ -152,29 +160,54 @@ class Token2WavScheduler:
                 if jobs[0].item is None:
                     self._call(jobs[0], jobs[0].fn)
                     continue
-                t0 = time.perf_counter()
-                try:
-                    outs = self.flow_fn([j.item for j in jobs])
-                    if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop
-                        torch.cuda.current_stream(self.device).synchronize()  # returns before its kernels ran
-                except BaseException as e:  # every job of the call gets the error
-                    for j in jobs:
-                        self._hand_back(j, None, e)
-                    continue
-                flow_s = time.perf_counter() - t0
-                self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
-                good = []
-                for j, out in zip(jobs, outs, strict=True):
-                    if isinstance(out, BaseException):  # an error output fails its job alone
-                        self._hand_back(j, None, out)
-                    else:
-                        good.append((j, out))
-                if self.finish_batch is None:
-                    for j, out in good:
-                        self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
-                elif good:
-                    jobs, outs = map(list, zip(*good, strict=True))
-                    self._finish_together(jobs, outs, flow_s)
+                with self._stream_for(w, jobs):
+                    self._flow_call(jobs)
+
+    @contextlib.contextmanager
+    def _stream_for(self, w: int, jobs: list[_Job]) -> Iterator[None]:
+        """Worker `w`'s high-priority stream while a call with a first chunk runs, else its own stream.
+
+        Ordered both ways against the worker's stream. A tensor made on the high one and used later on the
+        worker's stream (a request's HiFT cache) is safe to free there: every call ends by synchronizing
+        (the flow's GPU time, the audio's copy to the host), and only this thread allocates on these streams.
+        """
+        hi = self.first_streams[w]
+        if hi is None or not any(j.first for j in jobs):
+            yield
+            return
+        base = torch.cuda.current_stream(self.device)
+        hi.wait_stream(base)
+        try:
+            with torch.cuda.stream(hi):
+                yield
+        finally:
+            base.wait_stream(hi)
+
+    def _flow_call(self, jobs: list[_Job]) -> None:
+        """One flow call for `jobs`, then their finishes (one by one, or together through finish_batch)."""
+        t0 = time.perf_counter()
+        try:
+            outs = self.flow_fn([j.item for j in jobs])
+            if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop
+                torch.cuda.current_stream(self.device).synchronize()  # returns before its kernels ran
+        except BaseException as e:  # every job of the call gets the error
+            for j in jobs:
+                self._hand_back(j, None, e)
+            return
+        flow_s = time.perf_counter() - t0
+        self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
+        good = []
+        for j, out in zip(jobs, outs, strict=True):
+            if isinstance(out, BaseException):  # an error output fails its job alone
+                self._hand_back(j, None, out)
+            else:
+                good.append((j, out))
+        if self.finish_batch is None:
+            for j, out in good:
+                self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
+        elif good:
+            jobs, outs = map(list, zip(*good, strict=True))
+            self._finish_together(jobs, outs, flow_s)
 
     def _finish_together(self, jobs: list[_Job], outs: list[Any], flow_s: float) -> None:
         """`finish_batch` over one flow call's jobs; a job it never answered gets its error (or a bug report)."""
