@@ -108,10 +108,10 @@ async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
 
 
 async def profile_one(backend, model, cfg, args) -> None:
-    """One 1-stream request under vLLM's torch profiler (the engine process writes its trace)."""
+    """`--profile-conc` streams (1: one request) under vLLM's torch profiler (the engine process writes its trace)."""
     await backend.engine.start_profile()
     try:
-        await level(backend, model, cfg, 1, args, "profile")
+        await level(backend, model, cfg, args.profile_conc, args, "profile")
     finally:
         await backend.engine.stop_profile()
 
@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--voice-prefix", type=int, default=0, help="N: one saved voice with N prompt-text ids")
-    p.add_argument("--profile-dir", default=None, help="vLLM: profile one 1-stream request into DIR")
+    p.add_argument("--profile-dir", default=None, help="vLLM: profile one level (--profile-conc) into DIR")
     p.add_argument("--profile-stack", action="store_true", help="record Python stacks in the profile")
+    p.add_argument("--profile-conc", type=int, default=1, help="streams decoded at once while profiling")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)

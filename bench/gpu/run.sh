@@ -22,7 +22,8 @@
 #                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
 #   sharing       the sweep with engine.gpu_sharing off, then mps (MODES, CONFIG, CONC (1,16), RPS (2), SETS)
 #   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
-#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT
+#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT,
+#                 PROFILE_CONC (1: the streams profile_stack decodes at once)
 #   soak start|finish   `python app.py` soaked over HTTP, then the engine-kill drill: STREAMS (64), MINUTES (10),
 #                 RATE (0.3), SETS, WAIT_S (560)
 #   cluster       the API on Ray Serve swept over HTTP: PRESET (fast | default), REPLICAS (1), CONC, RPS (2), FIXED
@@ -253,7 +254,7 @@ step_levers() {  # the LM's per-step levers: RAS graphs, async scheduling, the p
       profile) rm -rf /tmp/prof; VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 lm_run profile --conc 1 --reps 1 --profile-dir /tmp/prof
         python3 -m bench.gpu.trace_summary /tmp/prof "$OUT/profile_summary.json" 2>&1 | tail -12 ;;
       profile_stack) rm -rf /tmp/prof; VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 lm_run profile_stack --conc 1 --reps 1 \
-          --profile-dir /tmp/prof --profile-stack
+          --profile-dir /tmp/prof --profile-stack --profile-conc "${PROFILE_CONC:-1}"
         python3 -m bench.gpu.trace_summary /tmp/prof "$OUT/profile_stack_summary.json" 2>&1 | tail -40 ;;
       *) echo "unknown step $step" >&2; exit 2 ;;
     esac
