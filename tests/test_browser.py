@@ -89,7 +89,8 @@ def test_generate_plays_and_panels_update(studio):
     url, health = studio
     assert health["ready"] and health["facts"]["backend"] == "vllm"
     # the token->wave stage as configured; CUDA graphs exist only on a GPU
-    assert health["facts"]["token2wav"] == {"workers": 1, "flow_batch": 16, "flow_cuda_graphs": None}
+    assert health["facts"]["token2wav"] == {"workers": 1, "flow_batch": 16, "first_chunk_priority": False,
+                                            "flow_cuda_graphs": None}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
