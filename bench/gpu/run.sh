@@ -251,11 +251,10 @@ step_levers() {  # the LM's per-step levers: RAS graphs, async scheduling, the p
       noasync) lm_run noasync --conc 1 --set 'vllm.async_scheduling="off"' ;;
       prefix) lm_run prefix --conc 1 --voice-prefix 30 --prompt-tokens 150 ;;
       noprefix) lm_run noprefix --conc 1 --voice-prefix 30 --prompt-tokens 150 --set vllm.enable_prefix_caching=false ;;
-      profile) rm -rf /tmp/prof; VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 lm_run profile --conc 1 --reps 1 --profile-dir /tmp/prof
-        python3 -m bench.gpu.trace_summary /tmp/prof "$OUT/profile_summary.json" 2>&1 | tail -12 ;;
-      profile_stack) rm -rf /tmp/prof; VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 lm_run profile_stack --conc 1 --reps 1 \
-          --profile-dir /tmp/prof --profile-stack --profile-conc "${PROFILE_CONC:-1}"
-        python3 -m bench.gpu.trace_summary /tmp/prof "$OUT/profile_stack_summary.json" 2>&1 | tail -40 ;;
+      profile|profile_stack) rm -rf /tmp/prof  # profile_stack: with the host's time by Python function
+        VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 lm_run "$step" --conc 1 --reps 1 --profile-dir /tmp/prof \
+          --profile-conc "${PROFILE_CONC:-1}" $([ "$step" = profile_stack ] && echo --profile-stack)
+        python3 -m bench.gpu.trace_summary /tmp/prof "$OUT/${step}_summary.json" 2>&1 | tail -40 ;;
       *) echo "unknown step $step" >&2; exit 2 ;;
     esac
   done
