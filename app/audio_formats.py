@@ -12,13 +12,17 @@ the first audio). Libraries were chosen by measurement (docs/api.md, `python -m 
   Opus is encoded at 24 kHz (it takes 8/12/16/24/48 kHz input: no resampling); Ogg pages are closed
   every OPUS_PAGE_MS so audio leaves the muxer at once (its default holds 1 s per page).
 
-Bytes a library rewrites at close (FLAC's STREAMINFO length and checksum) are dropped: the stream
-says "length unknown", which decoders accept. Nothing is imported until an encoder is made.
+A streamed encoder drops bytes a library rewrites at close (FLAC's STREAMINFO length and checksum):
+the stream says "length unknown". libsndfile <= 1.2.2 cannot read such a FLAC (it takes "unknown" as
+SF_COUNT_MAX frames: soundfile.read fails, and any read to the end fails its seek, libsndfile issue
+#1038), so the HTTP API sends FLAC whole (WHOLE_ONLY, `encode_whole`: exact STREAMINFO). Nothing is
+imported until an encoder is made.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -31,6 +35,10 @@ MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "mp3": "audio/mpeg", "opu
                "aac": "audio/aac", "flac": "audio/flac"}
 SUFFIXES = {"wav": ".wav", "pcm": ".pcm", "mp3": ".mp3", "opus": ".opus", "aac": ".aac", "flac": ".flac"}
 ENCODED = ("mp3", "opus", "aac", "flac")
+# sent whole by the HTTP API (app/server/speech.py): only a whole FLAC has the exact STREAMINFO length that
+# libsndfile (soundfile.read) needs; every other format is read by soundfile (but aac: libsndfile has no AAC)
+# and ffmpeg when streamed
+WHOLE_ONLY = ("flac",)
 OPUS_PAGE_MS = 100.0  # an Ogg page is closed after this much audio (libsndfile default: 1000 ms)
 SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # libsndfile >= 1.2 sf_command (sndfile.h)
 MP3_BITRATE = 64_000  # 24 kHz mono speech (MPEG-2 layer III); OpenAI's mp3 is 24 kHz too
@@ -105,6 +113,11 @@ class _SoundfileEncoder:
         self._file.close()
         return self._tap.take()
 
+    def whole(self, pcm: np.ndarray) -> bytes:
+        """One file: nothing is taken before the close, so its header rewrite (FLAC: length, MD5) lands."""
+        self._file.write(pcm)
+        return self.finish()
+
     def close(self) -> None:
         self._file.close()
 
@@ -145,6 +158,9 @@ class _AvEncoder:
         self._out.close()
         return self._tap.take()
 
+    def whole(self, pcm: np.ndarray) -> bytes:
+        return self.encode(pcm) + self.finish()
+
     def close(self) -> None:
         self._out.close()
 
@@ -156,7 +172,8 @@ BACKENDS = {"soundfile": (_SoundfileEncoder, ("mp3", "opus", "flac")), "pyav": (
 
 def make_encoder(fmt: str, backend: str | None = None):
     """A streaming encoder for `fmt` (one of ENCODED): `.encode(int16 [N]) -> bytes`, `.finish() -> bytes`
-    (the tail; closes), `.close()` (idempotent). `FormatUnavailable` when its library is missing."""
+    (the tail; closes), `.whole(int16 [N]) -> bytes` (instead of both: one file), `.close()` (idempotent).
+    `FormatUnavailable` when its library is missing."""
     cls = ENCODERS[fmt] if backend is None else BACKENDS[backend][0]
     return cls(fmt)
 
@@ -193,21 +210,25 @@ async def encode_stream(pcm_chunks: AsyncIterator[bytes], fmt: str) -> AsyncIter
             await pcm_chunks.aclose()
 
 
-def encoded_response(response, fmt: str):
-    """A streamed PCM response (`fmt` pcm/wav: unchanged) re-bodied as `fmt`: its body is encoded as it
-    streams and its Content-Type replaced; every other header, and its closing, stay as they were."""
-    if fmt not in ENCODED:
-        return response
-    response.body_iterator = encode_stream(response.body_iterator, fmt)
-    response.media_type = response.headers["content-type"] = MEDIA_TYPES[fmt]
-    return response
+def wav_header(n_samples: int | None = None) -> bytes:
+    """The 44-byte RIFF/WAVE header of 16-bit mono 24 kHz PCM: exact RIFF and data sizes for `n_samples`,
+    or the "unknown length" sizes (0xFFFFFFFF) of a stream when None."""
+    rate = OUTPUT_SAMPLE_RATE_HZ
+    data_bytes = 0xFFFFFFFF if n_samples is None else 2 * n_samples
+    riff_bytes = 0xFFFFFFFF if n_samples is None else 36 + data_bytes
+    return (b"RIFF" + struct.pack("<I", riff_bytes) + b"WAVE" + b"fmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16) + b"data" + struct.pack("<I", data_bytes))
 
 
 def encode_whole(samples: np.ndarray, fmt: str) -> bytes:
-    """int16 [N] mono 24 kHz -> one `fmt` file (the page's download of a finished take)."""
+    """int16 [N] mono 24 kHz -> one `fmt` file (any of FORMATS) with exact lengths where the format has
+    them (WAV sizes, FLAC's STREAMINFO total and MD5): a whole /v1 response, the page's download of a take."""
+    if fmt in ("wav", "pcm"):
+        pcm = np.ascontiguousarray(samples, dtype="<i2").tobytes()
+        return (wav_header(samples.shape[0]) if fmt == "wav" else b"") + pcm
     enc = make_encoder(fmt)
     try:
-        return enc.encode(samples) + enc.finish()
+        return enc.whole(samples)
     finally:
         enc.close()
 

@@ -64,6 +64,24 @@ def test_encoders_stream_from_the_first_block():
         assert 0 <= n - pcm.size <= LENGTH_SLACK[fmt] * max(1, rate // OUTPUT_SAMPLE_RATE_HZ), (fmt, n)
 
 
+def test_whole_files_state_their_length():
+    """encode_whole: exact lengths in the header (WAV sizes, FLAC STREAMINFO total), read back by soundfile and
+    ffmpeg; a streamed FLAC's STREAMINFO says "unknown" (0), which libsndfile 1.2.2 cannot read: never sent."""
+    t = np.arange(OUTPUT_SAMPLE_RATE_HZ * 2 + 7) / OUTPUT_SAMPLE_RATE_HZ
+    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16)
+    for fmt in audio_formats.FORMATS:
+        data = audio_formats.encode_whole(pcm, fmt)
+        if fmt == "flac":
+            assert flac_total_samples(data) == pcm.size
+        if fmt in ("wav", "pcm", "flac"):
+            np.testing.assert_array_equal(read_with_ffmpeg(data, fmt), pcm, err_msg=fmt)
+            np.testing.assert_array_equal(read_with_soundfile(data, fmt), pcm, err_msg=fmt)
+    assert audio_formats.wav_header(pcm.size)[4:8] == (36 + 2 * pcm.size).to_bytes(4, "little")
+    enc = audio_formats.make_encoder("flac")
+    streamed = enc.encode(pcm) + enc.finish()
+    assert flac_total_samples(streamed) == 0 and "flac" in audio_formats.WHOLE_ONLY
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     with run_studio(tiny_model_dir, tmp_path_factory.mktemp("formats")) as (base, _):
@@ -105,8 +123,12 @@ def test_every_format_through_the_openai_sdk_matches_the_wav(oai, voice):
     for fmt in audio_formats.ENCODED:
         body, headers, first_s, total_s = speak(oai, voice, fmt)
         assert headers["content-type"] == audio_formats.MEDIA_TYPES[fmt], (fmt, headers)
-        assert headers.get("transfer-encoding") == "chunked" and "content-length" not in headers, (fmt, headers)
-        assert headers["x-seed"] == str(SEED) and first_s < total_s, fmt
+        if fmt in audio_formats.WHOLE_ONLY:  # sent whole, its length in its headers (test_every_format_...)
+            assert headers.get("content-length") == str(len(body)), (fmt, headers)
+        else:
+            assert headers.get("transfer-encoding") == "chunked" and "content-length" not in headers, (fmt, headers)
+            assert first_s < total_s, fmt
+        assert headers["x-seed"] == str(SEED), fmt
         audio, rate = decode(body)
         if rate != OUTPUT_SAMPLE_RATE_HZ:  # Opus decoders give 48 kHz
             audio = audio[:: rate // OUTPUT_SAMPLE_RATE_HZ]
@@ -118,6 +140,81 @@ def test_every_format_through_the_openai_sdk_matches_the_wav(oai, voice):
     print("decoded RMS / wav RMS:", {k: round(v, 4) for k, v in ratios.items()})
     for fmt, ratio in ratios.items():
         assert abs(ratio - 1) <= RMS_REL_TOL, (fmt, ratios)
+
+
+# libsndfile (soundfile) has no AAC decoder at all (1.2.2: "Format not recognised"); ffmpeg reads every format
+NOT_FOR_SOUNDFILE = ("aac",)
+
+
+def read_with_soundfile(data: bytes, fmt: str) -> np.ndarray:
+    """soundfile.read, as a Python user would call it on the body -> int16 [N]."""
+    import soundfile as sf
+
+    raw = dict(format="RAW", subtype="PCM_16", samplerate=OUTPUT_SAMPLE_RATE_HZ, channels=1) if fmt == "pcm" else {}
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16", **raw)
+    assert rate == OUTPUT_SAMPLE_RATE_HZ and audio.ndim == 1, (fmt, rate, audio.shape)
+    return audio
+
+
+def read_with_ffmpeg(data: bytes, fmt: str) -> np.ndarray:
+    """The ffmpeg command line (Debian's), body on stdin -> int16 [N] at 24 kHz."""
+    import subprocess
+
+    raw = ["-f", "s16le", "-ar", str(OUTPUT_SAMPLE_RATE_HZ), "-ac", "1"] if fmt == "pcm" else []
+    done = subprocess.run(["ffmpeg", "-v", "error", *raw, "-i", "pipe:0", "-f", "s16le", "-ar",
+                           str(OUTPUT_SAMPLE_RATE_HZ), "-ac", "1", "pipe:1"], input=data, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0 and not done.stderr, (fmt, done.stderr[-500:])
+    return np.frombuffer(done.stdout, dtype="<i2")
+
+
+def flac_total_samples(data: bytes) -> int:
+    """STREAMINFO's 36-bit total-samples field (bytes 18..25 of the file: rate, channels, bits, total)."""
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0, data[:8]  # the first metadata block is STREAMINFO
+    return int.from_bytes(data[18:26], "big") & ((1 << 36) - 1)
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.5], ids=["streamed", "whole"])
+def test_every_format_reads_with_soundfile_and_ffmpeg(server, voice, speed):
+    """Every response format, streamed (speed 1) and whole (speed 0.5: made whole, then sent), as a user reads it:
+    soundfile.read and the ffmpeg command line get the same take (lossless ones: the same samples as pcm).
+    A whole response (and FLAC, always whole) states exact lengths: Content-Length, the WAV's RIFF and data
+    sizes, FLAC's STREAMINFO total; a streamed one is chunked."""
+    import struct
+
+    def post(fmt: str) -> httpx.Response:
+        body = {"model": "cosyvoice2", "voice": voice, "input": TEXT, "response_format": fmt, "speed": speed,
+                "seed": SEED}
+        r = httpx.post(server + "/v1/audio/speech", json=body, timeout=300)
+        assert r.status_code == 200, (fmt, r.text)
+        return r
+
+    ref = np.frombuffer(post("pcm").content, dtype="<i2")
+    assert ref.size > OUTPUT_SAMPLE_RATE_HZ // 2
+    for fmt in audio_formats.FORMATS:
+        r = post(fmt)
+        data, whole = r.content, speed != 1.0 or fmt in audio_formats.WHOLE_ONLY
+        if whole:
+            assert r.headers.get("content-length") == str(len(data)), (fmt, r.headers)
+        else:
+            assert r.headers.get("transfer-encoding") == "chunked" and "content-length" not in r.headers, fmt
+        if fmt == "wav":
+            riff, size = struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[40:44])[0]
+            want = (len(data) - 8, ref.size * 2) if whole else (0xFFFFFFFF, 0xFFFFFFFF)
+            assert (riff, size) == want, (riff, size, want)
+        if fmt == "flac":
+            assert flac_total_samples(data) == ref.size
+        decoded = {"ffmpeg": read_with_ffmpeg(data, fmt)}
+        if fmt not in NOT_FOR_SOUNDFILE:
+            decoded["soundfile"] = read_with_soundfile(data, fmt)
+        for reader, audio in decoded.items():
+            extra = audio.size - ref.size
+            assert 0 <= extra <= LENGTH_SLACK.get(fmt, 0) * 2, (fmt, reader, extra)  # opus: 48 kHz frames
+            if fmt in ("wav", "pcm", "flac"):
+                np.testing.assert_array_equal(audio[: ref.size], ref, err_msg=f"{fmt} {reader}")
+            else:
+                assert abs(rms(audio.astype(np.float32)) / rms(ref.astype(np.float32)) - 1) <= RMS_REL_TOL, (
+                    fmt, reader)
 
 
 def active_streams(server: str) -> float:

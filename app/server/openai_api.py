@@ -157,6 +157,11 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             service.metrics.input_refused("unknown_model")
             raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
                            "loaded CosyVoice2 model)", param="model", code="model_not_found")
+        if body.fixed_tokens and not (cfg.server.bench_options_open or owner_of(request).admin):
+            service.metrics.input_refused("bench_option")
+            raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
+                           "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
+                           code="bench_option_refused")
         require_ready()
         if body.stream_format != "audio":
             raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
@@ -173,10 +178,8 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             owner=owner_of(request), dialogue=body.dialogue), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
-        response = await speech_response(service, prepared.request, "wav" if fmt == "wav" else "pcm",
-                                         headers=notes, prepared=prepared, params=V1_PARAMS,
-                                         client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
-        return audio_formats.encoded_response(response, fmt)
+        return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
+                                     params=V1_PARAMS, client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
 
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
     router.post("/audio/speech", response_class=Response, responses={

@@ -4,8 +4,10 @@
 first audio chunk *before* answering, so a failure before audio (not ready, busy, engine dead, out of
 memory, nothing speakable) is a status code with an OpenAI-shaped body (`map_error`); after it, the
 body stops without its last chunk (a broken stream, not a short success). `pcm` = raw s16le mono
-24 kHz; `wav` = a header with the "unknown length" sizes (0xFFFFFFFF), then the same PCM. Headers
-carry X-Request-Id, X-Seed, X-Mode, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
+24 kHz; `wav` = a header with the "unknown length" sizes (0xFFFFFFFF), then the same PCM; mp3, opus, aac
+encoded as they stream (app/audio_formats.py). A whole response (speed != 1, or FLAC: WHOLE_ONLY) is made
+to the end first and sent with exact lengths (Content-Length, WAV sizes, FLAC STREAMINFO). Headers carry
+X-Request-Id, X-Seed, X-Mode, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
 and frees the slot, also when the body never started.
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
 import time
 from collections.abc import AsyncIterator
 
-from fastapi.responses import StreamingResponse
+import numpy as np
+from fastapi.responses import Response, StreamingResponse
 
+from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.inputs import InputError
 from app.engine.prepare import Prepared, SpeechInputs, prepare
@@ -26,8 +29,6 @@ from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError
-
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -46,10 +47,7 @@ class ClosingStreamingResponse(StreamingResponse):
 
 def wav_stream_header() -> bytes:
     """RIFF/WAVE header for 16-bit mono 24 kHz PCM of unknown length (data and RIFF sizes 0xFFFFFFFF)."""
-    rate = OUTPUT_SAMPLE_RATE_HZ
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE" + b"fmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+    return audio_formats.wav_header(None)
 
 
 def pcm_bytes(chunk: AudioChunk) -> bytes:
@@ -75,38 +73,59 @@ async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict
         raise map_error(e, params) from e
 
 
-async def _first_audio(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
-    """Chunks up to and including the first one with samples (or the final one)."""
+async def _first_audio(chunks: AsyncIterator[AudioChunk], whole: bool) -> list[AudioChunk]:
+    """Chunks up to and including the first one with samples (or the final one); `whole`: all of them."""
     got = []
     async for chunk in chunks:
         got.append(chunk)
-        if chunk.samples.size or chunk.is_final:
+        if (chunk.samples.size and not whole) or chunk.is_final:
             break
     return got
+
+
+def sends_whole(req: SynthesisRequest, fmt: str) -> bool:
+    """Whether `req` in `fmt` is made to the end before its response: not streamed (speed != 1), or a format
+    that is only readable everywhere with its exact length in its header (audio_formats.WHOLE_ONLY)."""
+    return not req.stream or fmt in audio_formats.WHOLE_ONLY
 
 
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None, client: str = "",
                           stop: asyncio.Event | None = None, params: dict[str, str] | None = None
-                          ) -> StreamingResponse:
-    """The streamed response for `req` in format `fmt` ("wav" | "pcm", checked by the door); `ApiError`
-    before any audio. `prepared` (what made `req`) goes into the request's metrics record; `client`
-    (app/server/identity.py) holds one of its fair-share places until the body ends."""
-    assert fmt in MEDIA_TYPES, fmt
+                          ) -> Response:
+    """The response for `req` in format `fmt` (one of audio_formats.FORMATS, available: checked by the door),
+    streamed or whole (`sends_whole`); `ApiError` before any audio (a whole one: before any byte). `prepared`
+    (what made `req`) goes into the request's metrics record; `client` (app/server/identity.py) holds one of
+    its fair-share places until the body ends."""
+    assert fmt in audio_formats.FORMATS, fmt
+    whole = sends_whole(req, fmt)
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
         queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client,
                                                                         stop=stop))
         t_start = time.perf_counter()
-        head = await _first_audio(chunks)
+        head = await _first_audio(chunks, whole)
+        if whole:
+            await stack.aclose()
     except BaseException as e:
         await stack.aclose()
         if isinstance(e, Exception):
             raise map_error(e, params) from e
         raise
     ttfa_ms = (time.perf_counter() - t_start) * 1e3
+    out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Mode": req.mode,
+                   "X-Queue-Ms": f"{queue_s * 1e3:.1f}", "X-TTFA-Ms": f"{ttfa_ms:.1f}",
+                   "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
+                   "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store",
+                   "X-Accel-Buffering": "no",  # nginx-style proxies: no holding back (tests/test_proxy.py)
+                   **(headers or {})}
+    media_type = audio_formats.MEDIA_TYPES[fmt]
+    if whole:  # int16 [N]: the whole take; the Response sets Content-Length
+        pcm = np.concatenate([to_int16_pcm(c.samples) for c in head] or [np.zeros(0, "<i2")])
+        data = await asyncio.to_thread(audio_formats.encode_whole, pcm, fmt)
+        return Response(data, media_type=media_type, headers=out_headers)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -123,10 +142,5 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         finally:
             await stack.aclose()
 
-    out_headers = {"X-Request-Id": req.request_id, "X-Seed": str(req.seed), "X-Mode": req.mode,
-                   "X-Queue-Ms": f"{queue_s * 1e3:.1f}", "X-TTFA-Ms": f"{ttfa_ms:.1f}",
-                   "X-Server-Ms": f"{(time.perf_counter() - t_arrival) * 1e3:.1f}",
-                   "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE_HZ), "Cache-Control": "no-store",
-                   "X-Accel-Buffering": "no",  # nginx-style proxies: no holding back (tests/test_proxy.py)
-                   **(headers or {})}
-    return ClosingStreamingResponse(body(), on_close=stack.aclose, media_type=MEDIA_TYPES[fmt], headers=out_headers)
+    content = body() if fmt in ("wav", "pcm") else audio_formats.encode_stream(body(), fmt)
+    return ClosingStreamingResponse(content, on_close=stack.aclose, media_type=media_type, headers=out_headers)
