@@ -5,6 +5,7 @@ official segment joins: each sentence its own LM request, seed + its index, and 
 from __future__ import annotations
 
 import asyncio
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -107,7 +108,9 @@ def test_prepare_resolves_speakers_and_refuses_unknown_ones(tiny, tmp_path):
     p = run(text="Our guests today. [bob] Hello!", voice="alice")  # the lead in the request's own voice
     assert [t.speaker for t in p.request.turns] == ["", "bob"] and p.voice_name == "alice, bob"
     for kw, words, code in [
-        (dict(text="[alice] Hi. [carol] Hello."), "no saved voice", "voice_not_found"),
+        (dict(text="[alice] Hi. [carol] Hello."), re.escape("Unknown speaker [carol]: there is no saved voice named "
+                                                            "carol; save a voice named carol first, or use one of: "
+                                                            "alice, bob."), "voice_not_found"),
         (dict(text="Hello all. [bob] Hi."), "Text before the first speaker tag needs a voice", "invalid_dialogue"),
         (dict(text="[alice] A. [bob] B. [x] C."), "3 speakers; the limit is 2", "invalid_dialogue"),
     ]:

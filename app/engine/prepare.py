@@ -56,6 +56,7 @@ class Prepared:
     notes: tuple[str, ...]  # the reference checks' notes (trimmed, clipped), fallbacks taken
     voice_name: str  # "" for a reference clip
     reference_s: float  # seconds spent getting the voice's features (0 for a cached or saved voice: fast)
+    owner: str = ""  # who asked (`Owner.id`): the page's panels show a caller their own requests
 
 
 def _named(e: Exception, reference: str | Path | bytes | None) -> str:
@@ -66,15 +67,24 @@ def _named(e: Exception, reference: str | Path | bytes | None) -> str:
     return msg
 
 
+SHOWN_NAMES = 10  # voice names an unknown-speaker message lists at most
+
+
 async def load_voice(service, name: str, owner: Owner = ANYONE, *, param: str = "voice") -> VoiceFeatures:
     """`owner`'s saved voice `name`, or `InputError(param, code="voice_not_found")` (param "text": a dialogue's
-    speaker tag names it)."""
+    speaker tag names it; the message, read on the page and over HTTP, lists the voices there are)."""
+    store = service.voices.of(owner)
     try:
-        return await asyncio.to_thread(service.voices.of(owner).load, name)
+        return await asyncio.to_thread(store.load, name)
     except VoiceError as e:
-        advice = ("a dialogue's speakers are saved voices" if param == "text" else "or upload a reference clip")
-        raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) {advice}", param,
-                         code="voice_not_found") from e
+        if param != "text":
+            raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) or upload a reference clip",
+                             param, code="voice_not_found") from e
+        names = sorted(await asyncio.to_thread(store.names))
+        shown = ", ".join(names[:SHOWN_NAMES]) + (", …" if len(names) > SHOWN_NAMES else "")
+        choice = f", or use one of: {shown}" if names else " (no voices are saved yet)"
+        raise InputError(f"Unknown speaker [{name}]: there is no saved voice named {name}; save a voice named "
+                         f"{name} first{choice}.", param, code="voice_not_found") from e
 
 
 async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str]:
@@ -153,7 +163,7 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
         notes.append(NO_TRANSCRIPT_NOTE)
     req = SynthesisRequest(text=text, voice=voice, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
                            stream=stream, fixed_tokens=fixed_tokens, turns=turns)
-    return Prepared(request=req, notes=tuple(notes), voice_name=own, reference_s=reference_s)
+    return Prepared(request=req, notes=tuple(notes), voice_name=own, reference_s=reference_s, owner=x.owner.id)
 
 
 async def _own_voice(service, x: SpeechInputs, mode: str) -> VoiceFeatures:
