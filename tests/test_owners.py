@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,8 @@ def test_health_holds_no_path_for_a_stranger(gated):
     _, client = gated
     stranger = client("203.0.113.9")
     body = stranger.get("/health").json()
-    assert set(body) == {"ready", "backend", "model", "random_model", "version"}, body
+    assert set(body) == {"ready", "backend", "model", "random_model", "version", "voices"}, body
+    assert body["voices"] == "private"  # keys are configured: each owner their own
     assert body["model"] == "secret-folder" and "/" not in json.dumps(body)
     proxied = client("127.0.0.1").get("/health", headers={"X-Forwarded-For": "203.0.113.9"}).json()
     assert "facts" not in proxied  # a forwarded request is never a local one
@@ -141,6 +143,62 @@ def test_rate_limit_refusals_are_counted_by_reason(tmp_path):
     assert 'cosyvoice_refused_share_total{reason="rate_limit"} 1.0' in c.get("/metrics").text
 
 
+def test_scopes_and_shares_follow_who_can_be_told_apart():
+    """Owners wherever identities exist (keys, a login, a proxy naming clients, a public bind); the shared store
+    only on a local bind with none; the fair share wherever others reach the app; bench options off in public."""
+    from app.config import load_config
+
+    def of(**sets):
+        cfg = load_config(None, {f"server.{k}": v for k, v in sets.items()})
+        return cfg.voices.resolved(cfg.server), cfg.server.streams_per_client, cfg.server.bench_options_open
+
+    assert of() == ("shared", 0, True)  # this machine alone
+    for identity in ({"api_key": "k"}, {"api_keys": "alice:ka,bob:kb"}, {"admin_key": "a"}, {"auth": "u:p"}):
+        assert of(**identity) == ("private", 0, True), identity  # 127.0.0.1 behind nginx, one key per owner
+    assert of(trusted_proxies="127.0.0.1") == ("private", 2, True)  # a proxy names the clients: a share each
+    assert of(host="0.0.0.0") == ("private", 2, False)  # a Space
+    assert of(host="0.0.0.0", bench_options=True)[2] and not of(bench_options=False)[2]
+    cfg = load_config(None, {"voices.scope": "shared", "server.api_key": "k"})
+    assert cfg.voices.resolved(cfg.server) == "shared"  # said explicitly: kept
+
+
+@pytest.fixture()
+def public(tmp_path):
+    """The app on a public bind (0.0.0.0, no keys: the page and /v1 open, as a Space), not started."""
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.host": "0.0.0.0", "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "models" / "secret-folder")})
+    app = build_server(cfg)
+    return lambda ip: TestClient(app, raise_server_exceptions=False, client=(ip, 50000))
+
+
+def test_a_stranger_on_a_public_bind_gets_no_bench_knob_no_versions_and_a_counted_upload_share(public):
+    stranger, local = public("203.0.113.9"), public("127.0.0.1")
+    body = {"model": "cosyvoice2", "input": "abc", "voice": "x", "fixed_tokens": 1500}
+    r = stranger.post("/v1/audio/speech", json=body)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "bench_option_refused", r.text
+    assert r.json()["error"]["param"] == "fixed_tokens" and r.json()["error"]["type"] == "permission_error"
+    assert stranger.get("/health").json()["voices"] == "private"
+    # /metrics: no Python version nor vLLM's engine arguments for a stranger; this machine's operator sees them
+    assert "python_info" not in stranger.get("/metrics").text and "python_info" in local.get("/metrics").text
+    # the page's API lists its documented events only (no per-session state such as the Stop signal)
+    named = stranger.get("/gradio_api/info").json()["named_endpoints"]
+    assert "/StopSignal" not in named and {"/synthesize", "/save_voice", "/transcribe"} <= set(named), sorted(named)
+    # uploads count against the client's share: 60 a minute (twice its 30 synthesis requests), then 429
+    # (the bucket refills one a second while this runs)
+    t0, accepted = time.monotonic(), 0
+    while (r := stranger.post("/gradio_api/upload", files={"files": ("a.txt", b"x" * 1024)})).status_code == 200:
+        accepted += 1
+        assert accepted <= 60 + (time.monotonic() - t0) + 1, "uploads are not counted"
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and accepted >= 60, (r.text, accepted)
+    assert public("198.51.100.7").post("/gradio_api/upload", files={"files": ("a.txt", b"x")}).status_code == 200
+    assert 'cosyvoice_refused_share_total{reason="uploads"} 1.0' in local.get("/metrics").text
+
+
 # --- a signed-in Hugging Face user (the profile Gradio hands the page's handlers) --------------------------
 
 
@@ -180,6 +238,16 @@ def test_signed_in_users_keep_their_voices_apart(tiny_model_dir, tmp_path):
         outputs = [o async for o in h.synthesize("Hello.", None, "", "zero_shot", "", "mine", 1, 1.0, False,
                                                  profile=alice)]
         assert outputs[-1][3]["voice"] == "mine"  # alice can
+        # the live panels: alice's tick shows her request, bob's none of it; neither sees a path or engine args
+        from app.ui.handlers import viewer
+        from app.ui.panels import refresh
+
+        for who, n_rows in ((alice, 1), (bob, 0)):
+            *_, table, facts = refresh(service, "en", viewer(None, who, frozenset()))
+            assert len(table) == n_rows, (who.username, table)
+            assert str(tiny_model_dir) not in facts and "engine" not in facts and "`private`" in facts, facts
+        *_, table, facts = refresh(service, "en", viewer(None, alice, frozenset({"hf:alice"})))  # admin_users
+        assert str(tiny_model_dir) in facts  # an admin's view: the facts with paths
         with pytest.raises(gr.Error, match="overwrite=True"):  # a taken name, said in API terms too
             await h.save_voice("mine", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, profile=alice)
         await h.save_voice("mine", str(EXAMPLE_WAV), "Replaced.", overwrite=True, profile=alice)

@@ -97,12 +97,8 @@ def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
         """200 when at least one replica is ready, else 503; each replica's /health under "replicas"."""
         body = merge_health(await each(request, "/health"))
         await page.observe(body)  # the page's status is this fresh too
-        if not may_see_details(request.scope):  # anybody: ready, backend, model name, version
-            from app import __version__
-
-            facts = page.facts()
-            body = {"ready": body["ready"], "backend": facts.get("backend"), "model": page.model_name(),
-                    "random_model": page.random_model, "version": __version__}
+        if not may_see_details(request.scope):  # anybody: ready, backend, model name, version, voices
+            body = page.public_health(ready=body["ready"])
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @api.get("/metrics")
@@ -118,7 +114,12 @@ def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
             rid = a["replica"]["id"]
             texts[rid] = a["body"].decode()
             states[rid] = "ready" if "\ncosyvoice_ready 1.0" in "\n" + texts[rid] else "not_ready"
-        return Response(merge_metrics(texts, states), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+        merged = merge_metrics(texts, states)
+        if not may_see_details(request.scope):  # no paths, engine arguments or versions (docs/access.md)
+            from app.server.prometheus import public_text
+
+            merged = public_text(merged, page.model_name())
+        return Response(merged, media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
 def add_forward_route(api: FastAPI, cfg: Config, replicas: Any) -> None:

@@ -40,7 +40,7 @@ from app.engine.fair_share import FairShare
 from app.engine.metrics import Metrics, RequestRecord
 from app.engine.owners import OwnedVoices
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import NotReadyError
+from app.engine.service import NotReadyError, public_facts
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,12 @@ class ClusterService:
         ready = [r for r in self._state()["replicas"] if r.get("ready")]
         return str(ready[0].get("model", "")) if ready else ""
 
+    def public_health(self, ready: bool | None = None) -> dict[str, Any]:
+        """`StudioService.public_health` of the cluster (`ready`: from a fresh /health, else the last seen)."""
+        return public_facts(self.cfg, ready=self.ready if ready is None else ready,
+                            backend=self.facts().get("backend"), model=self.model_name(),
+                            random_model=self.random_model)
+
     def facts(self) -> dict[str, Any]:
         """A ready replica's facts (backend, device, model), the replicas, and the cluster's totals."""
         h = self._state()
@@ -254,4 +260,5 @@ class ClusterService:
                 self.metrics.add(rec)  # numbered here: each replica counts on its own
             else:  # ended without the replica's record: counted with what is known here
                 self.metrics.request_finished(None, queue_wait_s, outcome, request=req,
-                                              stopped=outcome == "cancelled" and stop is not None and stop.is_set())
+                                              stopped=outcome == "cancelled" and stop is not None and stop.is_set(),
+                                              owner=getattr(prepared, "owner", ""))

@@ -44,6 +44,7 @@ class ServerConfig:
     auth: str = ""  # "user:password[,user2:password2]" for the page and /studio ("" = open); COSYVOICE_AUTH
     api_keys: str = ""  # "owner:key[,owner2:key2]": more /v1 keys, each its owner's (COSYVOICE_API_KEYS)
     admin_key: str = ""  # a /v1 key that sees and deletes every voice and reads /health details (COSYVOICE_ADMIN_KEY)
+    admin_users: str = ""  # "hf:name,user:name": page users (Hugging Face, login) who see the engine's facts
     metrics_token: str = ""  # bearer token for /metrics besides the login and keys (COSYVOICE_METRICS_TOKEN)
     # fair share per client (signed-in user, API key, else address): "auto" = on for a public bind, off on localhost
     rate_limit_per_minute: int | str = "auto"  # synthesis requests per client and minute (0 = no limit)
@@ -52,6 +53,9 @@ class ServerConfig:
     # "ip-or-network[,…]": X-Forwarded-For is taken only from these peers (trust_proxy: any); "auto" = none,
     # except on a Hugging Face Space, whose proxy reaches the app from a private address (app/cli.py)
     trusted_proxies: str = "auto"
+    # bench-only request options (/v1's `fixed_tokens`): "auto" = on for a local bind, off on a public one
+    # (there they cost GPU time out of proportion to the text); the admin key may always use them
+    bench_options: bool | str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -65,8 +69,12 @@ class ServerConfig:
             if getattr(self, k) != "auto" and (not isinstance(getattr(self, k), int) or getattr(self, k) < 0):
                 raise ConfigError(f"server.{k} must be \"auto\" or >= 0 (0 = no limit)")
         auth_pairs(self.auth)  # raises ConfigError on a malformed value (without echoing it)
+        if any(not u.startswith(("hf:", "user:")) for u in self.admin_owners):
+            raise ConfigError('server.admin_users must be "hf:<name>" or "user:<name>" entries separated by commas')
         auth_pairs(self.api_keys, "server.api_keys", "owner:key")
         _ = self.proxy_networks  # raises ConfigError on a malformed trusted_proxies
+        if self.bench_options not in ("auto", True, False):
+            raise ConfigError('server.bench_options must be "auto", true or false')
 
     @property
     def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -94,14 +102,34 @@ class ServerConfig:
         return self.host not in LOCAL_HOSTS
 
     @property
-    def requests_per_minute(self) -> int:  # rate_limit_per_minute, "auto" resolved (public bind: on)
-        v = self.rate_limit_per_minute
-        return (PUBLIC_REQUESTS_PER_MINUTE if self.public else 0) if v == "auto" else int(v)
+    def admin_owners(self) -> frozenset[str]:  # admin_users as owner ids (app/engine/owners.py)
+        return frozenset(filter(None, (u.strip() for u in self.admin_users.split(","))))
 
     @property
-    def streams_per_client(self) -> int:  # max_streams_per_client, "auto" resolved (public bind: on)
+    def identities(self) -> bool:  # callers are told apart by a key or a login (on any bind)
+        return bool(self.api_key or self.api_keys or self.admin_key or self.auth)
+
+    @property
+    def proxied(self) -> bool:  # a proxy in front names the clients (X-Forwarded-For is trusted)
+        return self.trust_proxy or bool(self.proxy_networks)
+
+    @property
+    def shared_with_others(self) -> bool:  # clients other than this machine's own reach the app
+        return self.public or self.proxied
+
+    @property
+    def requests_per_minute(self) -> int:  # rate_limit_per_minute, "auto" resolved (on when others reach it)
+        v = self.rate_limit_per_minute
+        return (PUBLIC_REQUESTS_PER_MINUTE if self.shared_with_others else 0) if v == "auto" else int(v)
+
+    @property
+    def streams_per_client(self) -> int:  # max_streams_per_client, "auto" resolved (on when others reach it)
         v = self.max_streams_per_client
-        return (PUBLIC_STREAMS_PER_CLIENT if self.public else 0) if v == "auto" else int(v)
+        return (PUBLIC_STREAMS_PER_CLIENT if self.shared_with_others else 0) if v == "auto" else int(v)
+
+    @property
+    def bench_options_open(self) -> bool:  # bench_options, "auto" resolved (off for a public bind)
+        return (not self.public) if self.bench_options == "auto" else bool(self.bench_options)
 
 
 def auth_pairs(auth: str, key: str = "server.auth", shape: str = "user:password") -> list[tuple[str, str]]:
@@ -125,8 +153,10 @@ class VoicesConfig:  # who sees a saved voice (app/engine/owners.py)
             raise ConfigError(f"voices.scope must be auto, private or shared, got {self.scope!r}")
 
     def resolved(self, server: ServerConfig) -> str:
-        """"auto" is private for a public bind (a Space, 0.0.0.0) and shared on localhost."""
-        return self.scope if self.scope != "auto" else ("private" if server.public else "shared")
+        """"auto" is private wherever callers can be told apart (a public bind such as a Space, a proxy in front,
+        API keys or a login) and shared only on a local bind with none of them."""
+        private = server.public or server.proxied or server.identities
+        return self.scope if self.scope != "auto" else ("private" if private else "shared")
 
 
 @dataclass(frozen=True)
@@ -134,10 +164,11 @@ class UIConfig:
     title: str = "CosyVoice2 Studio"
     status_refresh_s: float = 1.0  # the loading-status line polls this often until the model is ready
     panel_refresh_s: float = 1.0  # the live panels' gr.Timer period (app/ui/panels.py)
+    cache_cleanup_s: int = 3600  # Gradio's cache: this often, delete outputs older than this (the examples stay)
 
     def __post_init__(self) -> None:
-        if self.status_refresh_s <= 0 or self.panel_refresh_s <= 0:
-            raise ConfigError("ui.status_refresh_s and ui.panel_refresh_s must be > 0")
+        if self.status_refresh_s <= 0 or self.panel_refresh_s <= 0 or self.cache_cleanup_s < 1:
+            raise ConfigError("ui.status_refresh_s and ui.panel_refresh_s must be > 0, ui.cache_cleanup_s >= 1")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class RequestRecord:
     n_samples: int = 0  # audio samples produced (24 kHz)
     stats: RequestStats | None = None
     stopped: bool = False  # cancelled by the page's Stop (a closed tab or a client's cancel is not)
+    owner: str = ""  # who asked (`Owner.id`; "" where nobody is told apart): the panels show a caller theirs
 
     def timings(self) -> dict[str, Any]:
         """The stats as the page, the panels and /metrics read them, None where unknown: no stats; TTFA of a
@@ -143,7 +144,8 @@ class Metrics:
 
     def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok", *,
                          request: SynthesisRequest | None = None, n_samples: int = 0, voice: str = "",
-                         notes: tuple[str, ...] = (), reference_s: float = 0.0, stopped: bool = False) -> None:
+                         notes: tuple[str, ...] = (), reference_s: float = 0.0, stopped: bool = False,
+                         owner: str = "") -> None:
         """Count the request's end; `stats` are the final chunk's, or those until an early end (None if none).
         `request` and the rest describe it for the page (`record`)."""
         if outcome not in OUTCOMES:
@@ -153,7 +155,7 @@ class Metrics:
             speed=request.speed)
         self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, n_samples=n_samples,
                                voice=voice, notes=tuple(notes), reference_s=reference_s, stats=stats, stopped=stopped,
-                               **about))
+                               owner=owner, **about))
 
     def add(self, rec: RequestRecord) -> None:
         """Count a finished request's record (numbered here: `seq`) and hand it to the listeners; also how the

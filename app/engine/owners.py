@@ -22,8 +22,9 @@ from pathlib import Path
 from app.engine.voices import VoiceInfo, VoiceStore
 
 SCOPES = ("private", "shared")
-# keys of a request's ASGI state (app/server/identity.py writes them, the doors read them)
-OWNER_STATE_KEY, CLIENT_STATE_KEY = "studio_owner", "studio_client"
+# keys of a request's ASGI state (app/server/identity.py writes them, the doors read them); ADMIN: may see the
+# engine's facts (paths, arguments) and every caller's requests
+OWNER_STATE_KEY, CLIENT_STATE_KEY, ADMIN_STATE_KEY = "studio_owner", "studio_client", "studio_admin"
 OWNER_DIR_PREFIX = "o-"
 
 

@@ -77,6 +77,13 @@ def is_out_of_memory(e: BaseException) -> bool:
     return False
 
 
+def public_facts(cfg: Config, **facts: Any) -> dict[str, Any]:
+    """`facts` and what every visitor may know of the app: its version, whose saved voices are whose."""
+    from app import __version__
+
+    return {**facts, "version": __version__, "voices": cfg.voices.resolved(cfg.server)}
+
+
 class StudioService:
     """One per process: owns the model, the LM backend, the `Synthesizer`, `VoiceStore` and `Metrics`."""
 
@@ -230,7 +237,7 @@ class StudioService:
             raise
         finally:
             about = {} if prepared is None else dict(voice=prepared.voice_name, notes=prepared.notes,
-                                                     reference_s=prepared.reference_s)
+                                                     reference_s=prepared.reference_s, owner=prepared.owner)
             stopped = outcome == "cancelled" and stop is not None and stop.is_set()
             self.metrics.request_finished(stats or (so_far[-1] if so_far else None), queue_wait_s, outcome, request=req,
                                           n_samples=n_samples, stopped=stopped, **about)
@@ -264,12 +271,11 @@ class StudioService:
         return self.model_dir.name
 
     def public_health(self) -> dict[str, Any]:
-        """What /health tells anybody: ready, backend, the model's name, the version (no paths, no settings)."""
-        from app import __version__
-
+        """What /health tells anybody: ready, backend, the model's name, the version, whether saved voices are
+        each owner's or shared (no paths, no settings)."""
         backend = self.backend.name if self.backend is not None else self.cfg.engine.backend
-        return {"ready": self.health()["ready"], "backend": backend, "model": self.model_name(),
-                "random_model": self.random_model, "version": __version__}
+        return public_facts(self.cfg, ready=self.health()["ready"], backend=backend, model=self.model_name(),
+                            random_model=self.random_model)
 
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import Config
-from app.engine.owners import CLIENT_STATE_KEY, OWNER_STATE_KEY, Owner
+from app.engine.owners import ADMIN_STATE_KEY, CLIENT_STATE_KEY, OWNER_STATE_KEY, Owner
 
 VISITOR_COOKIE = "cosyvoice_visitor"
 COOKIE_MAX_AGE_S = 400 * 24 * 3600  # browsers cap a cookie's life at 400 days
@@ -116,6 +116,7 @@ class Identity:
         self.trust_proxy = srv.trust_proxy
         self.trusted = srv.proxy_networks
         self.private = cfg.voices.resolved(srv) == "private"
+        self.proxied = srv.proxied
         self._voices_dir, self._secret = srv.voices_dir, b""
 
     @property
@@ -147,7 +148,13 @@ class Identity:
             owner, client = Owner(f"visitor:{visitor}" if visitor else ""), f"ip:{ip}"
         state = scope.setdefault("state", {})
         state[OWNER_STATE_KEY], state[CLIENT_STATE_KEY] = owner, client
+        state[ADMIN_STATE_KEY] = self.is_admin(scope, owner)
         return Who(owner, client, set_cookie)
+
+    def is_admin(self, scope: dict, owner: Owner) -> bool:
+        """The admin key, or this machine itself: a loopback connection no proxy forwarded, where no proxy is
+        configured in front (behind one, every client would arrive from loopback)."""
+        return owner.admin or (not self.proxied and is_local(scope))
 
     # --- the visitor cookie ------------------------------------------------------------------------
 

@@ -5,10 +5,11 @@ per-client rate limit.
 
 0. Identity (app/server/identity.py): the request's owner and client into its state; a new visitor's
    cookie onto the answer.
-1. Rate limit (`[server] rate_limit_per_minute`, "auto": on for a public bind): synthesis requests (POST
-   /v1/audio/speech, /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice` queue joins,
-   told apart by the body's `fn_index`) take a token from their client's bucket, else 429 with
-   Retry-After (counted in /metrics as `rate_limit`). The client: the API key's owner, the login's
+1. Rate limit (`[server] rate_limit_per_minute`, "auto": on for a public bind or behind a proxy): synthesis
+   requests (POST /v1/audio/speech, /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice`
+   queue joins, told apart by the body's `fn_index`) take a token from their client's bucket, else 429 with
+   Retry-After (counted in /metrics as `rate_limit`); uploads to the page a token of a bucket twice as large
+   (`uploads`). The client: the API key's owner, the login's
    user, else the address (identity.py; X-Forwarded-For only from trusted proxies).
 2. Login (`[server] auth`): Gradio guards its own routes; /studio/* needs the page's login cookie or
    HTTP Basic, and so does /v1/* unless an API key is configured (`api_key`, `api_keys`, `admin_key`):
@@ -40,6 +41,8 @@ from app.server.identity import Identity, client_ip, cookie, headers_of, with_co
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
+UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, and each low-latency take's WAV
+UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
 DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
@@ -108,6 +111,7 @@ class Gate:
         self.identity = Identity(cfg)
         self.users, self.metrics_token = srv.auth_users, srv.metrics_token
         self.limiter = RateLimiter(srv.requests_per_minute) if srv.requests_per_minute > 0 else None
+        self.uploads = RateLimiter(UPLOADS_PER_REQUEST * srv.requests_per_minute) if self.limiter is not None else None
         self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
         self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
@@ -177,12 +181,13 @@ class AccessLimits:
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
                 body, receive = await _peek_body(receive, MAX_JOIN_BODY)
                 limited = _fn_index(body) in gate.limited_fns
-            if limited and (wait_s := gate.limiter.acquire(who.client)) > 0:
-                gate.on_refused("rate_limit")
+            bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
+                (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
+            if bucket is not None and (wait_s := bucket.acquire(who.client)) > 0:
+                gate.on_refused(reason)
                 retry_s = max(1, math.ceil(wait_s))
-                per_min = int(gate.limiter.capacity)
                 return await _json(send, 429, error_body(
-                    429, f"rate limit: at most {per_min} synthesis requests per minute per client; try again in "
+                    429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; try again in "
                     f"{retry_s} s", code="rate_limit_exceeded"), {"retry-after": str(retry_s)})
         if not gate.allowed(scope, path):
             if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):

@@ -67,12 +67,10 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
 
 
 def may_see_details(scope: dict) -> bool:
-    """/health's details: for the admin key (app/server/identity.py) and loopback clients no proxy forwarded."""
-    from app.engine.owners import OWNER_STATE_KEY
-    from app.server.identity import is_local
+    """/health's and /metrics' details: for admins (the admin key, this machine: app/server/identity.py)."""
+    from app.engine.owners import ADMIN_STATE_KEY
 
-    owner = scope.get("state", {}).get(OWNER_STATE_KEY)
-    return bool(owner is not None and owner.admin) or is_local(scope)
+    return bool(scope.get("state", {}).get(ADMIN_STATE_KEY))
 
 
 def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tuple[Any, Any]:

@@ -4,22 +4,26 @@
 never share series). Histograms (TTFA, RTF, per-stage seconds) are fed by a `Metrics` listener per
 finished request; the rest is read at scrape time (counters, service gauges, one rate-limited memory
 snapshot). vLLM's own metrics (prometheus_client's default `REGISTRY` of this process) are appended
-without any `cosyvoice_*` name. Only numbers and fixed labels, never a request's text or voice name.
-docs/metrics.md lists every family with its unit.
+without any `cosyvoice_*` name; for everyone but admins without paths or versions (`public_family`).
+Only numbers and fixed labels, never a request's text or voice name. docs/metrics.md lists the families.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import prometheus_client
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.metrics import OUTCOMES, Metrics, RequestRecord
+from app.engine.owners import ADMIN_STATE_KEY
 from app.engine.resources import MIB
 
 if TYPE_CHECKING:
@@ -34,7 +38,7 @@ RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5
 # Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
 STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STAGES = ("lm", "flow", "vocoder", "queue")
-SHARE_REASONS = ("rate_limit", "client_streams")  # app/server/limits.py, app/engine/fair_share.py
+SHARE_REASONS = ("rate_limit", "client_streams", "uploads")  # app/server/limits.py, app/engine/fair_share.py
 
 
 class PrometheusExporter:
@@ -71,16 +75,23 @@ class PrometheusExporter:
                 self.stage.labels(stage=stage).observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.families(public_name=None)
+
+    def families(self, public_name: str | None) -> Iterator[Metric]:
+        """Every family; `public_name` set: vLLM's and the process' without paths or versions (`public_family`)."""
         yield from self.registry.collect()
         yield from self._live()
         if self.include_default_registry:  # vLLM's vllm:* plus prometheus_client's process_* / python_*
             for family in prometheus_client.REGISTRY.collect():
                 if not family.name.startswith(PREFIX):
-                    yield family
+                    shown = family if public_name is None else public_family(family, public_name)
+                    if shown is not None:
+                        yield shown
 
-    def render(self) -> bytes:
-        """The exposition text (prometheus_client.CONTENT_TYPE_LATEST)."""
-        return prometheus_client.generate_latest(self)
+    def render(self, public_name: str | None = None) -> bytes:
+        """The exposition text (prometheus_client.CONTENT_TYPE_LATEST); see `families` for `public_name`."""
+        return prometheus_client.generate_latest(_View(self, public_name))
+
 
     def _live(self) -> Iterator[Metric]:
         """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
@@ -93,7 +104,8 @@ class PrometheusExporter:
                       [([reason], n) for reason, n in sorted(c["refused_inputs"].items())])
         yield _family(CounterMetricFamily, "cosyvoice_refused_share", "Requests refused because their client had "
                       "used its fair share, by reason (rate_limit: requests per minute; client_streams: syntheses "
-                      "at once).", ["reason"], [([r], c["refused_share"].get(r, 0)) for r in SHARE_REASONS])
+                      "at once; uploads: uploads to the page per minute).", ["reason"],
+                      [([r], c["refused_share"].get(r, 0)) for r in SHARE_REASONS])
         yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
                                   "finished ok.", value=c["audio_s_total"])
         yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",
@@ -106,6 +118,43 @@ class PrometheusExporter:
         if svc is not None:
             yield from _service_families(svc)
 
+
+@dataclass(frozen=True)
+class _View:
+    """A collector of one exporter's families as one caller may see them."""
+
+    exporter: PrometheusExporter
+    public_name: str | None
+
+    def collect(self) -> Iterator[Metric]:
+        return self.exporter.families(self.public_name)
+
+
+def public_text(text: str, model_name: str) -> bytes:
+    """Exposition `text` (another process's, e.g. the cluster's replicas') as `public_family` shows it; line by
+    line (a parse and re-render would change counters' headers)."""
+    label = 'model_name="{}"'.format(model_name.replace("\\", "\\\\").replace('"', '\\"'))
+    kept = []
+    for line in text.splitlines():
+        words = line.split()
+        name = words[2] if line.startswith("#") and len(words) > 2 else line.split("{", 1)[0].split(" ", 1)[0]
+        if not name.endswith("_info"):
+            kept.append(MODEL_NAME_RE.sub(lambda _: label, line))
+    return ("\n".join(kept) + "\n").encode()
+
+
+MODEL_NAME_RE = re.compile(r'model_name="(?:[^"\\]|\\.)*"')
+
+
+def public_family(family: Metric, model_name: str) -> Metric | None:
+    """`family` as a stranger may see it: no `*_info` family (Python's version, vLLM's engine arguments) and
+    vLLM's `model_name` label (the exported folder's absolute path) as the model's public name."""
+    if family.name.endswith("_info"):
+        return None
+    shown = copy.copy(family)  # its name, type, unit and help as they were
+    shown.samples = [s._replace(labels={**s.labels, "model_name": model_name}) if "model_name" in s.labels else s
+                     for s in family.samples]
+    return shown
 
 def _family(kind: type[Metric], name: str, doc: str, labels: list[str],
             samples: list[tuple[list[str], float]]) -> Metric:
@@ -172,6 +221,9 @@ def add_metrics_route(app: FastAPI, service: StudioService) -> None:
     exporter = PrometheusExporter(service.metrics, service)
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
-    def metrics() -> Response:  # a worker thread: the memory snapshot may block briefly (NVML, /proc)
-        """Prometheus text exposition: requests, latency histograms, memory, KV cache, vLLM's vllm:* metrics."""
-        return Response(exporter.render(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:  # a worker thread: the memory snapshot may block (NVML, /proc)
+        """Prometheus text exposition: requests, latency histograms, memory, KV cache, vLLM's vllm:* metrics
+        (for everyone but admins without paths, engine arguments or versions)."""
+        admin = request.scope.get("state", {}).get(ADMIN_STATE_KEY)  # app/server/identity.py
+        public_name = None if admin else service.model_name()
+        return Response(exporter.render(public_name), media_type=prometheus_client.CONTENT_TYPE_LATEST)

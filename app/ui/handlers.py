@@ -28,7 +28,7 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine.inputs import MAX_SEED, InputError
-from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
+from app.engine.owners import ADMIN_STATE_KEY, ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
 from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
@@ -99,6 +99,20 @@ def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None,
     if request is not None and getattr(request, "username", None):  # the page's login: its share per address
         return Owner(f"user:{request.username}"), state.get(CLIENT_STATE_KEY, "")
     return visitor, state.get(CLIENT_STATE_KEY, "")
+
+
+def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: frozenset[str]
+           ) -> frozenset[str] | None:
+    """Whose requests and facts a page event may show: None = everything (an admin: the admin key, this machine,
+    a user of `[server] admin_users`), else the caller's owner ids (the signed-in user and the browser's
+    cookie: its low-latency player's requests carry only the cookie)."""
+    raw = getattr(request, "request", None) if request is not None else None
+    state = getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+    owner, _ = caller(request, profile)
+    if state.get(ADMIN_STATE_KEY) or owner.id in admins:
+        return None
+    ids = {owner.id, state.get(OWNER_STATE_KEY, ANYONE).id} - {""}
+    return frozenset(ids or {""})  # "": nobody is told apart (shared scope), so every request is everybody's
 
 
 def live_playback() -> bool:

@@ -37,7 +37,6 @@ from app.ui.transcription import TranscriptionEvents
 from app.ui.voice_files import VoiceFileEvents
 
 log = logging.getLogger(__name__)
-CACHE_CLEANUP = (3600, 3600)  # every hour, delete outputs older than an hour from Gradio's cache
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
 
 
@@ -121,7 +120,11 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     h = Handlers(service)
     ui = SimpleNamespace()  # the page's components by name, filled section by section, then wired
     # the sections run in page order, then the events: Gradio numbers components and events as they are made
-    with StudioBlocks(title=cfg.ui.title, delete_cache=CACHE_CLEANUP, english=i18n.translations.get("en")) as demo:
+    # the examples' clips are served from assets/ as they are, never copied into Gradio's cache folder, where
+    # the hourly cleanup or another instance's shutdown (same temp folder) would delete them from under the page
+    gr.set_static_paths([ASSETS_DIR])
+    cleanup = (cfg.ui.cache_cleanup_s, cfg.ui.cache_cleanup_s)  # (how often, older than): outputs and uploads
+    with StudioBlocks(title=cfg.ui.title, delete_cache=cleanup, english=i18n.translations.get("en")) as demo:
         header(ui, cfg, i18n)
         with gr.Row():
             inputs_column(ui, cfg, i18n)
@@ -231,7 +234,7 @@ def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I1
 
 def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     """Generate (the player gate, then `synthesize` for the standard player) and Stop."""
-    stop_signal = gr.State(StopSignal)  # one per session (app/ui/stop.py)
+    stop_signal = gr.State(StopSignal())  # one per session (deep-copied: app/ui/stop.py); no load event, no API
     inputs = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
               ui.stream, ui.dialogue, stop_signal]
     outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]

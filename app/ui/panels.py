@@ -21,6 +21,7 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
+from app.ui.handlers import viewer
 from app.ui.i18n import lang_of, locale, status_text
 
 TICK_S = 1.0
@@ -77,13 +78,13 @@ def build_panels(service: Any, label: gr.I18n) -> gr.Timer:
                          interactive=False, elem_id="latency_table")
     with gr.Accordion(label("panels_facts"), open=False, elem_id="engine_facts_box"):  # ~1,500 px tall
         facts = gr.Markdown(elem_id="engine_facts")
-    ui = getattr(getattr(service, "cfg", None), "ui", None)
-    busy_tick_s = getattr(ui, "panel_refresh_s", TICK_S)
+    busy_tick_s = service.cfg.ui.panel_refresh_s
+    admins = service.cfg.server.admin_owners
     timer = gr.Timer(busy_tick_s)
 
-    def tick(request: gr.Request) -> tuple[Any, ...]:
+    def tick(request: gr.Request, profile: gr.OAuthProfile | None = None) -> tuple[Any, ...]:
         period = busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)
-        return (*refresh(service, lang_of(request)), gr.Timer(value=period))
+        return (*refresh(service, lang_of(request), viewer(request, profile, admins)), gr.Timer(value=period))
 
     timer.tick(tick, None, [headline, memory, load, stages, latency, table, facts, timer],
                show_progress="hidden", queue=False, api_visibility="private")
@@ -97,13 +98,14 @@ def busy(service: Any) -> bool:
     return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
 
 
-def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
-    """One tick: sample memory once, then redraw every panel from the metrics (chart titles in `lang`)."""
+def refresh(service: Any, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:
+    """One tick: sample memory once, then redraw every panel from the metrics (chart titles in `lang`). `owners`:
+    the requests shown are theirs and the facts the public ones (None: an admin's view, everything)."""
     metrics: Metrics = service.metrics
     backend = getattr(service, "backend", None)
     snap = metrics.memory_snapshot(backend)
     history = metrics.memory_history(WINDOW)
-    recent = metrics.recent(N_REQUESTS)
+    recent = [r for r in metrics.recent() if owners is None or r["owner"] in owners][-N_REQUESTS:]
     now = time.time()
     mem_df, load_df = memory_frames(history, now)
     lang = "zh" if lang == "zh" else "en"
@@ -125,7 +127,7 @@ def refresh(service: Any, lang: str = "en") -> tuple[Any, ...]:
         gr.ScatterPlot(value=latency_df, title=titles["latency"], x_title=req, y_title=word("value", lang),
                        color_title=series),
         table_frame(recent, lang),
-        facts_text(service, snap, lang),
+        facts_text(service, snap, lang, public=owners is not None),
     )
 
 
@@ -212,11 +214,12 @@ def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
     return " · ".join(parts)
 
 
-def facts_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
-    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`)."""
+def facts_text(service: Any, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
+    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`).
+    `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
     w = catalog()["text"]["zh" if lang == "zh" else "en"]
     try:
-        facts = dict(service.facts())
+        facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
         facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
     backend = getattr(service, "backend", None)

@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 class StopSignal:
-    """One per browser session (`gr.State(StopSignal)`; Gradio builds one per session from the class).
+    """One per browser session (`gr.State(StopSignal())`: Gradio deep-copies it for each session).
 
     The Stop button sets it (`Handlers.stop`, no queue, on the event loop: asyncio.Event is not
     thread-safe, so both handlers are coroutines); Generate clears it before the request joins the
