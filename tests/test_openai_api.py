@@ -187,7 +187,8 @@ def test_a_two_voice_dialogue_through_the_openai_sdk(server, oai, voice):
                                                          "input": f"[{voice}] Hi. [nobody] Hello."}, timeout=60)
     err = error_of(r)
     assert r.status_code == 400 and (err["param"], err["code"]) == ("input", "voice_not_found"), err
-    assert "'nobody'" in err["message"], err
+    assert err["message"].startswith("Unknown speaker [nobody]: there is no saved voice named nobody; save a voice "
+                                     "named nobody first, or use one of: "), err
     r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "voice": voice, "dialogue": True,
                                                          "input": f"[{voice}] Hi. [dlg-zh]"}, timeout=60)
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_dialogue", r.text
@@ -206,7 +207,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, oai
         (dict(speed=3.0), 400, "speed", "between"),
         (dict(extra_body={"seed": -5}), 400, "seed", "between"),
         (dict(extra_body={"fixed_tokens": 10**6}), 400, "fixed_tokens", "fixed_tokens"),
-        (dict(extra_body={"mode": "instruct"}), 400, "instruct_text", "needs an instruction"),
+        (dict(extra_body={"mode": "instruct"}), 400, "instructions", "needs an instruction"),
         (dict(input="..."), 400, "input", "nothing speakable"),
     ]
     for kw, status, param, message in cases:
@@ -273,3 +274,138 @@ def test_readme_example_runs(server):
     exec(compile(code.replace("http://127.0.0.1:7860", server[0]), "README.md", "exec"), scope)
     assert len(scope["pcm"]) > 0 and len(scope["pcm"]) % 2 == 0 and scope["wav"][:4] == b"RIFF"
     assert not (server[1] / "fox.npz").exists()  # the example deleted the voice it saved
+
+
+# --- the schema states what the server enforces ------------------------------------------------------
+
+
+def request_schema(schema: dict, path: str) -> dict:
+    """The properties of `path`'s POST body in the OpenAPI document (JSON or multipart)."""
+    content = schema["paths"][path]["post"]["requestBody"]["content"]
+    ref = next(iter(content.values()))["schema"]["$ref"]
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[-1]]["properties"]
+
+
+def sentences(n: int) -> str:
+    """Speakable text of exactly `n` characters (nothing a cleanup would trim)."""
+    text = ("Hi there. " * (n // 10 + 1))[:n]
+    return text[:-1] + "a" if text.endswith(" ") else text
+
+
+def wav_of_size(n_bytes: int) -> bytes:
+    """A valid 48 kHz stereo 16-bit WAV of exactly `n_bytes` (a multiple of 4 plus 44): the example speech, tiled."""
+    import soundfile as sf
+
+    speech, rate = sf.read(EN_WAV, dtype="float32")
+    speech = speech if speech.ndim == 1 else speech.mean(axis=1)
+    frames = (n_bytes - 44) // 4
+    assert 44 + 4 * frames == n_bytes, n_bytes
+    up = np.interp(np.arange(frames) * rate / 48_000 % speech.size, np.arange(speech.size), speech)
+    pcm = np.repeat((up * 16000).astype("<i2")[:, None], 2, axis=1)
+    header = (b"RIFF" + struct.pack("<I", 36 + pcm.nbytes) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 2, 48_000,
+              192_000, 4, 16) + b"data" + struct.pack("<I", pcm.nbytes))
+    return header + pcm.tobytes()
+
+
+def test_schema_bounds_are_the_enforced_ones(server, voice):
+    """Every bound the schema states is the one the server enforces: the bound itself is accepted, one past it
+    refused (400 naming the field; an upload 413); its error responses are the real ones (no 422)."""
+    base = server[0]
+    schema = httpx.get(base + "/v1/openapi.json").json()
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            assert "422" not in op["responses"], (path, method)
+            for status, r in op["responses"].items():
+                if status[0] in "45":
+                    assert r["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody"), (path, status)
+    assert {"400", "413", "503"} <= set(schema["paths"]["/v1/audio/speech"]["post"]["responses"])
+    speech = request_schema(schema, "/v1/audio/speech")
+    voices = request_schema(schema, "/v1/voices")
+    imports = request_schema(schema, "/v1/voices/import")
+
+    def speak(**fields) -> tuple[int, dict]:
+        """(status, error or {}) of a speech request; an accepted stream is closed once it started."""
+        body = {"model": "cosyvoice2", "voice": voice, "input": "Hello.", "response_format": "pcm", "seed": 1,
+                "fixed_tokens": 5, **fields}
+        with httpx.stream("POST", base + "/v1/audio/speech", json=body, timeout=300) as r:
+            got = (r.status_code, {} if r.status_code == 200 else error_of(httpx.Response(r.status_code,
+                                                                                         content=r.read())))
+        deadline = time.monotonic() + 60  # a closed stream frees its slot: the next request finds one
+        while httpx.get(base + "/health").json()["active_streams"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        return got
+
+    def bound(field: str, at: dict, past: dict, param: str | None = None) -> None:
+        status, err = speak(**at)
+        assert status == 200, (field, at, err)
+        status, err = speak(**past)
+        assert status == 400 and err["param"] == (param or field), (field, past, err)
+
+    n = speech["input"]["maxLength"]
+    bound("input", {"input": sentences(n)}, {"input": sentences(n + 1)})
+    n = speech["instructions"]["maxLength"]
+    bound("instructions", {"instructions": sentences(n)}, {"instructions": sentences(n + 1)})
+    lo, hi = speech["speed"]["minimum"], speech["speed"]["maximum"]
+    bound("speed", {"speed": lo}, {"speed": lo - 1e-6})
+    bound("speed", {"speed": hi}, {"speed": hi + 1e-6})
+    lo, hi = int(speech["seed"]["minimum"]), int(speech["seed"]["maximum"])
+    bound("seed", {"seed": lo}, {"seed": lo - 1})
+    bound("seed", {"seed": hi}, {"seed": hi + 1})
+    lo, hi = speech["fixed_tokens"]["minimum"], speech["fixed_tokens"]["maximum"]
+    bound("fixed_tokens", {"fixed_tokens": lo}, {"fixed_tokens": lo - 1})
+    bound("fixed_tokens", {"fixed_tokens": hi}, {"fixed_tokens": hi + 1})
+    bound("model", {"model": speech["model"]["enum"][-1]}, {"model": "tts-2"})
+    assert speech["stream_format"]["enum"] == ["audio"]
+    bound("stream_format", {"stream_format": "audio"}, {"stream_format": "sse"})
+    assert speech["response_format"]["enum"] == ["wav", "pcm", "mp3", "opus", "aac", "flac"]
+    # voice names: the longest a name may be is saved and spoken with; one more is refused everywhere
+    n = voices["name"]["maxLength"]
+    assert speech["voice"]["maxLength"] == n and imports["name"]["maxLength"] == n
+    long_name, too_long = "v" * n, "v" * (n + 1)
+    clip = EN_WAV.read_bytes()
+    r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", clip)}, timeout=60,
+                   data={"name": long_name, "transcript": EN_TRANSCRIPT})
+    assert r.status_code == 201, r.text
+    bound("voice", {"voice": long_name}, {"voice": too_long})
+    bound("voice", {"voice": {"id": long_name}}, {"voice": {"id": too_long}}, param="voice.id")
+    r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", clip)}, data={"name": too_long}, timeout=60)
+    assert r.status_code == 400 and error_of(r)["param"] == "name", r.text
+    r = httpx.post(base + "/v1/voices/import", files={"file": ("v.cvvoice", b"x")}, data={"name": too_long})
+    assert r.status_code == 400 and error_of(r)["param"] == "name", r.text
+    n = voices["transcript"]["maxLength"]
+    for text, status in ((sentences(n), 201), (sentences(n + 1), 400)):
+        r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", clip)}, timeout=60,
+                       data={"name": "bounded", "transcript": text, "overwrite": "true"})
+        assert r.status_code == status and (status == 201 or error_of(r)["param"] == "transcript"), r.text
+    # uploads: a file of the stated size is taken (a real clip at exactly the limit); one byte more is 413
+    n = voices["audio"]["maxLength"]
+    at = wav_of_size(n)
+    r = httpx.post(base + "/v1/voices", files={"audio": ("big.wav", at)}, timeout=120,
+                   data={"name": "at-limit", "transcript": EN_TRANSCRIPT})
+    assert r.status_code == 201, r.text
+    r = httpx.post(base + "/v1/voices", files={"audio": ("big.wav", at + b"\0")}, timeout=120)
+    assert r.status_code == 413 and error_of(r)["param"] == "audio", r.text
+    n = imports["file"]["maxLength"]
+    r = httpx.post(base + "/v1/voices/import", files={"file": ("v.cvvoice", b"\0" * n)}, timeout=120)
+    assert r.status_code == 400 and error_of(r)["param"] == "file", r.text  # read, then found damaged: not 413
+    r = httpx.post(base + "/v1/voices/import", files={"file": ("v.cvvoice", b"\0" * (n + 1))}, timeout=120)
+    assert r.status_code == 413 and error_of(r)["param"] == "file", r.text
+    for name in (long_name, "bounded", "at-limit"):
+        assert httpx.delete(f"{base}/v1/voices/{name}").status_code == 200
+
+
+def test_wrong_method_and_unknown_field_say_what_to_do(server):
+    base = server[0]
+    r = httpx.get(base + "/v1/audio/speech")
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+    assert error_of(r)["code"] == "method_not_allowed" and "use POST" in error_of(r)["message"]
+    r = httpx.put(base + "/v1/voices/x")
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
+    assert httpx.get(base + "/v1/no-such-thing").status_code == 404
+    r = httpx.post(base + "/v1/audio/speech", json={"model": "tts-1", "text": "Hello.", "voice": "x"})
+    err = error_of(r)
+    assert r.status_code == 400 and err["param"] == "text", err  # not "input: Field required"
+    assert "unknown field 'text'" in err["message"] and "input, voice" in err["message"], err
+    r = httpx.post(base + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "x", "instruction": "a"})
+    assert "did you mean 'instructions'" in error_of(r)["message"], r.text

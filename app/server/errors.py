@@ -2,16 +2,19 @@
 
 Every /v1 route raises `ApiError`; the handlers installed by `install_error_handlers` also turn
 FastAPI's request-validation errors (422 by default) into OpenAI's 400 `invalid_request_error`
-naming the field, and an unexpected exception into a 500 without internals.
+naming the field (an unknown field: named, with the accepted ones), and an unexpected exception into a
+500 without internals; the schema documents these (`error_responses`) instead of FastAPI's 422.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -19,6 +22,50 @@ log = logging.getLogger(__name__)
 # HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error",
                500: "server_error", 503: "service_unavailable_error"}
+
+
+# what each error status means on /v1, for the schema (`error_responses`)
+ERROR_MEANINGS = {
+    400: "invalid request: the message says which field (`param`) and what to do",
+    401: "missing or wrong API key (only where the server has keys)",
+    403: "an option this server does not offer to this caller",
+    404: "no such voice (another owner's voice reads as unknown)",
+    405: "no such method on this route (the Allow header lists the ones there are)",
+    409: "a voice of that name exists (send overwrite=true), or a stored voice is unusable",
+    413: "the request body or upload is larger than [limits] max_upload_mb",
+    429: "too many requests from this client (Retry-After says when to try again)",
+    503: "not ready yet, busy, or out of memory (Retry-After says when to try again)",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape, as every /v1 error is answered."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict:
+    """`responses=` for a route's schema: each of `statuses` with its meaning and the error body."""
+    return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
+
+
+def _union_tag(part: object) -> bool:
+    """Whether a pydantic error location part names a union's branch ("str", "VoiceRef"), not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or part[:1].isupper())
+
+
+def body_fields(request: Request) -> list[str]:
+    """The fields the request's route takes in its body (JSON or form), in their order; [] if unknown."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    return list(getattr(model, "model_fields", {}))
 
 
 class ApiError(Exception):
@@ -49,12 +96,22 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = (e.errors() or [{}])[0]
-        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")) or None
+        # an unknown field first (a misspelt name also shows as the real field "missing", which misleads), a
+        # type mismatch last (a union's other branch: `voice` {"id": too long} is no string either)
+        errors = sorted(e.errors() or [{}], key=lambda x: (x.get("type") != "extra_forbidden",
+                                                           str(x.get("type", "")).endswith("_type")))
+        first = errors[0]
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")
+                         and not _union_tag(p)) or None
         msg = first.get("msg", "invalid request")
         message = f"{param}: {msg}" if param else str(msg)
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
+        elif first.get("type") == "extra_forbidden" and (accepted := body_fields(request)):
+            near = difflib.get_close_matches(str(param), accepted, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            message = (f"unknown field '{param}'{hint}: {request.url.path} accepts "
+                       f"{', '.join(accepted)}")
         return JSONResponse(error_body(400, message, param, first.get("type")), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -66,6 +123,21 @@ def install_error_handlers(app: FastAPI) -> None:
         if e.status_code == 404:
             message = f"no route {request.method} {path}"
         return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=e.headers)
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        """FastAPI's schema without its 422s: a validation error is answered 400 here (documented per route)."""
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            for path_item in schema.get("paths", {}).values():
+                for operation in path_item.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:

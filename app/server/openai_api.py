@@ -12,7 +12,8 @@
 `instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`, `fixed_tokens`
 (benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key
 (app/server/identity.py: a key names its owner). The voice routes: app/server/voices_api.py. The schema's
-limits are the configured `[limits]` (`speech_body`).
+bounds are the ones enforced: the configured `[limits]` (`speech_body`) and app/engine/inputs.py's, and its
+error responses the real ones (tests/test_openai_api.py compares them field by field).
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
+from app.engine.inputs import MAX_SEED, SPEED_RANGE
 from app.engine.owners import CLIENT_STATE_KEY
 from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
 from app.engine.service import NotReadyError, StudioService
-from app.server.errors import ApiError, error_response
+from app.server.errors import ApiError, error_response, error_responses
 from app.server.identity import Identity
 from app.server.limits import bearer_auth
 from app.server.speech import map_error, prepare_or_raise, speech_response
-from app.server.voices_api import owner_of, voices_router
+from app.server.voices_api import NAME_MAX_CHARS, owner_of, voices_router
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -40,7 +42,7 @@ MODEL_ID = "cosyvoice2"
 OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DEFAULT_REPO_ID = ModelConfig.repo_id  # the schema lists the default's names; the route takes the configured one
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
-V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice"}
+V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice", "instruct_text": "instructions"}
 BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
 
 
@@ -50,7 +52,7 @@ def accepted_models(repo_id: str) -> tuple[str, ...]:
 
 
 class VoiceRef(BaseModel):
-    id: str = Field(max_length=64)
+    id: str = Field(max_length=NAME_MAX_CHARS)
 
 
 class SpeechRequest(BaseModel):
@@ -62,14 +64,20 @@ class SpeechRequest(BaseModel):
                        f"OpenAI's {', '.join(OPENAI_TTS_MODELS)}: all speak with the one loaded model",
                        json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
     input: str = Field(description="the text to speak (limit: [limits] max_text_chars)")
-    voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)")
+    voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)",
+                                  json_schema_extra={"maxLength": NAME_MAX_CHARS})  # checked with the voice
     response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
-        "wav", description="wav (unknown-length header), pcm (s16le mono 24 kHz), mp3, opus (Ogg), aac (ADTS) or "
-        "flac: 24 kHz mono, streamed as encoded (docs/api.md)")
-    speed: float = Field(1.0, description="0.5-2.0; other than 1.0 the audio is made whole, then sent")
+        "wav", description="24 kHz mono: wav, pcm (s16le), mp3, opus (Ogg), aac (ADTS), flac. Streamed as made "
+        "(wav with an unknown-length header), except flac and any speed other than 1.0: sent whole, with exact "
+        "lengths (Content-Length, WAV sizes, FLAC STREAMINFO) (docs/api.md)")
+    speed: float = Field(1.0, description="other than 1.0 the audio is made whole, then sent",
+                         json_schema_extra={"minimum": SPEED_RANGE[0], "maximum": SPEED_RANGE[1]})
     instructions: str | None = Field(None, description="style instruction: instruct mode")
-    stream_format: Literal["audio", "sse"] = Field("audio", description="only 'audio' (a streamed body)")
-    seed: int | None = Field(None, description="sampling seed (0..2^31-1); none or -1 = random")
+    # any other value is refused in the route, with a message that says what to send
+    stream_format: str = Field("audio", description="only 'audio' (the audio itself as the body)",
+                               json_schema_extra={"enum": ["audio"]})
+    seed: int | None = Field(None, description="sampling seed; none or -1 = random",
+                             json_schema_extra={"minimum": -1, "maximum": MAX_SEED})
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
         None, description="default: instruct when instructions are given, else zero_shot")
     fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
@@ -143,7 +151,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
     cfg = service.cfg
     models = accepted_models(cfg.model.repo_id)
     router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(identity))], tags=["v1"],
-                       route_class=capped_route(cfg.limits.max_upload_mb))
+                       route_class=capped_route(cfg.limits.max_upload_mb), responses=error_responses(401, 405))
 
     def require_ready() -> None:
         try:
@@ -164,8 +172,8 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
                            code="bench_option_refused")
         require_ready()
         if body.stream_format != "audio":
-            raise ApiError(400, "stream_format 'sse' is not supported: use 'audio' (a streamed body)",
-                           param="stream_format", code="unsupported_value")
+            raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
+                           "itself as the body)", param="stream_format", code="unsupported_value")
         fmt = body.response_format
         if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
             raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
@@ -184,7 +192,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
     router.post("/audio/speech", response_class=Response, responses={
         200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
-              "description": "the speech"}})(create_speech)
+              "description": "the speech"}, **error_responses(400, 403, 413, 429, 503)})(create_speech)
     router.include_router(voices_router(service, require_ready, capped_route(cfg.limits.max_upload_mb)))
 
     @router.get("/models")
@@ -193,8 +201,14 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
                                             "owned_by": "FunAudioLLM", "ready": service.ready}]}
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-    async def unknown(path: str) -> None:
-        """Unknown /v1 routes answer in the OpenAI shape (the Gradio app at "/" would catch them otherwise)."""
+    async def unknown(path: str, request: Request) -> None:
+        """Unknown /v1 routes answer in the OpenAI shape (the Gradio app at "/" would catch them otherwise); a
+        known route asked with another method answers 405 with the methods it has."""
+        methods = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.endpoint is not unknown
+                          and r.path_regex.match(f"/v1/{path}") for m in r.methods})
+        if methods:
+            raise ApiError(405, f"{request.method} is not allowed on /v1/{path}: use {' or '.join(methods)}",
+                           code="method_not_allowed", headers={"Allow": ", ".join(methods)})
         raise ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
 
     return router

@@ -30,9 +30,10 @@ from app.engine.prepare import reference_voice
 from app.engine.service import StudioService
 from app.engine.voice_file import MEDIA_TYPE, SUFFIX, VoiceFileError, export_voice, import_voice
 from app.engine.voices import VoiceError, VoiceInfo, check_name
-from app.server.errors import ApiError
+from app.server.errors import ApiError, error_responses
 
 TRANSCRIPT_HARD_CAP = 10_000  # characters a form field may carry at all; the configured limit is checked below
+NAME_MAX_CHARS = 64  # app/engine/voices.py NAME_RE's limit (a name field is checked by check_name too)
 
 
 def owner_of(request: Request) -> Owner:
@@ -48,10 +49,7 @@ def voice_json(info: VoiceInfo, admin: bool) -> dict:
     return {"id": info.name, "object": "voice", **d}
 
 
-# form fields shared by the routes below (the transcript's, whose limit is configured, is built in its route)
-AudioUpload = Annotated[UploadFile, File(description="the reference recording (wav/flac/ogg/mp3, webm/m4a with "
-                                                     "ffmpeg; 1-30 s of one speaker)")]
-VoiceFileUpload = Annotated[UploadFile, File(description="a .cvvoice file (GET /v1/voices/{id}/export)")]
+# form fields shared by the routes below (those with a configured limit are built in their routes)
 Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
 
@@ -68,15 +66,22 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
     """POST and GET /voices."""
     cfg = service.cfg
     limit = cfg.limits.max_transcript_chars
+    upload_bytes = cfg.limits.max_upload_mb * 1024 * 1024
 
-    @router.post("/voices", status_code=201)
-    async def create_voice(request: Request, audio: AudioUpload,
+    @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503))
+    async def create_voice(request: Request,
+                           audio: Annotated[UploadFile, File(description=(
+                               "the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; 1-30 s of one "
+                               "speaker), at most [limits] max_upload_mb"), json_schema_extra={
+                                   "maxLength": upload_bytes})],
                            transcript: Annotated[str, Form(max_length=max(TRANSCRIPT_HARD_CAP, limit),
                                                            json_schema_extra={"maxLength": limit}, description=(
                                "the words spoken in the clip ([limits] max_transcript_chars); blank: Whisper "
                                "transcribes it where available (prompt_text and warnings in the response say "
                                "what was used)"))] = "",
-                           name: Annotated[str | None, Form(max_length=200)] = None, overwrite: Overwrite = False,
+                           name: Annotated[str, Form(max_length=NAME_MAX_CHARS,
+                                                     description="default: voice-<8 hex digits>")] = "",
+                           overwrite: Overwrite = False,
                            ) -> dict:
         """Compute and store a voice's features from a reference recording and its transcript (409 when the
         name is taken, unless `overwrite`)."""
@@ -115,7 +120,7 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
 def add_item_routes(router: APIRouter, service: StudioService) -> None:
     """GET and DELETE /voices/{id}."""
 
-    @router.get("/voices/{voice_id}")
+    @router.get("/voices/{voice_id}", responses=error_responses(404))
     async def get_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """One of the caller's voices (the admin key may name another `owner`)."""
         caller = owner_of(request)
@@ -125,7 +130,7 @@ def add_item_routes(router: APIRouter, service: StudioService) -> None:
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return voice_json(info, caller.admin)
 
-    @router.delete("/voices/{voice_id}")
+    @router.delete("/voices/{voice_id}", responses=error_responses(404))
     async def delete_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """Delete one of the caller's voices (the admin key may name another `owner`)."""
         try:
@@ -140,7 +145,8 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
     max_mb = service.cfg.limits.max_upload_mb
 
     @router.get("/voices/{voice_id}/export", response_class=Response,
-                responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"}})
+                responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"},
+                           **error_responses(404, 409)})
     async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
         """One of the caller's voices as a `.cvvoice` file to import elsewhere (docs/api.md: the format)."""
         try:
@@ -151,10 +157,13 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
                            code="voice_not_found" if unknown else "voice_unusable") from e
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
 
-    @router.post("/voices/import", status_code=201)
-    async def import_voice_file(request: Request, file: VoiceFileUpload,
-                                name: Annotated[str | None, Form(max_length=200, description="store it under this "
-                                                                 "name (default: the file's)")] = None,
+    @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503))
+    async def import_voice_file(request: Request,
+                                file: Annotated[UploadFile, File(description=(
+                                    "a .cvvoice file (GET /v1/voices/{id}/export), at most [limits] max_upload_mb"),
+                                    json_schema_extra={"maxLength": max_mb * 1024 * 1024})],
+                                name: Annotated[str, Form(max_length=NAME_MAX_CHARS, description=(
+                                    "store it under this name (default: the file's)"))] = "",
                                 overwrite: Overwrite = False) -> dict:
         """Add the voice in a `.cvvoice` file to the caller's voices (400 for a damaged or hostile file, 400
         `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
