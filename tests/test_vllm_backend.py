@@ -1,7 +1,8 @@
 """The vLLM speech-LM path with the real (CPU) engine on the tiny model: export, engine, pipeline.
 
-One engine per module (float32, eager), driven from one event loop (`asyncio.Runner`), because
-an AsyncLLM's output task lives on the loop that first used it. The export tests need no vLLM.
+One engine at a time (float32, eager), driven from one event loop (`asyncio.Runner`), because an
+engine's output task lives on the loop that first used it; the engine tests run once per `[vllm]
+engine` (AsyncLLM, in-process) and must give the same tokens. The export tests need no vLLM.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ GREEDY = {"sampling.top_k": 1, "sampling.tau_r": 1000.0}
 # vLLM loads only the general plugins this names: not ours (there is none), so the engine must
 # start on vLLM's own Qwen2ForCausalLM and our logits processor alone
 FOREIGN_PLUGINS = "someone_elses_plugin"
+ENGINES = ("async", "inproc")
+SEEN: dict[str, list] = {}  # tokens of the first engine that ran a case: the other one must match them
 
 
 def cpu_overrides(cache: Path, **extra) -> dict:
@@ -240,9 +243,10 @@ async def start_must_fail(cfg, model_dir) -> None:
     pytest.fail("the engine started")
 
 
-def test_engine_start_error_names_the_setting(runner, tiny_model_dir, cache_dir):
+@pytest.mark.parametrize("which", ENGINES)
+def test_engine_start_error_names_the_setting(runner, tiny_model_dir, cache_dir, which):
     """Runs before the module's engine exists (one engine per process)."""
-    cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.max_model_len": 10**6}))
+    cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.max_model_len": 10**6, "vllm.engine": which}))
     with pytest.raises(vllm_backend.EngineStartError, match=r"lower vllm\.max_model_len \(now 1000000; "
                                                             r"this model allows at most 32768\)"):
         runner.run(start_must_fail(cfg, tiny_model_dir))
@@ -268,11 +272,13 @@ def test_engine_out_of_memory_names_the_settings(runner, tiny_model_dir, cache_d
     assert vllm_backend._running is None
 
 
-@pytest.fixture(scope="module")
-def engine(runner, tiny_model_dir, cache_dir):
-    """(vLLM backend, torch backend, Synthesizer on vLLM, Synthesizer on torch, voice, config)."""
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request, runner, tiny_model_dir, cache_dir):
+    """(vLLM backend, torch backend, Synthesizer on vLLM, Synthesizer on torch, voice, config), once per
+    `[vllm] engine` (pytest ends one before it starts the next)."""
     cfg = load_config(overrides=cpu_overrides(cache_dir, **GREEDY, **{"streaming.nsf_noise": False,
-                                                                      "engine.backend": "vllm"}))
+                                                                      "engine.backend": "vllm",
+                                                                      "vllm.engine": request.param}))
     model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
@@ -315,6 +321,8 @@ def test_one_engine_per_process(engine, runner, tiny_model_dir):
         runner.run(vllm_backend.VLLMBackend.start(cfg, tiny_model_dir))
     facts = backend.facts()
     assert facts["backend"] == "vllm" and facts["dtype"] == "float32" and facts["running"]
+    assert facts["engine"] == cfg.vllm.engine
+    assert (type(backend.engine).__name__ == "InprocEngine") == (cfg.vllm.engine == "inproc")
     assert facts["engine_args"]["enable_prompt_embeds"] and facts["engine_args"]["skip_tokenizer_init"]
     too_long = LMRequest("too-long", torch.zeros(cfg.vllm.max_model_len, 128), 1, 10, 0, cfg.sampling)
     with pytest.raises(ValueError, match=r"vllm\.max_model_len"):
@@ -358,6 +366,35 @@ def test_eight_concurrent_streams(engine, runner):
     assert all(0 <= t < SPEECH_TOKEN_SIZE for o in outs for t in o)
     assert len({tuple(o[:30]) for o in outs}) == 8  # different seeds, different draws
     assert backend.n_unfinished() == 0
+    assert SEEN.setdefault("eight", outs) == outs  # the same seeds, the same draws on either engine
+
+
+def test_many_concurrent_streams_with_aborts(engine, runner):
+    """32 seeded RAS streams at once (more than max_num_seqs: some wait for a slot), every third closed
+    after a few tokens: the rest run to their length, with the same tokens on either engine."""
+    backend, _, synth, _, voice, cfg = engine
+    base = synth.lm_request(SynthesisRequest(text=TEXTS[2], voice=voice), TEXTS[2], 0)
+    ras = dataclasses.replace(cfg.sampling, top_k=25, tau_r=0.1)
+    reqs = [dataclasses.replace(base, request_id=f"m{i}", seed=100 + i, min_tokens=40, max_tokens=40, sampling=ras)
+            for i in range(32)]
+
+    async def run(i: int, req: LMRequest) -> list[int]:
+        got: list[int] = []
+        async for ids in backend.stream(req):
+            got += ids
+            if i % 3 == 0 and len(got) >= 3:
+                break  # closes the stream: the request is aborted
+        return got
+
+    async def all_at_once():
+        return await asyncio.gather(*(run(i, r) for i, r in enumerate(reqs)))
+
+    outs = runner.run(all_at_once())
+    assert all(len(o) == 40 for i, o in enumerate(outs) if i % 3)
+    assert all(3 <= len(o) < 40 for i, o in enumerate(outs) if i % 3 == 0)
+    kept = [o for i, o in enumerate(outs) if i % 3]
+    assert SEEN.setdefault("many", kept) == kept
+    assert backend.n_unfinished() == 0
 
 
 def test_cancelled_stream_leaves_no_request(engine, runner):
@@ -386,8 +423,11 @@ def test_cancelled_stream_leaves_no_request(engine, runner):
             await task
 
     async def engine_core_idle() -> bool:
-        for _ in range(50):  # the abort reaches the engine-core process asynchronously
-            if not await backend.engine.engine_core.call_utility_async("has_work"):
+        for _ in range(50):  # the abort reaches the engine core asynchronously (its process, or the driver)
+            if backend.cfg.engine == "inproc":
+                if backend.engine.idle:  # the driver applied the abort and has nothing left to step
+                    return True
+            elif not await backend.engine.engine_core.call_utility_async("has_work"):
                 return True
             await asyncio.sleep(0.05)
         return False
@@ -415,6 +455,60 @@ def test_synthesizer_through_vllm(engine, runner):
     assert audio.dtype == np.float32 and np.isfinite(audio).all()
     assert stats.n_tokens == ref_stats.n_tokens
     assert np.array_equal(audio, ref)
+
+
+def kill_engine(backend) -> str:
+    """The engine dies as it would in production: AsyncLLM's core process by SIGKILL; the in-process
+    engine by an exception in its model runner's next step. Returns what fault() must name."""
+    if backend.cfg.engine == "inproc":
+        runner = backend.engine.llm.model_executor.driver_worker.worker.model_runner
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected model runner failure")
+
+        runner.execute_model = broken  # only this engine's runner: a restart builds a new one
+        return "injected model runner failure"
+    import psutil
+
+    core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
+    assert len(core) == 1, core
+    core[0].kill()
+    return "SIGKILL"
+
+
+def test_engine_death_fails_streams_then_restarts(engine, runner):
+    """Runs last for each engine: a death mid-stream ends the running streams with EngineDiedError,
+    health() names it, and the engine comes back (restarted, probed) and serves the same tokens."""
+    backend, _, synth, _, voice, _ = engine
+    base = synth.lm_request(SynthesisRequest(text=TEXTS[0], voice=voice), TEXTS[0], 0)
+    long = dataclasses.replace(base, min_tokens=1500, max_tokens=1500)
+    short = dataclasses.replace(base, request_id="after", min_tokens=12, max_tokens=12)
+    before = runner.run(collect(backend, short))
+    deaths = backend.n_deaths
+
+    async def die_mid_stream() -> tuple[int, str]:
+        got, cause = 0, ""
+        with pytest.raises(vllm_backend.EngineDiedError):
+            async for ids in backend.stream(dataclasses.replace(long, request_id="dying")):
+                got += len(ids)
+                if not cause:
+                    cause = kill_engine(backend)
+        return got, cause
+
+    got, cause = runner.run(die_mid_stream())
+    assert got >= 1
+    health = backend.health()
+    assert health.deaths == deaths + 1 and cause in (health.fault or ""), health
+
+    async def back() -> list[int]:
+        for _ in range(1200):  # the restart takes 10-40 s on 2 cores
+            if backend.fault() is None:
+                return await collect(backend, short)
+            await asyncio.sleep(0.1)
+        pytest.fail(f"not restarted: {backend.fault()}")
+
+    assert runner.run(back()) == before
+    assert backend.n_restarts >= 1 and backend.facts()["running"] and backend.n_unfinished() == 0
 
 
 @pytest.fixture(autouse=True, scope="module")

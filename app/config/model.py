@@ -95,6 +95,7 @@ _BACKENDS = ("auto", "vllm", "torch")
 _QUANTIZATIONS = ("", "awq", "compressed-tensors")
 _ASYNC_SCHEDULING = ("auto", "on", "off")
 _GPU_SHARING = ("off", "mps")
+_VLLM_ENGINES = ("async", "inproc")
 _CUDAGRAPH_MODES = ("", "FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE", "NONE")
 
 
@@ -142,8 +143,9 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    """Engine arguments of the one shared vLLM AsyncLLM (see configs/default.toml for sizing)."""
+    """Engine arguments of the one shared vLLM engine (see configs/default.toml for sizing)."""
 
+    engine: str = "async"  # async = AsyncLLM, its engine core a process | inproc = LLMEngine on a thread here
     gpu_memory_utilization: float = 0.15  # share of the WHOLE card this engine may fill (weights + KV)
     kv_cache_gib: float = 2.0  # GPU: KV cache GiB (vLLM kv_cache_memory_bytes); 0 = fill the share above
     max_num_seqs: int = 64  # requests decoded together
@@ -191,6 +193,8 @@ class VLLMConfig:
         if self.async_scheduling not in _ASYNC_SCHEDULING:
             raise ConfigError(f"vllm.async_scheduling must be one of {_ASYNC_SCHEDULING}, "
                               f"got {self.async_scheduling!r}")
+        if self.engine not in _VLLM_ENGINES:
+            raise ConfigError(f"vllm.engine must be one of {_VLLM_ENGINES}, got {self.engine!r}")
         if self.cudagraph_mode not in _CUDAGRAPH_MODES:
             raise ConfigError(f"vllm.cudagraph_mode must be one of {_CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
         if self.cpu_kvcache_space_gib < 0 or self.cpu_num_reserved_cpus < -1:

