@@ -7,6 +7,7 @@ down (resnet in→C, n_blocks transformer blocks, causal conv; skip saved before
 mid (num_mid_blocks × (resnet C→C + n_blocks blocks)), up (concat skip → resnet 2C→C, blocks,
 causal conv), `final_block`, `final_proj`. Convs are causal (left padding), so streaming chunks
 only need the chunk attention mask. Parameter names match the official checkpoint.
+`forward` runs a restructured equivalent (`_Fused`: weights derived from the parameters) channels-last.
 """
 
 from __future__ import annotations
@@ -194,6 +195,32 @@ class CausalConditionalDecoder(nn.Module):
             [CausalResnetBlock1D(2 * C, C, time_dim), blocks(), CausalConv1d(C, C, 3)])])
         self.final_block = CausalBlock1D(C, C)
         self.final_proj = nn.Conv1d(C, dims.out_channels, 1)
+        self._fused: _Fused | None = None  # derived weights (not parameters: the state dict is official)
+
+    def resnets(self) -> list[CausalResnetBlock1D]:
+        """The resnets in evaluation order (down, mid..., up)."""
+        return [self.down_blocks[0][0], *(m[0] for m in self.mid_blocks), self.up_blocks[0][0]]
+
+    def fused(self) -> _Fused:
+        """The derived weights of `forward`, rebuilt after a load, a move or a dtype change (hooks
+        below) or when a sentinel parameter changed; after other in-place edits call `unfuse()`."""
+        first, last = self.time_mlp.linear_1.weight, self.final_proj.weight
+        key = tuple((id(p), -1 if p.is_inference() else p._version, p.data_ptr(), p.dtype, p.device)
+                    for p in (first, last))  # (inference tensors keep no version counter)
+        if self._fused is None or self._fused.key != key:
+            self._fused = _Fused(self, key)
+        return self._fused
+
+    def unfuse(self) -> None:
+        self._fused = None
+
+    def _apply(self, fn, recurse: bool = True):  # .to() / .half() / .cuda() replace the parameters
+        self._fused = None
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._fused = None
+        super()._load_from_state_dict(*args, **kwargs)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
                 spks: torch.Tensor, cond: torch.Tensor, *, streaming: bool) -> torch.Tensor:
@@ -201,31 +228,43 @@ class CausalConditionalDecoder(nn.Module):
 
         x, mu, cond: [B, 80, T]; mask: [B, 1, T] (1 = valid frame); t: [B] flow time in [0, 1];
         spks: [B, 80]; streaming: block-causal attention in chunks of `static_chunk_size` frames
-        (full left context), else full attention. Returns the velocity [B, 80, T] (× mask).
+        (full left context), else full attention. Returns the velocity [B, 80, T] (× mask; a view).
+
+        The official computation restructured (equal to rounding; tests/test_estimator_fused.py):
+        activations [B, T, C]; each causal k=3 conv is one GEMM over its 3 taps (fp32 GEMMs, no
+        cuDNN TF32); resnet: res_conv rides block1's GEMM, its 14 time MLPs are one GEMM; q/k/v one
+        GEMM. Mask multiplies dropped only where exact: block1's output (block2 masks its input:
+        (a·m + c)·m = (a + c)·m for m in {0, 1}) and final_proj's input (already × mask).
         """
-        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B, 4C]
-        h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
+        fz, T = self.fused(), x.shape[2]
+        if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) == 0:
+            t = t[:1]  # one time for all rows (the solver's t.expand): its MLPs once, broadcast
+        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B or 1, 4C]
+        t_res = F.linear(F.mish(t_emb), fz.t_weight, fz.t_bias).unflatten(1, (-1, 1, fz.channels))
+        h = torch.cat([x.transpose(1, 2), mu.transpose(1, 2), spks[:, None, :].expand(-1, T, -1),
+                       cond.transpose(1, 2)], dim=2)  # [B, T, 320]
+        m = mask.transpose(1, 2)  # [B, T, 1]
         chunk = self.dims.static_chunk_size if streaming else 0
         allowed = attention_mask(mask.bool(), chunk, self.dims.num_decoding_left_chunks)
         bias = ((1.0 - allowed.to(h.dtype)) * MASK_BIAS).unsqueeze(1)  # [B, 1, T or 1, T]
+        qkv = iter(fz.qkv)
 
-        def transformer(h: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-            h = h.transpose(1, 2)  # [B, T, C]
+        def stack(h: torch.Tensor, i: int, blocks: nn.ModuleList) -> torch.Tensor:
+            h = fz.resnet(i, h, m, t_res[:, i])  # t_res[:, i]: [B or 1, 1, C]
             for block in blocks:
-                h = block(h, bias)
-            return h.transpose(1, 2)
+                h = _block(block, next(qkv), h, bias)
+            return h
 
-        (resnet, blocks, conv), = self.down_blocks
-        h = transformer(resnet(h, mask, t_emb), blocks)
-        skip = h
-        h = conv(h * mask)
-        for resnet, blocks in self.mid_blocks:
-            h = transformer(resnet(h, mask, t_emb), blocks)
-        (resnet, blocks, conv), = self.up_blocks
-        h = transformer(resnet(torch.cat([h, skip], dim=1), mask, t_emb), blocks)
-        h = conv(h * mask)
-        h = self.final_block(h, mask)
-        return self.final_proj(h * mask) * mask
+        (_, blocks, _), = self.down_blocks
+        skip = h = stack(h, 0, blocks)
+        h = _conv3(h * m, *fz.convs[0])
+        for i, (_, blocks) in enumerate(self.mid_blocks, 1):
+            h = stack(h, i, blocks)
+        (_, blocks, _), = self.up_blocks
+        h = stack(torch.cat([h, skip], dim=2), len(self.mid_blocks) + 1, blocks)
+        h = _conv3(h * m, *fz.convs[1])
+        h = _norm_mish(_conv3(h * m, *fz.convs[2]), self.final_block.block[2]) * m
+        return (F.linear(h, *fz.proj) * m).transpose(1, 2)
 
     def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
                        cond: torch.Tensor, cache: StageCall) -> torch.Tensor:
@@ -254,3 +293,59 @@ class CausalConditionalDecoder(nn.Module):
         h = transformer(resnet.forward_cached(torch.cat([h, skip], dim=1), t_emb, cache), blocks)
         h = conv.forward_cached(h, cache)
         return self.final_proj(self.final_block.forward_cached(h, cache))
+
+
+def _taps(w: torch.Tensor) -> torch.Tensor:
+    """Conv1d weight [out, in, k] -> GEMM weight [out, k·in] over the im2col columns of `_conv3`."""
+    return w.permute(0, 2, 1).reshape(w.shape[0], -1)
+
+
+def _conv3(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Causal k=3 conv channels-last: x [B, T, C] -> columns [x(t-2), x(t-1), x(t)] [B, T, 3C] -> GEMM."""
+    T = x.shape[1]
+    xp = F.pad(x, (0, 0, 2, 0))  # two zero frames before frame 0
+    return F.linear(torch.cat([xp[:, :T], xp[:, 1 : T + 1], xp[:, 2:]], dim=2), w, b)
+
+
+def _norm_mish(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    return F.mish(norm(x))  # eager LayerNorm and Mish (no fused approximations)
+
+
+def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`TransformerBlock.forward` with q/k/v as one GEMM: x [B, T, C]."""
+    attn, (B, T, _) = block.attn1, x.shape
+    qkv = F.linear(block.norm1(x), w_qkv).view(B, T, 3, attn.n_heads, attn.d_head)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, d_head]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    x = x + attn.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
+    return x + block.ff(block.norm3(x))
+
+
+class _Fused:
+    """Weights of the restructured `forward`, derived (concatenated, reshaped) from the parameters."""
+
+    @torch.no_grad()
+    def __init__(self, est: CausalConditionalDecoder, key: tuple) -> None:
+        self.key, self.channels = key, est.dims.channels[0]
+        res = est.resnets()
+        self.t_weight = torch.cat([r.mlp[1].weight for r in res])  # [n_res·C, 4C]
+        self.t_bias = torch.cat([r.mlp[1].bias for r in res])
+        self.norms = [(r.block1.block[2], r.block2.block[2]) for r in res]
+        self.block1, self.block2 = [], []
+        for r in res:  # block1's conv and res_conv (on the last tap: x(t)) as one GEMM [2C, 3·in]
+            c1, c2, rc = r.block1.block[0], r.block2.block[0], r.res_conv
+            w_res = F.pad(rc.weight, (2, 0))  # [C, in, 3]: zero on taps t-2, t-1
+            self.block1.append((_taps(torch.cat([c1.weight, w_res])), torch.cat([c1.bias, rc.bias])))
+            self.block2.append((_taps(c2.weight), c2.bias))
+        blocks = [b for s in (est.down_blocks, est.mid_blocks, est.up_blocks) for m in s for b in m[1]]
+        self.qkv = [torch.cat([b.attn1.to_q.weight, b.attn1.to_k.weight, b.attn1.to_v.weight]) for b in blocks]
+        convs = (est.down_blocks[0][2], est.up_blocks[0][2], est.final_block.block[0])
+        self.convs = [(_taps(c.weight), c.bias) for c in convs]
+        self.proj = (est.final_proj.weight[:, :, 0], est.final_proj.bias)
+
+    def resnet(self, i: int, x: torch.Tensor, m: torch.Tensor, t_res: torch.Tensor) -> torch.Tensor:
+        """`CausalResnetBlock1D.forward` channels-last: x [B, T, in], m [B, T, 1] -> [B, T, C]."""
+        (n1, n2), C = self.norms[i], self.channels
+        a, r = _conv3(x * m, *self.block1[i]).split(C, dim=2)
+        h = (_norm_mish(a, n1) + t_res) * m  # block1's own output mask is implied by this one
+        return _norm_mish(_conv3(h, *self.block2[i]), n2) * m + r
