@@ -208,6 +208,9 @@ def _service_families(svc: StudioService) -> Iterator[Metric]:
                    (["engine_restart"], h.restarts if h else 0)])
     yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
                       [([], h.unfinished if h else None)])
+    yield CounterMetricFamily("cosyvoice_flow_state_resolves", "Token->wave segments that found no room in the "
+                              "incremental flow's state pool and re-solved from then on.",
+                              value=svc.synth.resolved_streams if svc.synth is not None else 0)
     facts = svc.facts()
     backend = svc.backend.name if svc.backend is not None else "none"
     yield _family(GaugeMetricFamily, "cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, "
