@@ -5,8 +5,9 @@ Two takes with the low-latency player and one with the standard player (streamin
 newest first with their text, seed, mode and speed; each one's audio in the history is byte for byte the final
 WAV the page showed; they survive a reload; "Use these settings" puts text, mode, seed, stream and speed back;
 Delete removes one; a stopped take is not kept; with small limits (window.studioHistory.configure: the pruning
-every take goes through) the oldest go first, by count and by bytes; Clear empties it; another visitor (a second
-browser context) sees none of it. Without IndexedDB the history says it is unavailable and Generate works as before.
+every take goes through) the oldest go first, by count and by bytes; Clear asks first (Cancel keeps them) and
+empties it; another visitor (a second browser context) sees none of it. Without IndexedDB the history says it
+is unavailable and Generate works as before.
 """
 
 from __future__ import annotations
@@ -161,6 +162,24 @@ def history_audio(page) -> dict[int, str]:
     return out
 
 
+def answer_clear(page, accept: bool) -> str:
+    """Click Clear history and answer the page's question (OK or Cancel); the question asked."""
+    asked = []
+
+    def answer(dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", answer)
+    page.locator("#history_clear").click()
+    for _ in range(50):  # the handler runs while Playwright waits on the page
+        if asked:
+            break
+        page.wait_for_timeout(100)
+    assert len(asked) == 1, asked
+    return asked[0]
+
+
 def seeds(page) -> list[int]:
     return [t["seed"] for t in page.evaluate(STORED)]
 
@@ -217,6 +236,10 @@ def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
                            " === '使用这些设置'")
     assert "种子 13" in page.evaluate(ROWS)[0]["facts"]
     assert page.locator("#history_clear").inner_text() == "清空历史记录"
+    asked = answer_clear(page, accept=False)  # Clear asks first, in the page's language; Cancel keeps them all
+    assert asked == "删除本浏览器历史记录中的全部 3 条？此操作无法撤销。", asked
+    page.wait_for_timeout(500)
+    assert len(page.evaluate(ROWS)) == 3 and len(page.evaluate(STORED)) == 3
     page.locator("#lang").get_by_label("English").check()
     page.wait_for_function("() => document.querySelector('#history_clear')?.textContent === 'Clear history'")
 
@@ -254,8 +277,8 @@ def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
     page.wait_for_function(N_ROWS % 1)
     assert seeds(page) == [14]
 
-    # Clear: empty, also after a reload
-    page.locator("#history_clear").click()
+    # Clear, confirmed: empty, also after a reload
+    assert answer_clear(page, accept=True) == "Delete every take (1) of this browser's history? This cannot be undone."
     page.wait_for_function(N_ROWS % 0)
     assert page.evaluate(STORED) == [] and "No takes yet" in page.locator("#history_status").inner_text()
     page.reload()

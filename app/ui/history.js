@@ -7,7 +7,8 @@
      details, name, wav (the final WAV, a Blob: the very bytes the page offered), bytes}. Stopped and failed
      takes are not kept. The list (newest first) is drawn into #history_list: per take an <audio> and a
      download link (blob: URLs, revoked at each redraw), "Use these settings" (text, dialogue box, mode,
-     instruction, seed, stream and speed back into the inputs) and Delete; #history_clear empties it.
+     instruction, seed, stream and speed back into the inputs) and Delete; #history_clear empties it once
+     confirmed.
      Where IndexedDB is missing or fails (private windows) #history_status says the history is unavailable,
      and a take that cannot be written (quota) is reported there; Generate is never affected: every entry
      point catches its own errors. Words: LABELS[lang] (the history_* labels, app/ui/locales/labels.toml),
@@ -218,7 +219,11 @@
       document.addEventListener('click', (e) => {
         const t = e.target && e.target.closest ? e.target : null;
         if (!t) return;
-        if (t.closest('#history_clear')) { this.clear(); return; }
+        if (t.closest('#history_clear')) {  // asked first, in the page's language; Cancel keeps every take
+          const n = document.querySelectorAll('#history_list .history-take').length;
+          if (window.confirm(label('clear_confirm', {n}))) this.clear();
+          return;
+        }
         const button = t.closest('#history_list button[data-act]');
         if (!button) return;
         const id = Number(button.closest('[data-id]').dataset.id);
