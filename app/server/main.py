@@ -45,9 +45,11 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
     tell `gate` (its `AccessLimits`) the page's login tokens and rate-limited events; returns the app.
     Also the cluster's ingress (app/cluster/ingress.py), whose `service` is a `ClusterService`."""
     import gradio as gr
+    from starlette.middleware import Middleware
     from starlette.routing import Mount
 
     from app.engine.service import ASSETS_DIR
+    from app.server.gradio_guard import GradioGuard
     from app.server.limits import LIMITED_EVENTS
     from app.ui.layout import build_demo
 
@@ -59,6 +61,8 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
                               footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
                               auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
     gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")
+    # innermost (behind the gate's refusals): a malformed Gradio API request gets a 404, not a 500 and a traceback
+    api.user_middleware.append(Middleware(GradioGuard, gradio_app=gate.gradio_app))
     gate.limited_fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in LIMITED_EVENTS)
     # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
     # path) only once `has_launched` is set, which `launch()` does and mounting never does
