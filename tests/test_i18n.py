@@ -67,6 +67,7 @@ def test_every_line_the_page_shows_is_translated():
     zh = i18n.translate(line, "zh")
     assert zh.startswith("首音延迟 123 毫秒 · 实时率 0.50") and "种子 11" in zh and "声码器 0.30 秒" in zh, zh
     assert not re.search(r"\b(?:ms|tokens|audio|queue|reference|seed)\b", zh), zh
+    assert "模式 零样本克隆 · 种子 11" in zh and "zero_shot" not in zh, zh  # the mode as the Mode radio names it
     assert i18n.translate(line, "en") == line  # API clients: the machine-stable English
     assert i18n.translate(line + " · player", "zh").endswith("种子 11 · player")  # the page's player goes on
     for en in ("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "Stopped: kept 3.12 s of audio · seed 11",
@@ -80,6 +81,7 @@ def test_every_line_the_page_shows_is_translated():
         got = i18n.translate(en, "zh")
         assert CJK.search(got) and not re.search(r"\b(?:kept|Stopped|streaming|Saved|voice|busy|Tick)\b", got), got
     assert "3.12 秒" in i18n.translate("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "zh")
+    assert "模式 指令控制 · 种子 11" in i18n.translate("Stopped: kept 3.12 s of audio · mode instruct · seed 11", "zh")
     for status in ("waiting to start", "loading model", "starting engine", "warming up", "ready",
                    "downloading FunAudioLLM/CosyVoice2-0.5B: 0.10 / 2.00 GB", "error: boom"):
         assert CJK.search(i18n.status_text(status, "zh")) and i18n.status_text(status, "en") == status, status
@@ -289,6 +291,11 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
                                    ".includes('活动流')", timeout=30_000)
             player_stats = page.locator("#stats").inner_text()
             assert "种子" in player_stats and "低延迟" in player_stats and "TTFA" not in player_stats, player_stats
+            # one unit spelling (the server's part says 毫秒, the page's player's part too) and the mode's name
+            player_line = page.locator("#studio_player_line").inner_text()
+            for line in (player_stats, player_line):
+                assert "毫秒" in line and not re.search(r"\bms\b", line), line
+            assert "模式 零样本克隆" in player_stats and "zero_shot" not in player_stats, player_stats
             assert "结果" in page.locator("#latency_table").inner_text()  # the table's columns
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -299,6 +306,8 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
                                    timeout=10_000)
             body = page.locator("body").inner_text()
             assert "English, zero-shot" in body and "first sound" in body and "首个声音" not in body
+            player_stats = page.locator("#stats").inner_text()
+            assert "mode zero_shot" in player_stats and " ms" in player_stats and "毫秒" not in player_stats
         finally:
             browser.close()
 

@@ -82,7 +82,19 @@ def t(lang: str, key: str, **fields: Any) -> str:
 
 def translate(message: str, lang: str) -> str:
     """An English message from the engine in `lang` (unchanged for English or a message no pattern knows)."""
-    return _match(message, patterns("messages")) if lang == "zh" else message
+    return named_modes(_match(message, patterns("messages"))) if lang == "zh" else message
+
+
+def mode_names(lang: str) -> dict[str, str]:
+    """Mode id -> its name in `lang`, as the page's Mode radio shows it ("zero_shot" -> "Zero-shot clone")."""
+    return {k.removeprefix("mode_"): v for k, v in labels(lang).items() if k.startswith("mode_")}
+
+
+def named_modes(text: str) -> str:
+    """A translated line's mode id as the mode's Chinese name: "模式 zero_shot" -> "模式 零样本克隆" (the stats line
+    and a stopped take's line; lang_load.js does the same in the browser)."""
+    word, names = labels("zh")["mode"], mode_names("zh")
+    return re.sub(rf"{word} (\w+)", lambda m: f"{word} {names.get(m[1], m[1])}", text)
 
 
 def _match(text: str, table: list[tuple[re.Pattern[str], str]]) -> str:

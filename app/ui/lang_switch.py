@@ -2,17 +2,18 @@
 
 `lang_switch_js()` runs when the switch is clicked (lang_set.js); `lang_load_js()` on page load
 (lang_load.js: it defines `window.studioI18n`, which translates the lines the page's own players write
-by the phrases of app/ui/locales/page.toml and the server's message patterns, and applies a language
-chosen earlier). The server side of the words is app/ui/i18n.py.
+by the phrases and units of app/ui/locales/page.toml, the server's message patterns and the modes' names,
+and applies a language chosen earlier). The server side of the words is app/ui/i18n.py.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 from app.ui import ui_text
-from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, labels, locale, patterns
+from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, labels, locale, mode_names, patterns
 
 # the elements whose text the page's own players write (player.js, player.html), and gr.Examples' labels
 PAGE_IDS = ("studio_player_line", "studio_busy", "studio_error", "player_pause", "stats", "examples")
@@ -38,6 +39,9 @@ def lang_load_js() -> str:
     """demo.load's JS: the page translator, a language chosen earlier (its cookie) applied again, the switch set."""
     regexes = [[p.pattern, re.sub(r"\\(\d)", r"$\1", zh)] for p, zh in patterns("messages")]  # groups: $1 in JS
     phrases = sorted(page_phrases().items(), key=lambda kv: -len(kv[0]))  # longest first
+    modes = [labels("zh")["mode"], mode_names("zh")]  # "模式 zero_shot" -> "模式 零样本克隆" (i18n.named_modes)
+    dump = functools.partial(json.dumps, ensure_ascii=False)
     return (ui_text("lang_load.js").replace("__SET_LANG__", _set_lang_js()).replace("__COOKIE__", LANG_COOKIE)
-            .replace("__IDS__", json.dumps(PAGE_IDS)).replace("__PHRASES__", json.dumps(phrases, ensure_ascii=False))
-            .replace("__PATTERNS__", json.dumps(regexes, ensure_ascii=False)))
+            .replace("__IDS__", dump(PAGE_IDS)).replace("__PHRASES__", dump(phrases))
+            .replace("__UNITS__", dump(list(locale("page")["units"].items())))
+            .replace("__MODES__", dump(modes)).replace("__PATTERNS__", dump(regexes)))
