@@ -283,8 +283,9 @@ def server(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir, tmp_path_factory):
-    """/v1 with two owners' keys and the admin key."""
-    sets = {"server.api_keys": '"alice:ka,bob:kb"', "server.admin_key": '"adm"'}
+    """/v1 with two owners' keys and the admin key, on 127.0.0.1 with the scope left to "auto" (an app behind
+    nginx): the keys alone make voices private."""
+    sets = {"server.api_keys": '"alice:ka,bob:kb"', "server.admin_key": '"adm"', "voices.scope": '"auto"'}
     with _start(tiny_model_dir, tmp_path_factory, sets) as (base, _):
         yield base
 
@@ -364,6 +365,15 @@ def test_api_keys_keep_voices_apart_and_the_admin_sees_all(keyed):
     assert c.get(f"{server}/v1/voices/hare", headers=admin, params={"owner": "key:alice"}).status_code == 200
     assert c.delete(f"{server}/v1/voices/hare", headers=admin, params={"owner": "key:alice"}).json()["deleted"]
     assert c.get(f"{server}/v1/voices", headers=alice).json()["data"] == []
+    # /metrics for a key owner: vLLM's families name the model, not the exported folder; no versions, no engine
+    # arguments. The admin key sees them all. (Forwarded: a request from this machine itself is an admin's.)
+    away = {"X-Forwarded-For": "203.0.113.9"}
+    text = c.get(f"{server}/metrics", headers={**alice, **away}).text
+    assert 'model_name="tiny"' in text and "vllm:num_requests_running" in text, text[:500]
+    assert "/" not in "".join(line for line in text.splitlines() if "model_name=" in line)
+    assert "python_info" not in text and "cache_config_info" not in text
+    text = c.get(f"{server}/metrics", headers={**admin, **away}).text
+    assert "python_info" in text and "vllm:cache_config_info" in text
 
 
 def test_one_clients_flood_leaves_another_clients_request_admitted(server):
