@@ -23,9 +23,9 @@ class InprocEngine:
     to the loop (`call_soon_threadsafe`) into per-request queues. An exception in a step is a death:
     every open stream gets it, `errored` turns true and `output_handler` completes (as AsyncLLM's)."""
 
-    def __init__(self, engine_args: Any, loop: asyncio.AbstractEventLoop, *, priority: int = 0) -> None:
+    def __init__(self, engine_args: Any, loop: asyncio.AbstractEventLoop) -> None:
         """Blocks until the engine runs (call it in a worker thread); re-raises a failed start."""
-        self._args, self._loop, self._priority = engine_args, loop, priority
+        self._args, self._loop = engine_args, loop
         self._cv = threading.Condition()
         self._commands: list[tuple[Callable[[Any], Any], asyncio.Future | None]] = []  # run on the driver
         self._stop = False
@@ -170,25 +170,24 @@ class InprocEngine:
             self.output_handler = self._loop.create_future()
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
-        priority = self._priority
 
         def add(llm: Any) -> None:
             try:
-                llm.add_request(request_id, prompt, params, priority=priority)
+                llm.add_request(request_id, prompt, params)
             except Exception as e:  # the request's own error, raised in its stream
                 self._post(_put, q, e)
 
+        finished = False
         try:
             self._submit(add)
-            while True:
+            while not finished:
                 out = await q.get()
                 if isinstance(out, BaseException):
                     raise out
+                finished = out.finished  # the engine core already dropped it: nothing to abort
                 yield out
-                if out.finished:
-                    return
         finally:
-            if self._queues.pop(request_id, None) is not None and not self.errored:
+            if self._queues.pop(request_id, None) is not None and not finished and not self.errored:
                 with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to abort
                     self._submit(lambda llm: llm.abort_request([request_id]))
 
