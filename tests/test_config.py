@@ -30,3 +30,32 @@ def test_ras_settings_come_from_the_yaml_unless_overridden(parity_model_dir, tmp
     assert load_config(None, {"sampling.top_k": 3}).sampling.resolved(other).top_k == 3
     with pytest.raises(ConfigError):
         load_config(None, {"sampling.top_p": 1.5})
+
+
+def test_the_o_chunk_path_is_the_default_of_every_config():
+    """Both configs (and the CPU one) as shipped serve the paged incremental flow with its graphs and
+    HiFT's (graphs on CUDA only); the re-solve stays one override away; removed keys are refused."""
+    for path in (None, "configs/fast.toml", "configs/cpu.toml"):
+        e = load_config(path).engine
+        assert e.flow_incremental and e.flow_paged and e.flow_paged_graphs and e.hift_graphs, path
+    assert load_config(None, {"engine.flow_incremental": False}).engine.flow_incremental is False
+    with pytest.raises(ConfigError, match="first_chunk_priority"):
+        load_config(None, {"engine.first_chunk_priority": False})
+    for bad in ({"engine.flow_state_fraction": 1.0}, {"engine.flow_state_max_gib": -1}):
+        with pytest.raises(ConfigError):
+            load_config(None, bad)
+
+
+def test_state_pool_sizing():
+    """CUDA: the fraction of the memory free after warm-up, at least one 10 s stream (FLOOR_BLOCKS) while
+    HEADROOM_BYTES stay free, at most flow_state_max_gib; CPU: flow_state_gib."""
+    from app.engine.flow_budget import FLOOR_BLOCKS, HEADROOM_BYTES, pool_bytes
+
+    gib, block = 2**30, 229_376_000  # one fp32 block of CosyVoice2-0.5B (app/model/flow/paged.py)
+    kw = {"fraction": 0.7, "max_gib": 0.0, "cpu_gib": 4.0, "block_bytes": block}
+    assert pool_bytes(**kw, free_bytes=None) == 4 * gib
+    assert pool_bytes(**kw, free_bytes=110 * gib) == int(0.7 * 110 * gib)  # an H200 after warm-up
+    assert pool_bytes(**kw | {"max_gib": 32.0}, free_bytes=110 * gib) == 32 * gib
+    assert pool_bytes(**kw | {"fraction": 0.1}, free_bytes=8 * gib) == FLOOR_BLOCKS * block  # the floor
+    assert pool_bytes(**kw, free_bytes=4 * gib) == 4 * gib - HEADROOM_BYTES  # floor cut to leave the headroom
+    assert pool_bytes(**kw, free_bytes=gib // 2) == int(0.7 * gib // 2)  # nothing left: the fraction only

@@ -4,11 +4,9 @@ errors and cancellation."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 
 import pytest
-import torch
 
 from app.engine.t2w_scheduler import Token2WavScheduler
 
@@ -186,51 +184,3 @@ def test_first_chunks_and_streams_about_to_run_dry_go_first():
         return order
 
     assert asyncio.run(main()) == ["ran dry", "first chunk, older", "first chunk, new", "0.2 s left", "buffered 7 s"]
-
-
-def test_a_call_with_a_first_chunk_runs_on_its_workers_high_priority_stream(monkeypatch):
-    """`first_priority`: a flow call carrying a first chunk (a job without a key) runs, with its finish, on the
-    worker's high-priority stream, ordered after and before the worker's own stream; later chunks stay on the
-    worker's stream. CUDA streams are stand-ins here (this machine has no GPU); the selection and the
-    ordering are what is checked."""
-    from app.engine import t2w_scheduler as mod
-
-    class FakeStream:
-        def __init__(self, name: str) -> None:
-            self.name, self.waited_on = name, []
-
-        def wait_stream(self, other: FakeStream) -> None:
-            self.waited_on.append(other.name)
-
-    base, hi, current = FakeStream("worker"), FakeStream("high"), []
-    monkeypatch.setattr(mod.torch.cuda, "current_stream", lambda device=None: current[-1] if current else base)
-
-    @contextlib.contextmanager
-    def on(stream):
-        current.append(stream)
-        try:
-            yield
-        finally:
-            current.pop()
-
-    monkeypatch.setattr(mod.torch.cuda, "stream", on)
-
-    class Item:
-        batch_key = 0
-
-    seen: list[tuple[str, str]] = []
-
-    def flow_fn(items):
-        return [torch.zeros(1) for _ in items]
-
-    async def main() -> None:
-        s = Token2WavScheduler(1, flow_fn=flow_fn)
-        s.first_streams = [hi]  # as CUDA with first_priority=True would make them
-        for key, label in ((None, "first"), (0, "later")):
-            await s.run_flow(Item(), lambda out, flow_s, label=label: seen.append(
-                (label, torch.cuda.current_stream().name)), deadline=0, key=key)
-        s.shutdown()
-
-    asyncio.run(main())
-    assert seen == [("first", "high"), ("later", "worker")]
-    assert hi.waited_on == ["worker"] and base.waited_on == ["high"]  # ordered both ways, once

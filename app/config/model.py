@@ -104,20 +104,21 @@ class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
-    first_chunk_priority: bool = False  # CUDA, workers > 1: calls with a first chunk on a high-priority stream
     flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
-    flow_incremental: bool = False  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
-    flow_state_gib: float = 16.0  # all streams' incremental flow states; a stream over it re-solves instead
+    flow_incremental: bool = True  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
+    flow_state_fraction: float = 0.7  # CUDA: the state pool's share of the device memory free after warm-up
+    flow_state_max_gib: float = 0.0  # CUDA: the pool at most this (0 = no cap; a small card's Space sets it)
+    flow_state_gib: float = 4.0  # no device memory to measure (CPU): the pool's size (untouched pages cost nothing)
     flow_paged: bool = True  # incremental states in one block pool of flow_state_gib (app/model/flow/paged.py)
-    flow_paged_graphs: bool = False  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
+    flow_paged_graphs: bool = True  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
     flow_paged_graph_rows: int = 16  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
-    hift_graphs: bool = False  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
+    hift_graphs: bool = True  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
     hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)
     hift_graph_frames: tuple[int, ...] = ()  # exact mel lengths to capture; () = the streaming schedule's
     hift_max_graphs: int = 160  # graphs per token->wave worker at most (buckets past it run eagerly)
@@ -127,8 +128,10 @@ class EngineConfig:
         object.__setattr__(self, "hift_graph_frames", tuple(self.hift_graph_frames))  # TOML gives a list
         if any(not isinstance(f, int) or f < 1 for f in self.hift_graph_frames):
             raise ConfigError("engine.hift_graph_frames must be positive integers (mel frames)")
-        if min(self.flow_state_gib, self.prompt_cache_gib) < 0:
-            raise ConfigError("engine.flow_state_gib and engine.prompt_cache_gib must be >= 0")
+        if min(self.flow_state_gib, self.flow_state_max_gib, self.prompt_cache_gib) < 0:
+            raise ConfigError("engine.flow_state_gib, flow_state_max_gib and prompt_cache_gib must be >= 0")
+        if not 0.0 <= self.flow_state_fraction < 1.0:
+            raise ConfigError(f"engine.flow_state_fraction must be in [0, 1), got {self.flow_state_fraction}")
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if self.gpu_sharing not in _GPU_SHARING:

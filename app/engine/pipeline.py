@@ -8,6 +8,7 @@ earliest deadline first), so the event loop stays free and requests interleave c
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from app.config import Config
-from app.engine.flow_budget import FlowBudget
+from app.engine.flow_budget import FlowBudget, pool_bytes
 from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
@@ -25,13 +26,16 @@ from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, VoicePrefix, bytes_after
-from app.model.flow.paged import PoolFull, blocks_needed
-from app.model.flow.paged_graphs import make_pool
+from app.model.flow.paged import KVPool, PoolFull, block_bytes, blocks_needed
+from app.model.flow.paged_graphs import PagedGraphs, make_pool
 from app.model.flow.prompt_cache import PromptCache
+from app.model.flow.work import FlowWork
 from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
+
+log = logging.getLogger(__name__)
 
 
 class EmptyTextError(ValueError):
@@ -47,44 +51,76 @@ class Synthesizer:
         s, e, fd = cfg.streaming, cfg.engine, model.hparams.flow
         # every request's Token2WavStream: the user's schedule, the engine's incremental switch, and the
         # flow's chunk size and look-ahead (tokens) from the checkpoint's yaml
-        self.streaming, self.incremental = s, e.flow_incremental
+        self.streaming, self.incremental = s, False  # True once the state pool is sized
         self.chunk_tokens, self.pre_lookahead = fd.encoder.static_chunk_size, fd.pre_lookahead_len
-        # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states
-        cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
-        # paged: one block pool of flow_state_gib (a full pool refuses hops: the re-solve takes over)
-        self.flow_pool, self.paged_graphs = make_pool(
-            model.flow, int(e.flow_state_gib * 2**30), graphs=e.flow_paged_graphs and cuda,
-            max_rows=e.flow_paged_graph_rows, max_blocks=e.flow_paged_graph_blocks) \
-            if e.flow_incremental and e.flow_paged else (None, None)
-        self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool) \
-            if e.flow_incremental else None
-        self.flow_budget = FlowBudget(int(e.flow_state_gib * 2**30))
+        # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states.
+        # Its pool is sized from the memory left once everything else is up: on CUDA at warm-up
+        # (`capture_graphs`, after the HiFT graphs; until then streams re-solve), on the CPU now (a GiB key)
+        self.cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
+        self.flow_pool: KVPool | None = None
+        self.paged_graphs: PagedGraphs | None = None
+        self.prompt_cache: PromptCache | None = None
+        self.flow_budget = FlowBudget(0)
+        self.state_sizing = ""  # how the pool was sized (facts)
+        self.resolved_streams = 0  # segments that found no room for their state and re-solved (/metrics)
+        if e.flow_incremental and not self.cuda:
+            self._start_incremental()
         # CUDA graphs of the flow estimator's ODE solve; batched HiFT after each flow call (graphs of its step)
         self.flow_graphs = EstimatorGraphs(model.flow.decoder["estimator"], bucket_frames=e.flow_graph_bucket_frames,
-                                           max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and cuda else None
-        self.hift_graphs = HiftGraphs() if e.hift_graphs and cuda else None  # captured by `capture_graphs`
+                                           max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and self.cuda else None
+        self.hift_graphs = HiftGraphs() if e.hift_graphs and self.cuda else None  # captured by `capture_graphs`
+        self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
         finish_batch = self._vocode_chunks if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=partial(flow_batch, model.flow, graphs=self.flow_graphs,
-                                                       paged_graphs=self.paged_graphs),
-                                       finish_batch=finish_batch, first_priority=e.first_chunk_priority)
+                                       flow_fn=self._flow_batch, finish_batch=finish_batch)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
         # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
         return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
 
+    def _flow_batch(self, items: list) -> list:
+        # the scheduler's flow_fn: one flow call for its jobs (the paged graphs read once the pool exists)
+        return flow_batch(self.model.flow, items, graphs=self.flow_graphs, paged_graphs=self.paged_graphs,
+                          work=self.flow_work)
+
     def capture_graphs(self) -> None:
         """Warm-up only (before the first request): capture the HiFT graphs of every (rows, frames) bucket for
-        every token->wave worker; the set is then frozen, nothing is captured while serving (a capture broke
-        other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing."""
-        if self.hift_graphs is None or self.hift_graphs.frozen:
-            return
+        every token->wave worker, then (CUDA, engine.flow_incremental) size the flow state pool from the memory
+        left and capture its paged graphs; the sets are then frozen, nothing is captured while serving (a
+        capture broke other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing."""
         e = self.cfg.engine
-        frames = e.hift_graph_frames or schedule_frames(
-            self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
-        self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
-                                 max_graphs=e.hift_max_graphs)
+        if self.hift_graphs is not None and not self.hift_graphs.frozen:
+            frames = e.hift_graph_frames or schedule_frames(
+                self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
+            self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
+                                     max_graphs=e.hift_max_graphs)
+        if e.flow_incremental and self.cuda and not self.incremental:
+            self._start_incremental()
+
+    def _start_incremental(self) -> None:
+        """The state pool (and its graphs on CUDA), the prompt cache and the budget; streams then run the
+        incremental path. Sized by `pool_bytes`: CUDA from the device memory free now, the CPU from a GiB key."""
+        e, flow = self.cfg.engine, self.model.flow
+        free = None
+        if self.cuda:  # what the model, vLLM's engine and the HiFT graphs left (our cache's spare blocks too)
+            torch.cuda.synchronize(self.model.device)
+            torch.cuda.empty_cache()
+            free = torch.cuda.mem_get_info(self.model.device)[0]
+        n = pool_bytes(fraction=e.flow_state_fraction, max_gib=e.flow_state_max_gib, cpu_gib=e.flow_state_gib,
+                       block_bytes=block_bytes(flow), free_bytes=free)
+        self.state_sizing = (f"{e.flow_state_fraction} of {free / 2**30:.1f} GiB free after warm-up"
+                             + (f", at most {e.flow_state_max_gib} GiB" if e.flow_state_max_gib > 0 else "")
+                             if free is not None else f"flow_state_gib {e.flow_state_gib}")
+        if e.flow_paged:  # one block pool (a full pool refuses hops: the re-solve takes over)
+            self.flow_pool, self.paged_graphs = make_pool(
+                flow, n, graphs=e.flow_paged_graphs and self.cuda, max_rows=e.flow_paged_graph_rows,
+                max_blocks=e.flow_paged_graph_blocks)
+        self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool)
+        self.flow_budget = FlowBudget(n)
+        self.incremental = True
+        log.info("flow state: %s, %.2f GiB (%s)", "paged pool" if self.flow_pool is not None else "buffers",
+                 n / 2**30, self.state_sizing)
 
     def lm_request(self, req: SynthesisRequest, segment: str, index: int,
                    voice: VoiceFeatures | None = None) -> LMRequest:
@@ -120,6 +156,7 @@ class Synthesizer:
             # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
             incremental = False
             seg.resolve = True
+            self.resolved_streams += 1
             t2w.drop_flow_state()
         # incremental: the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
         item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)), tokens[:, : plan.n_tokens],
@@ -129,6 +166,7 @@ class Synthesizer:
                                             on_worker=u.pin)
         except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
             seg.resolve = True
+            self.resolved_streams += 1
             t2w.drop_flow_state()
             return await self._t2w.run_flow(t2w.flow_item(tokens, plan), ChunkFinish(u, plan),
                                             deadline=u.deadline(), key=u.worker, on_worker=u.pin)
@@ -237,11 +275,19 @@ class Synthesizer:
                 finally:  # idempotent; also when the scheduler is closed
                     t2w.drop_flow_state()
 
+    @property
+    def flow_path(self) -> str:
+        """Which flow path streaming hops take: "paged incremental" (the O(chunk) path; a stream that finds its
+        pool full re-solves), "incremental" (unpaged buffers), "re-solve" (off, or on CUDA before warm-up)."""
+        if not self.incremental:
+            return "re-solve"
+        return "paged incremental" if self.flow_pool is not None else "incremental"
+
     def facts(self) -> dict[str, Any]:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
         e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
-                                 "first_chunk_priority": any(s is not None for s in self._t2w.first_streams),
+                                 "flow_path": self.flow_path, "flow_work": self.flow_work.snapshot(),
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
         if self.hift_graphs is not None:  # engine.hift_graphs on a GPU
@@ -249,8 +295,9 @@ class Synthesizer:
                                                                    "frozen": self.hift_graphs.frozen}
         if cache is not None:  # engine.flow_incremental on
             prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
-            facts["flow_incremental"] = {"prompt_cache": prompt,
-                                         "state_bytes": budget.held_bytes, "refused_streams": budget.refused}
+            facts["flow_incremental"] = {"prompt_cache": prompt, "state_bytes": budget.held_bytes,
+                                         "state_max_bytes": budget.max_bytes, "sized": self.state_sizing,
+                                         "refused_streams": budget.refused, "resolved_streams": self.resolved_streams}
             if self.flow_pool is not None:
                 pool = self.flow_pool
                 facts["flow_incremental"] |= {

@@ -13,10 +13,6 @@ Batching (`run_flow`, `max_batch` > 1): a worker takes with a flow job up to `ma
 jobs of the same `batch_key`, runs one `flow_fn` call for all, then each job's `finish` in deadline
 order, or all together through `finish_batch(finishes, outs, flow_s)`, which yields (job index,
 result, error) as each is ready (the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
-
-`first_priority` (CUDA, several workers): a flow call that carries a first chunk, and its finish, run on
-a high-priority CUDA stream of its worker, so the GPU schedules its kernels ahead of the other workers'
-calls in this process (not ahead of vLLM's process: separate contexts are time-sliced).
 """
 
 from __future__ import annotations
@@ -55,7 +51,6 @@ class _Job:
     fut: asyncio.Future = field(compare=False)
     loop: asyncio.AbstractEventLoop = field(compare=False)
     on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
-    first: bool = field(compare=False, default=False)  # a request's first chunk (it came without a key)
 
 
 class Token2WavScheduler:
@@ -64,7 +59,7 @@ class Token2WavScheduler:
     def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu", *,
                  flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1,
                  finish_batch: Callable[[list[Any], list[Any], float], Iterator[tuple[int, Any, BaseException | None]]]
-                 | None = None, first_priority: bool = False) -> None:
+                 | None = None) -> None:
         if n_workers < 1 or max_batch < 1:
             raise ValueError("n_workers and max_batch must be >= 1")
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
@@ -75,9 +70,6 @@ class Token2WavScheduler:
         use_cuda = self.device.type == "cuda"
         self.streams = [torch.cuda.Stream(self.device) if use_cuda and n_workers > 1 else None
                         for _ in range(n_workers)]
-        # the most urgent stream priority CUDA has (a low number maps to the highest it allows)
-        self.first_streams = [torch.cuda.Stream(self.device, priority=-100) if s is not None and first_priority
-                              else None for s in self.streams]
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._shared: list[_Job] = []  # jobs without a key: any worker
         self._cv = threading.Condition()
@@ -99,7 +91,7 @@ class Token2WavScheduler:
                 for t in self._threads:
                     t.start()
             heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker, key is None))
+                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker))
             self._cv.notify_all()
         return await fut
 
@@ -160,28 +152,7 @@ class Token2WavScheduler:
                 if jobs[0].item is None:
                     self._call(jobs[0], jobs[0].fn)
                     continue
-                with self._stream_for(w, jobs):
-                    self._flow_call(jobs)
-
-    @contextlib.contextmanager
-    def _stream_for(self, w: int, jobs: list[_Job]) -> Iterator[None]:
-        """Worker `w`'s high-priority stream while a call with a first chunk runs, else its own stream.
-
-        Ordered both ways against the worker's stream. A tensor made on the high one and used later on the
-        worker's stream (a request's HiFT cache) is safe to free there: every call ends by synchronizing
-        (the flow's GPU time, the audio's copy to the host), and only this thread allocates on these streams.
-        """
-        hi = self.first_streams[w]
-        if hi is None or not any(j.first for j in jobs):
-            yield
-            return
-        base = torch.cuda.current_stream(self.device)
-        hi.wait_stream(base)
-        try:
-            with torch.cuda.stream(hi):
-                yield
-        finally:
-            base.wait_stream(hi)
+                self._flow_call(jobs)
 
     def _flow_call(self, jobs: list[_Job]) -> None:
         """One flow call for `jobs`, then their finishes (one by one, or together through finish_batch)."""

@@ -111,7 +111,7 @@ class IncrementalItem:
 
 @torch.inference_mode()
 def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None,
-               paged_graphs=None) -> list[Tensor | ValueError]:
+               paged_graphs=None, work=None) -> list[Tensor | ValueError]:
     """New mel frames [1, 80, T_i] (float32) for each item, computed in one batched flow call.
 
     Rows are right-padded to the longest (prompt + tokens); every mask in the encoder and the
@@ -122,18 +122,23 @@ def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None,
     `IncrementalItem`s (all of them, or none) run `incremental_batch` (app/model/flow/batch.py, eager):
     an item whose call is refused gets its ValueError as its output, the others still run
     (`paged_graphs`: the pooled states' captured solves, app/model/flow/paged_graphs.py).
+    `work`: a `FlowWork` (app/model/flow/work.py) told each solve's computed shape.
     """
     if isinstance(items[0], IncrementalItem):
         if not all(isinstance(it, IncrementalItem) for it in items):
             raise ValueError("flow_batch cannot mix incremental hops and re-solve calls")
         return incremental_batch(flow, [it.state() for it in items], [it.tokens for it in items],
                                  finalize=[it.finalize for it in items],
-                                 token_offsets=[it.token_offset for it in items], graphs=paged_graphs)
+                                 token_offsets=[it.token_offset for it in items], graphs=paged_graphs, work=work)
     device = items[0].prompt.tokens.device  # the flow's (FlowPrompt lives there); tokens may come from the CPU
     if len(items) == 1:
         it = items[0]
         mel = flow.inference(it.tokens.to(device), it.prompt.tokens, it.prompt.mel, it.prompt.embedding,
                              streaming=it.streaming, finalize=it.finalize, graphs=graphs)
+        if work is not None:  # the prompt's frames and the new ones, one row (dense attention over them)
+            T = it.prompt.mel.shape[1] + mel.shape[2]
+            T_pad = graphs.padded_length(T) if graphs is not None else T
+            work.add(1, T_pad, T_pad, T)
         return [mel[:, :, it.token_offset * MEL_FRAMES_PER_TOKEN:].float()]
     if len({it.batch_key for it in items}) != 1:
         raise ValueError("flow_batch needs items with the same (streaming, finalize)")
@@ -155,6 +160,9 @@ def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None,
         n_prompt.append(n)
     mask = (torch.arange(T, device=device)[None] < frames[:, None]).to(mu.dtype)[:, None]  # [B, 1, T]
     x = flow.solve(mu, mask, spks, cond, streaming, graphs)
+    if work is not None:  # rows padded to the graphs' row bucket, frames to the longest row (and the bucket)
+        B, T_pad = len(items), graphs.padded_length(T) if graphs is not None else T
+        work.add(graphs.padded_rows(B) if graphs is not None else B, T_pad, T_pad, int(frames.sum()))
     return [x[i:i + 1, :, n_prompt[i] + it.token_offset * MEL_FRAMES_PER_TOKEN:int(frames[i])].float()
             for i, it in enumerate(items)]
 

@@ -144,13 +144,15 @@ def solve_batch(flow: CausalFlow, calls: list[StageCall], mus: list[Tensor], spk
 
 @torch.inference_mode()
 def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor], *,
-                      finalize: list[bool], token_offsets: list[int], graphs=None) -> list[Tensor | ValueError]:
+                      finalize: list[bool], token_offsets: list[int], graphs=None,
+                      work=None) -> list[Tensor | ValueError]:
     """`incremental_inference` of B streams (one call each, distinct states), the estimator batched.
 
     tokens[i]: [1, N_i] stream i's generated prefix; finalize/token_offsets: per stream. Returns per
     stream its fp32 mel [1, 80, T_i], or the ValueError that refused its call (its state unchanged;
     the other streams still run; `PoolFull` when a pooled state found no free blocks). Pooled states
     (app/model/flow/paged.py) solve together over the pool (`graphs`: a `PagedGraphs` to replay).
+    `work`: a `FlowWork` (app/model/flow/work.py) told each solve's shape.
     """
     assert len({id(s) for s in states}) == len(states), "one call per stream state"
     out: list[Tensor | ValueError] = []
@@ -164,10 +166,14 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
     if not hops:
         return out
     all_hops = list(hops)
+    if work is not None and any(not h.state.paged for h in hops):  # unpaged: rows x the longest, its keys
+        own = [h.est_call for h in hops if not h.state.paged]
+        work.add(len(own), max(c.end - c.start for c in own), max(c.end for c in own),
+                 sum(c.end - c.start for c in own))
     paged = [h for h in hops if h.state.paged]
     if paged:  # over the pool: one static-shape solve (replayed when a captured bucket fits)
         mels = solve_calls(flow, [h.est_call for h in paged], [h.mu for h in paged],
-                           [h.state.spks for h in paged], [h.cond for h in paged], graphs)
+                           [h.state.spks for h in paged], [h.cond for h in paged], graphs, work)
         done = {id(h): m for h, m in zip(paged, mels, strict=True)}
         hops = [h for h in hops if not h.state.paged]
         mels = solve_batch(flow, [h.est_call for h in hops], [h.mu for h in hops],

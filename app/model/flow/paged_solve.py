@@ -180,16 +180,23 @@ def paged_solve(flow: CausalFlow, pool: KVPool, inp: PagedInputs) -> Tensor:
 
 
 def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], spks: list[Tensor],
-                conds: list[Tensor], graphs=None) -> list[Tensor]:
+                conds: list[Tensor], graphs=None, work=None) -> list[Tensor]:
     """`incremental._solve_new` for B paged streams in one call: mus, conds [1, 80, n_i], spks [1, 80]
     -> fp32 [1, 80, n_i] each. `graphs`: a `PagedGraphs` (app/model/flow/paged_graphs.py) replays a
-    captured bucket when one fits, else this runs eagerly at the tight shape."""
+    captured bucket when one fits, else this runs eagerly at the tight shape. `work`: a `FlowWork`
+    (app/model/flow/work.py) told the shape computed."""
     pool = calls[0].state.pool
+    needed = sum(c.end - c.start for c in calls)
     if graphs is not None:
         x = graphs.run(calls, mus, conds, spks)
         if x is not None:
+            if work is not None:  # the bucket's rows x new frames, over its key blocks
+                work.add(x.shape[0], x.shape[2], graphs.bucket(calls)[2] * pool.block_frames, needed)
             return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
-    x = paged_solve(flow, pool, make_inputs(pool, calls, mus, conds, spks))
+    inp = make_inputs(pool, calls, mus, conds, spks)
+    if work is not None:
+        work.add(len(calls), inp.n_frames, inp.n_blocks * pool.block_frames, needed)
+    x = paged_solve(flow, pool, inp)
     return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
 
 
