@@ -243,3 +243,38 @@ def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
     assert all(pool.refcount(x) == 0 for x in blocks)
     cache.clear()
     assert pool.used_blocks == 0
+
+
+def test_flow_work_counts_the_shapes_computed(flow, prompt, tokens):
+    """`FlowWork` (the bench's achieved TFLOP/s and padding waste): per frame 2 FLOPs per per-frame
+    weight (CosyVoice2-0.5B: 132.2 MFLOP, the research's count) and 4 x 512 x 56 per visible key; two
+    streams' first paged hops in one eager call count rows x the longer one's frames over its key
+    blocks, the frames needed apart; a one-row re-solve computes only what it needs."""
+    from app.model.flow.estimator import CausalConditionalDecoder
+    from app.model.flow.work import FlowWork, flop_rates
+    from app.model.hparams import EstimatorDims
+
+    full = EstimatorDims(in_channels=320, out_channels=80, channels=(256,), attention_head_dim=64, n_blocks=4,
+                         num_mid_blocks=12, num_heads=8, static_chunk_size=50, num_decoding_left_chunks=-1)
+    with torch.device("meta"):
+        assert flop_rates(CausalConditionalDecoder(full)) == (132_161_536.0, 114_688.0)
+    chunk, block = flow.dims.encoder.static_chunk_size, flow.dims.estimator.static_chunk_size
+    work, ref = FlowWork.of(flow), FlowWork.of(flow)
+    lin, att = work.linear_flop, work.attention_flop
+    pool = KVPool(flow, n_blocks=32)
+    jobs = [(prompt, tokens, StreamingConfig()),
+            (other_voice(prompt), tokens.flip(1), unaligned_streaming(prompt, chunk))]
+    streams = [Token2WavStream(flow, None, p, o, stream=True, incremental=True, flow_pool=pool) for p, _, o in jobs]
+    plans = [s.next_plan(t.shape[1], lm_finished=True) for s, (_, t, _) in zip(streams, jobs, strict=True)]
+    items = [IncrementalItem(lambda s=s: s.flow_state, t[:, : p.n_tokens], p.finalize, p.token_offset)
+             for s, (_, t, _), p in zip(streams, jobs, plans, strict=True)]
+    outs = flow_batch(flow, items, work=work)
+    n = [p.mel.shape[1] + o.shape[2] for (p, _, _), o in zip(jobs, outs, strict=True)]  # from frame 0: the prompt's too
+    N, keys = max(n), -(-max(n) // block) * block
+    assert (work.calls, work.frames_computed, work.frames_needed) == (1, 2 * N, sum(n))
+    assert work.flop == pytest.approx(2 * flow.dims.n_timesteps * 2 * N * (lin + keys * att))
+    flow_batch(flow, [streams[0].flow_item(tokens, plans[0])], work=ref)
+    assert ref.frames_needed == ref.frames_computed == n[0] and ref.snapshot()["tflop"] > 0
+    for s in streams:
+        s.drop_flow_state()
+    assert pool.used_blocks == 0
