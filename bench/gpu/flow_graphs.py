@@ -10,6 +10,7 @@ shapes). Prints each row as JSON and writes the report. `--evals-only` also runs
 
     python3 -m bench.gpu.flow_graphs out/flow_graphs.json                        # fp32 (the default config)
     python3 -m bench.gpu.flow_graphs out/flow_graphs_fp16.json --dtype float16   # configs/fast.toml's flow
+    python3 -m bench.gpu.flow_graphs out/flow_graphs.json --no-compile            # eager and graphs only
     python3 -m bench.gpu.flow_graphs out/est_cpu.json --device cpu --size tiny --evals-only --reps 5
 """
 
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--evals-only", action="store_true", help="only the per-evaluation rows (CPU too)")
     ap.add_argument("--shapes", default="AB", help="which EVALS shapes to run (A, B or AB)")
+    ap.add_argument("--no-compile", action="store_true", help="solves eager and graphed only (no inductor rows)")
     args = ap.parse_args()
     if os.environ.get("FLOW_TF32") == "1":  # what TF32 matmuls would give (not a project setting)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -51,8 +53,10 @@ def main() -> None:
     if args.evals_only:
         write(args, device, None, graphs, None, [], evals)
         return
-    fused_estimator = torch.compile(estimator, dynamic=True, fullgraph=True)  # compiled at its first call
-    compiled = EstimatorGraphs(fused_estimator, bucket_frames=64, max_graphs=256)
+    compiled = None
+    if not args.no_compile:
+        fused_estimator = torch.compile(estimator, dynamic=True, fullgraph=True)  # compiled at its first call
+        compiled = EstimatorGraphs(fused_estimator, bucket_frames=64, max_graphs=256)
     gen = torch.Generator().manual_seed(0)
     rows, compile_s = [], None
     for streams, frames, streaming in SOLVES:
@@ -64,22 +68,24 @@ def main() -> None:
             return flow.solve(mu, mask, spks, cond, streaming, g)
 
         eager = solve()
-        t0 = time.perf_counter()
-        first = solve(compiled)  # the first call compiles (once) and captures this bucket's graph
-        first_s = time.perf_counter() - t0
-        compile_s = first_s if compile_s is None else compile_s
-        graphed, fused = solve(graphs), solve(compiled)
+        graphed = solve(graphs)
         row = {"streams": streams, "frames": frames, "streaming": streaming,
                "eager_ms": round(timed(solve, args.reps, device), 2),
                "graph_ms": round(timed(lambda: solve(graphs), args.reps, device), 2),
-               "compiled_graph_ms": round(timed(lambda: solve(compiled), args.reps, device), 2),
-               "first_compiled_call_s": round(first_s, 2),
                "graph_max_abs_diff": float((graphed - eager).abs().max()),
-               "compiled_max_abs_diff": float((fused - eager).abs().max()),
-               "compiled_replay_equal": bool(torch.equal(first, fused)),
                "rms_ref": float(eager.pow(2).mean().sqrt()),
-               "kernels_eager": kernels(solve, device), "kernels_graph": kernels(lambda: solve(graphs), device),
-               "kernels_compiled_graph": kernels(lambda: solve(compiled), device)}
+               "kernels_eager": kernels(solve, device), "kernels_graph": kernels(lambda: solve(graphs), device)}
+        if compiled is not None:
+            t0 = time.perf_counter()
+            first = solve(compiled)  # the first call compiles (once) and captures this bucket's graph
+            first_s = time.perf_counter() - t0
+            compile_s = first_s if compile_s is None else compile_s
+            fused = solve(compiled)
+            row |= {"compiled_graph_ms": round(timed(lambda: solve(compiled), args.reps, device), 2),
+                    "first_compiled_call_s": round(first_s, 2),
+                    "compiled_max_abs_diff": float((fused - eager).abs().max()),
+                    "compiled_replay_equal": bool(torch.equal(first, fused)),
+                    "kernels_compiled_graph": kernels(lambda: solve(compiled), device)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         write(args, device, compile_s, graphs, compiled, rows, evals)  # after every row: a time limit keeps what ran

@@ -43,11 +43,6 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
 
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        # x: [B, C, n] new frames; the kernel_size-1 frames before them come from `cache` (a
-        # `StageCall`, app/model/flow/cache.py) instead of zeros
-        return super().forward(cache.left_context(x, self.kernel_size[0] - 1))
-
 
 class _Transpose(nn.Module):
     """[B, C, T] <-> [B, T, C]; a placeholder that keeps the official `block.{0,2}` indices."""
@@ -67,14 +62,6 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.block(x * mask) * mask
 
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        # every new frame is valid (mask 1): the masking is the identity
-        conv, *rest = self.block
-        x = conv.forward_cached(x, cache)
-        for layer in rest:
-            x = layer(x)
-        return x
-
 
 class CausalResnetBlock1D(nn.Module):
     def __init__(self, dim: int, dim_out: int, time_dim: int):
@@ -88,10 +75,6 @@ class CausalResnetBlock1D(nn.Module):
         # x: [B, dim, T]; mask: [B, 1, T]; t_emb: [B, time_dim]
         h = self.block1(x, mask) + self.mlp(t_emb).unsqueeze(-1)
         return self.block2(h, mask) + self.res_conv(x * mask)
-
-    def forward_cached(self, x: torch.Tensor, t_emb: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        h = self.block1.forward_cached(x, cache) + self.mlp(t_emb).unsqueeze(-1)
-        return self.block2.forward_cached(h, cache) + self.res_conv(x)
 
 
 class SelfAttention(nn.Module):
@@ -113,15 +96,6 @@ class SelfAttention(nn.Module):
                    for lin in (self.to_q, self.to_k, self.to_v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # [B, H, T, d_head]
         return self.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
-
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        # x: [B, n, dim] new frames; keys/values of the earlier frames come from `cache`
-        B, n, _ = x.shape
-        q, k, v = (lin(x).view(B, n, self.n_heads, self.d_head).transpose(1, 2)
-                   for lin in (self.to_q, self.to_k, self.to_v))
-        k, v = cache.keys_values(k, v)  # [B, H, end, d_head]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.bias(B, x.dtype))  # [B, H, n, d_head]
-        return self.to_out[0](out.transpose(1, 2).reshape(B, n, -1))
 
 
 class _GeluProj(nn.Module):
@@ -154,10 +128,6 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         x = x + self.attn1(self.norm1(x), bias)
-        return x + self.ff(self.norm3(x))
-
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        x = x + self.attn1.forward_cached(self.norm1(x), cache)
         return x + self.ff(self.norm3(x))
 
 
@@ -204,6 +174,8 @@ class CausalConditionalDecoder(nn.Module):
     def fused(self) -> _Fused:
         """The derived weights of `forward`, rebuilt after a load, a move or a dtype change (hooks
         below) or when a sentinel parameter changed; after other in-place edits call `unfuse()`."""
+        if self._fused is not None and torch.compiler.is_compiling():
+            return self._fused  # traced: built by an eager call before (the ids and versions are host state)
         first, last = self.time_mlp.linear_1.weight, self.final_proj.weight
         key = tuple((id(p), -1 if p.is_inference() else p._version, p.data_ptr(), p.dtype, p.device)
                     for p in (first, last))  # (inference tensors keep no version counter)
@@ -222,6 +194,18 @@ class CausalConditionalDecoder(nn.Module):
         self._fused = None
         super()._load_from_state_dict(*args, **kwargs)
 
+    def _inputs(self, fz: _Fused, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> every resnet's time term [B or 1, n_res, 1, C] and the input [B, T, 320] channels-last."""
+        if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) == 0:
+            t = t[:1]  # one time for all rows (the solver's t.expand): its MLPs once, broadcast
+        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B or 1, 4C]
+        t_res = F.linear(F.mish(t_emb), fz.t_weight, fz.t_bias).unflatten(1, (-1, 1, fz.channels))
+        T = x.shape[2]
+        h = torch.cat([x.transpose(1, 2), mu.transpose(1, 2), spks[:, None, :].expand(-1, T, -1),
+                       cond.transpose(1, 2)], dim=2)
+        return t_res, h
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
                 spks: torch.Tensor, cond: torch.Tensor, *, streaming: bool) -> torch.Tensor:
         """One velocity evaluation.
@@ -236,13 +220,8 @@ class CausalConditionalDecoder(nn.Module):
         GEMM. Mask multiplies dropped only where exact: block1's output (block2 masks its input:
         (a·m + c)·m = (a + c)·m for m in {0, 1}) and final_proj's input (already × mask).
         """
-        fz, T = self.fused(), x.shape[2]
-        if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) == 0:
-            t = t[:1]  # one time for all rows (the solver's t.expand): its MLPs once, broadcast
-        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B or 1, 4C]
-        t_res = F.linear(F.mish(t_emb), fz.t_weight, fz.t_bias).unflatten(1, (-1, 1, fz.channels))
-        h = torch.cat([x.transpose(1, 2), mu.transpose(1, 2), spks[:, None, :].expand(-1, T, -1),
-                       cond.transpose(1, 2)], dim=2)  # [B, T, 320]
+        fz = self.fused()
+        t_res, h = self._inputs(fz, x, mu, t, spks, cond)
         m = mask.transpose(1, 2)  # [B, T, 1]
         chunk = self.dims.static_chunk_size if streaming else 0
         allowed = attention_mask(mask.bool(), chunk, self.dims.num_decoding_left_chunks)
@@ -272,27 +251,31 @@ class CausalConditionalDecoder(nn.Module):
 
         x, mu, cond: [B, 80, n], frames start..end-1 of `cache` (a `StageCall` at one Euler
         evaluation: the B rows' attention keys/values and conv left context of the earlier frames);
-        t: [B]; spks: [B, 80]. Returns the velocity of the new frames [B, 80, n].
+        t: [B]; spks: [B, 80]. Returns the velocity of the new frames [B, 80, n] (a view). The same
+        restructured computation as `forward`; the cache sees [B, C, n] conv inputs as before.
         """
-        t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B, 4C]
-        h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
+        fz = self.fused()
+        t_res, h = self._inputs(fz, x, mu, t, spks, cond)
+        qkv = iter(fz.qkv)
 
-        def transformer(h: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-            h = h.transpose(1, 2)  # [B, n, C]
+        def conv(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return _gemm3(cache.left_context(h.transpose(1, 2), 2).transpose(1, 2), w, b)
+
+        def stack(h: torch.Tensor, i: int, blocks: nn.ModuleList) -> torch.Tensor:
+            a, r = conv(h, *fz.block1[i]).split(fz.channels, dim=2)
+            n1, n2 = fz.norms[i]
+            h = _norm_mish(conv(_norm_mish(a, n1) + t_res[:, i], *fz.block2[i]), n2) + r
             for block in blocks:
-                h = block.forward_cached(h, cache)
-            return h.transpose(1, 2)
+                h = _block(block, next(qkv), h, None, cache)
+            return h
 
-        (resnet, blocks, conv), = self.down_blocks
-        h = transformer(resnet.forward_cached(h, t_emb, cache), blocks)
-        skip = h
-        h = conv.forward_cached(h, cache)
-        for resnet, blocks in self.mid_blocks:
-            h = transformer(resnet.forward_cached(h, t_emb, cache), blocks)
-        (resnet, blocks, conv), = self.up_blocks
-        h = transformer(resnet.forward_cached(torch.cat([h, skip], dim=1), t_emb, cache), blocks)
-        h = conv.forward_cached(h, cache)
-        return self.final_proj(self.final_block.forward_cached(h, cache))
+        skip = h = stack(h, 0, self.down_blocks[0][1])
+        h = conv(h, *fz.convs[0])
+        for i, (_, blocks) in enumerate(self.mid_blocks, 1):
+            h = stack(h, i, blocks)
+        h = stack(torch.cat([h, skip], dim=2), len(self.mid_blocks) + 1, self.up_blocks[0][1])
+        h = _norm_mish(conv(conv(h, *fz.convs[1]), *fz.convs[2]), self.final_block.block[2])
+        return F.linear(h, *fz.proj).transpose(1, 2)
 
 
 def _taps(w: torch.Tensor) -> torch.Tensor:
@@ -300,22 +283,30 @@ def _taps(w: torch.Tensor) -> torch.Tensor:
     return w.permute(0, 2, 1).reshape(w.shape[0], -1)
 
 
-def _conv3(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Causal k=3 conv channels-last: x [B, T, C] -> columns [x(t-2), x(t-1), x(t)] [B, T, 3C] -> GEMM."""
-    T = x.shape[1]
-    xp = F.pad(x, (0, 0, 2, 0))  # two zero frames before frame 0
+def _gemm3(xp: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """k=3 conv of xp [B, 2 + T, C] (2 frames of left context) -> [B, T, out]: the columns
+    [x(t-2), x(t-1), x(t)] [B, T, 3C] times the `_taps` weight, one GEMM."""
+    T = xp.shape[1] - 2
     return F.linear(torch.cat([xp[:, :T], xp[:, 1 : T + 1], xp[:, 2:]], dim=2), w, b)
+
+
+def _conv3(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Causal k=3 conv channels-last: x [B, T, C], zeros before frame 0."""
+    return _gemm3(F.pad(x, (0, 0, 2, 0)), w, b)
 
 
 def _norm_mish(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
     return F.mish(norm(x))  # eager LayerNorm and Mish (no fused approximations)
 
 
-def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """`TransformerBlock.forward` with q/k/v as one GEMM: x [B, T, C]."""
+def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
+           cache: StageCall | None = None) -> torch.Tensor:
+    """`TransformerBlock.forward` (or `forward_cached` with `cache`) with q/k/v as one GEMM: x [B, T, C]."""
     attn, (B, T, _) = block.attn1, x.shape
     qkv = F.linear(block.norm1(x), w_qkv).view(B, T, 3, attn.n_heads, attn.d_head)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, d_head]
+    if cache is not None:  # keys/values of the earlier frames: [B, H, end, d_head]
+        (k, v), bias = cache.keys_values(k, v), cache.bias(B, x.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     x = x + attn.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
     return x + block.ff(block.norm3(x))
