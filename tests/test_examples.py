@@ -1,8 +1,11 @@
-"""The page's examples keep playing on a server that runs for hours: after Gradio's cache cleanup has run
-(its age shortened to 2 s) and after a second instance on the same temp folder has shut down, each example
-loads its reference clip and plays, on a page opened before both and on one opened after.
+"""A public page as strangers meet it. Its examples keep playing on a server that runs for hours: after
+Gradio's cache cleanup has run (its age shortened to 2 s) and after a second instance on the same temp folder
+has shut down, each example loads its reference clip and plays, on a page opened before both and on one
+opened after. Its live panels show a visitor the public facts and their own requests only.
 
-One `python app.py` (tiny model, real vLLM CPU engine), a second one on the torch backend, real Chromium.
+One `python app.py` behind a stand-in proxy (127.0.0.1 trusted: each browser context sends its own
+X-Forwarded-For, as nginx or a Space's proxy would), tiny model, real vLLM CPU engine; a second instance on
+the torch backend; real Chromium.
 """
 
 from __future__ import annotations
@@ -32,12 +35,16 @@ def studio(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("playwright")
     pytest.importorskip("vllm")
     tmp = tmp_path_factory.mktemp("examples")
-    with run_studio(tiny_model_dir, tmp, {"ui.cache_cleanup_s": str(CLEANUP_S), "model.download": "false"}) as run:
+    sets = {"ui.cache_cleanup_s": str(CLEANUP_S), "model.download": "false", "server.trusted_proxies": '"127.0.0.1"'}
+    with run_studio(tiny_model_dir, tmp, sets) as run:
         yield run
 
 
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+def _open(browser, url: str, address: str = "198.51.100.1"):
+    """A new visitor's page (its own cookies), reaching the server as `address` through the proxy."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000},
+                                  extra_http_headers={"X-Forwarded-For": address})
+    page = context.new_page()
     page.goto(url)
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')", timeout=60_000)
     page.wait_for_function("() => window.studioPlayer && window.studioPlayer.mode !== null")
@@ -86,5 +93,34 @@ def test_examples_play_after_the_cache_cleanup_and_another_instances_shutdown(st
             after = _open(browser, url)  # and a page opened afterwards
             run = _play_example(after, rows[0][0], rows[0][1])
             assert run["state"] == "done" and run["samples"] > 0, run
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_a_visitors_panels_show_public_facts_and_their_own_requests(studio):
+    from playwright.sync_api import sync_playwright
+
+    url, tmp = studio
+    en = SPEC["texts"][0]["text"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            alice, bob = _open(browser, url, "198.51.100.2"), _open(browser, url, "198.51.100.3")
+            run = _play_example(alice, labels("en")["ex_en"], en)
+            assert run["state"] == "done", run
+            mine = alice.evaluate(f"() => {LAST}.requestId")[:8]
+            table = "() => document.querySelector('#latency_table')?.innerText || ''"
+            alice.wait_for_function(f"() => ({table})().includes('{mine}')", timeout=30_000)  # her own request
+            for page in (alice, bob):
+                page.locator("#engine_facts_box .label-wrap").click()
+                page.wait_for_function("() => document.querySelector('#engine_facts')?.innerText.includes('voices')",
+                                       timeout=30_000)
+                facts = page.locator("#engine_facts").inner_text()
+                assert "private" in facts and "tiny" in facts, facts  # the public facts
+                for secret in (str(tmp), "/tmp", "/root", "engine_args", "model_path", "VLLM_"):
+                    assert secret not in facts, (secret, facts)
+            bob.wait_for_timeout(3_000)  # a few panel ticks
+            assert mine not in bob.evaluate(table)  # not alice's requests
         finally:
             browser.close()
