@@ -85,9 +85,11 @@ async def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     n = max(8, n)
                 if args.warmup:
                     await closed_loop(target, texts, voice, c, c * args.warmup, counter)
+                before = flow_work(target)
                 async with watch.watch():
                     results, wall_s = await closed_loop(target, texts, voice, c, n, counter)
-                row = rep.summarize_level(voice, c, results, wall_s, dict(watch.peaks))
+                row = rep.summarize_level(voice, c, results, wall_s, dict(watch.peaks),
+                                          rep.flow_work_delta(before, flow_work(target), wall_s))
                 report["levels"].append(row)
                 print("BENCH", json.dumps({k: row[k] for k in rep.LEVEL_FIELDS}), flush=True)
                 if args.out:  # after every level: a run cut short by a time limit still leaves its levels
@@ -95,6 +97,13 @@ async def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     finally:
         await target.aclose()
     return report
+
+
+def flow_work(target) -> dict[str, float] | None:
+    """The engine's flow work totals now (in-process only: /health's facts over HTTP are the start's)."""
+    if target.mode != "in-process":
+        return None
+    return ((target.facts().get("facts") or {}).get("token2wav") or {}).get("flow_work")
 
 
 def write_outputs(report: dict[str, Any], out: str | None, png: str | None, plot: Callable) -> None:

@@ -30,7 +30,8 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 LEVEL_FIELDS = ("voice", "concurrency", "n", "errors", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_max_ms", "rtf_p50",
-                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "late_pct", "max_late_ms", "gpu_mem_gb", "rss_gb")
+                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "late_pct", "max_late_ms", "gpu_mem_gb", "rss_gb",
+                "first_wait_p50_ms", "flow_tflops", "padding_waste")  # the last three: what each lever moves
 
 
 @dataclass
@@ -111,9 +112,24 @@ def _r(x: float | None, nd: int = 1) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
+def flow_work_delta(before: dict[str, float] | None, after: dict[str, float] | None,
+                    wall_s: float) -> dict[str, Any]:
+    """The flow's work over one level from the engine's `flow_work` facts before and after it (in-process;
+    None over HTTP): `flow_tflops` the estimator FLOPs computed (dense attention, padding included, from
+    the model's dims: app/model/flow/work.py) per second of the level; `padding_waste` the frames padded
+    / the frames computed; `flow_calls` the flow calls; `flow_frames_per_call` rows x frames per call."""
+    if not before or not after:
+        return {"flow_tflops": None, "padding_waste": None, "flow_calls": None, "flow_frames_per_call": None}
+    d = {k: after[k] - before[k] for k in after}
+    computed, calls = d["frames_computed"], d["calls"]
+    return {"flow_tflops": float(f"{d['tflop'] / wall_s:.4g}") if wall_s > 0 else None,  # 4 digits: tiny on CPU
+            "padding_waste": _r(1 - d["frames_needed"] / computed, 3) if computed else None,
+            "flow_calls": calls, "flow_frames_per_call": _r(computed / calls, 1) if calls else None}
+
+
 def summarize_level(voice: str, concurrency: int, results: list[RequestResult], wall_s: float,
-                    mem: dict[str, float | None]) -> dict[str, Any]:
-    """The level's row (LEVEL_FIELDS first, then extras, then every request)."""
+                    mem: dict[str, float | None], work: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The level's row (LEVEL_FIELDS first, then extras, then every request); `work`: `flow_work_delta`'s."""
     ok = [r for r in results if r.ok]
     ttfa = [r.ttfa_ms for r in ok if r.ttfa_ms is not None]
     rtf = [r.rtf for r in ok if r.rtf is not None]
@@ -145,6 +161,7 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         # first audio = first_hop + first_wait + first_flow + first_hift + first_handoff (each p50, so ~)
         "first_wait_p50_ms": p50("first_wait_ms", 1), "first_hift_p50_ms": p50("first_hift_ms", 1),
         "first_handoff_p50_ms": p50("first_handoff_ms", 1),
+        **(work or flow_work_delta(None, None, wall_s)),
         "kv_cache_usage_peak": _r(mem.get("kv_cache_usage_peak"), 3),
         "gpu_total_gb": _r(mem.get("gpu_total_gb"), 1), "error_examples": sorted(set(errors))[:3],
         "flow_ms_per_frame_by_chunk": flow_by_chunk(ok),

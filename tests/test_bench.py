@@ -157,6 +157,10 @@ def test_sweep_in_process(tiny_model_dir, tmp_path):
     check_sweep(report, ["saved", "new"], [1, 2], 2)
     for lv in report["levels"]:
         assert lv["lm_p50_s"] > 0 and lv["flow_p50_s"] > 0 and lv["hift_p50_s"] > 0  # RequestStats stages
+        # the levers' effect (issue 37 item 6): the flow's achieved FLOP rate and padding, its calls, counted
+        # over this level only (the engine's flow_work facts before and after it)
+        assert lv["flow_tflops"] > 0 and 0 <= lv["padding_waste"] < 1 and lv["flow_calls"] > 0
+        assert lv["first_wait_p50_ms"] is not None
         for r in lv["requests"]:
             assert r["ttfa_ms"] >= r["server_ttfa_ms"] > 0  # the service's clock starts after the frontend
     assert png.read_bytes()[:8] == PNG_MAGIC
