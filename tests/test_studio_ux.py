@@ -1,6 +1,6 @@
-"""The studio as a demanding user meets it (issue 17): Stop, fresh results, visible errors, a quiet idle
-tab, a fast shutdown; `python app.py` (tiny model, the real vLLM CPU engine) in headless Debian Chromium
-and through real HTTP clients.
+"""The studio as a demanding user meets it (issue 17): Stop, fresh results, visible errors (a refused Save
+too), a quiet idle tab, a fast shutdown; `python app.py` (tiny model, the real vLLM CPU engine) in headless
+Debian Chromium and through real HTTP clients.
 
 One server and one page for the browser tests (in file order: each leaves the page as the next expects).
 Audio checks are exact: a take kept at Stop is the start of the PCM the server makes for the same
@@ -355,6 +355,53 @@ def test_page_defaults(studio, page):
     config = httpx.get(f"{studio[0]}/config", timeout=30).json()
     props = {c["props"].get("elem_id"): c["props"] for c in config["components"]}
     assert props["stage_plot"]["x_label_angle"] == props["latency_plot"]["x_label_angle"] != 0
+
+
+def badges_in(selector: str) -> str:
+    """JS: how many "Error" badges (Gradio's status tracker over a failed event's outputs) show in `selector`
+    (a tracker of an event with show_progress="hidden" is there, at opacity 0 and letting clicks through)."""
+    return (f"() => [...document.querySelectorAll('{selector} .error')].filter(e => /error/i.test(e.innerText) && "
+            "e.checkVisibility({opacityProperty: true, visibilityProperty: true})).length")
+
+
+def wait_for_toast(page, pattern: str) -> None:
+    page.wait_for_function(f"() => [...document.querySelectorAll('.toast-body')].some(t => /{pattern}/"
+                           f".test(t.textContent))", timeout=30_000)
+
+
+@pytest.mark.slow
+def test_a_refused_save_leaves_the_saved_voice_list_usable(page):
+    """A refused Save (a taken name without "Replace", no reference clip) says why in a pop-up and clears the
+    voice message; no "Error" badge covers the saved-voice dropdown, which still opens and picks."""
+    name = f"ux-taken-{secrets.token_hex(3)}"
+    page.get_by_text("Saved voices", exact=True).click()  # open the accordion
+    page.locator("#voice_name textarea").fill(name)
+    page.locator("#save_voice").click()
+    page.wait_for_function(f"() => (document.querySelector('#voice_msg')?.innerText || '')"
+                           f".includes('Saved voice {name}')", timeout=60_000)
+    page.wait_for_function(f"() => document.querySelector('#voice input').value === '{name}'", timeout=30_000)
+    for refuse, pop_up in ((lambda: None, "exists already"),  # the same name again, "Replace" not ticked
+                           (lambda: page.locator("#prompt_audio button[aria-label='Clear']").click(),
+                            "Upload or record the reference clip to save first")):
+        refuse()
+        page.locator("#save_voice").click()
+        wait_for_toast(page, pop_up)
+        page.wait_for_timeout(500)  # the failed event's statuses are drawn by now
+        assert page.evaluate(badges_in("#voice")) == 0 and page.evaluate(badges_in("#voice_msg")) == 0
+        page.wait_for_function("() => !(document.querySelector('#voice_msg')?.innerText || '').includes('Saved')",
+                               timeout=10_000)
+        # the dropdown opens and picks: "(none ...)", then the saved voice
+        for pick in ("(none: use the recording above)", name):
+            page.locator("#voice input").click(timeout=5000)
+            page.get_by_role("option", name=pick).click(timeout=5000)
+            page.wait_for_function(f"() => document.querySelector('#voice input').value === {json.dumps(pick)}",
+                                   timeout=10_000)
+        for close in page.locator(".toast-close").all():
+            close.click()
+    page.locator("#voice input").click()  # the page as the next tests expect it: no saved voice, the clip
+    page.get_by_role("option", name="(none: use the recording above)").click()
+    page.get_by_text("Saved voices", exact=True).click()
+    fill_take(page)
 
 
 @pytest.mark.slow

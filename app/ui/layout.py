@@ -267,16 +267,23 @@ def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
 
 
 def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> None:
-    ui.save.click(localized(h.save_voice), [ui.voice_name, ui.prompt_audio, ui.prompt_text, ui.replace_voice],
-                  [ui.voice_msg, ui.voice], api_name="save_voice").then(
-        h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
-    ui.delete.click(localized(h.delete_voice), ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
-                    js=ui_text("confirm_delete.js")).then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+    """Save, Delete, Export, Import. A refused one (no reference clip, a taken name, no voice picked, ...) says why
+    in Gradio's pop-up and clears the voice message (the previous action's). Their outputs show no progress: Gradio
+    draws an "Error" badge over every output of a failed event, which would cover the saved-voice dropdown."""
+    quiet = {"show_progress": "hidden"}
+    save = ui.save.click(localized(h.save_voice), [ui.voice_name, ui.prompt_audio, ui.prompt_text, ui.replace_voice],
+                         [ui.voice_msg, ui.voice], api_name="save_voice", **quiet)
+    delete = ui.delete.click(localized(h.delete_voice), ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
+                             js=ui_text("confirm_delete.js"), **quiet)
     gr.api(h.list_voices, api_name="list_voices")
     files = VoiceFileEvents(service)
-    ui.export.click(localized(files.export_voice), ui.voice, ui.exported, api_name="export_voice")
-    ui.import_.click(localized(files.import_voice), [ui.import_file, ui.replace_voice], [ui.voice_msg, ui.voice],
-                     api_name="import_voice").then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
+    export = ui.export.click(localized(files.export_voice), ui.voice, ui.exported, api_name="export_voice", **quiet)
+    import_ = ui.import_.click(localized(files.import_voice), [ui.import_file, ui.replace_voice],
+                               [ui.voice_msg, ui.voice], api_name="import_voice", **quiet)
+    for event in (save, delete, export, import_):
+        event.failure(None, None, ui.voice_msg, js="() => ''", **PAGE_ONLY)
+    for event in (save, delete, import_):
+        event.then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
 
 
 def wire_prompt_helpers(ui: SimpleNamespace, service: StudioService) -> None:
