@@ -41,9 +41,10 @@ def test_final_call_option(tiny_model_dir, voice):
     assert load_config().streaming.final_call == "exact"
     with pytest.raises(ConfigError, match="final_call"):
         load_config(overrides={"streaming.final_call": "causal"})
-    synth, exact = _chunks(tiny_model_dir, voice)
+    resolve = {"flow_incremental": False}  # the references: the re-solve (the incremental path is the default)
+    synth, exact = _chunks(tiny_model_dir, voice, engine=resolve)
     assert synth.streaming.final_call == "exact"
-    synth, causal = _chunks(tiny_model_dir, voice, final_call="chunk_causal")
+    synth, causal = _chunks(tiny_model_dir, voice, final_call="chunk_causal", engine=resolve)
     assert synth.streaming.final_call == "chunk_causal" and len(causal) == len(exact) >= 3
     for a, b in zip(causal[:-1], exact[:-1], strict=True):
         assert np.array_equal(a, b)  # the hops: untouched
