@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger(__name__)
 
 # HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error",
-               500: "server_error", 503: "service_unavailable_error"}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+               429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error"}
 
 
 # what each error status means on /v1, for the schema (`error_responses`)
