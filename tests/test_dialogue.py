@@ -118,3 +118,15 @@ def test_prepare_resolves_speakers_and_refuses_unknown_ones(tiny, tmp_path):
             run(**kw)
         assert (e.value.param, e.value.code) == ("text", code), kw
     assert service.metrics.counters()["refused_inputs"] == {"voice_not_found": 1, "invalid_dialogue": 2}
+
+
+def test_the_unknown_speaker_message_reads_in_chinese_too():
+    """The page shows the same refusal translated (app/ui/locales/messages.toml), with the names kept."""
+    from app.ui.i18n import translate
+
+    head = "Unknown speaker [carol]: there is no saved voice named carol; save a voice named carol first"
+    listed = translate(head + ", or use one of: alice, bob.", "zh")
+    assert listed == ("未知的说话人 [carol]：没有名为 carol 的已保存声音；请先保存名为 carol 的声音，"
+                      "或使用其中之一：alice, bob。"), listed
+    none = translate(head + " (no voices are saved yet).", "zh")
+    assert none.startswith("未知的说话人 [carol]：") and "目前还没有已保存的声音" in none, none
