@@ -1,6 +1,6 @@
 """The restructured estimator (`CausalConditionalDecoder.forward`: channels-last, fused GEMMs) equals
-the official-structure computation (`reference`, below: the modules' own forwards, as the official
-`CausalConditionalDecoder.forward`) on random inputs, padded rows and chunk masks."""
+the official-structure computation (tests/estimator_reference.py: the modules' own forwards, as the
+official `CausalConditionalDecoder.forward`) on random inputs, padded rows and chunk masks."""
 
 from __future__ import annotations
 
@@ -8,44 +8,17 @@ import copy
 
 import pytest
 import torch
+from estimator_reference import reference
 from tolerances import BATCH_ATOL, INCREMENTAL_F64_ATOL, within
 
 from app.model.flow import CausalFlow, load_flow
-from app.model.flow.encoder import attention_mask
-from app.model.flow.estimator import MASK_BIAS, CausalConditionalDecoder, time_embedding
+from app.model.flow.estimator import CausalConditionalDecoder
 from app.model.hparams import load_hparams
 
 
 @pytest.fixture(scope="module")
 def flow(parity_model_dir) -> CausalFlow:
     return load_flow(parity_model_dir / "flow.pt", load_hparams(parity_model_dir).flow)
-
-
-def reference(est: CausalConditionalDecoder, x, mask, mu, t, spks, cond, *, streaming: bool) -> torch.Tensor:
-    """The official forward, op for op: [B, C, T] activations, every module's own forward."""
-    t_emb = est.time_mlp(time_embedding(t, est.dims.in_channels).to(t.dtype))
-    h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
-    chunk = est.dims.static_chunk_size if streaming else 0
-    allowed = attention_mask(mask.bool(), chunk, est.dims.num_decoding_left_chunks)
-    bias = ((1.0 - allowed.to(h.dtype)) * MASK_BIAS).unsqueeze(1)
-
-    def transformer(h, blocks):
-        h = h.transpose(1, 2)
-        for block in blocks:
-            h = block(h, bias)
-        return h.transpose(1, 2)
-
-    (resnet, blocks, conv), = est.down_blocks
-    h = transformer(resnet(h, mask, t_emb), blocks)
-    skip = h
-    h = conv(h * mask)
-    for resnet, blocks in est.mid_blocks:
-        h = transformer(resnet(h, mask, t_emb), blocks)
-    (resnet, blocks, conv), = est.up_blocks
-    h = transformer(resnet(torch.cat([h, skip], dim=1), mask, t_emb), blocks)
-    h = conv(h * mask)
-    h = est.final_block(h, mask)
-    return est.final_proj(h * mask) * mask
 
 
 def _inputs(est: CausalConditionalDecoder, lengths: list[int], dtype: torch.dtype, seed: int = 0):

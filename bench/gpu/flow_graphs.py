@@ -12,14 +12,17 @@ shapes). Prints each row as JSON and writes the report. `--evals-only` also runs
     python3 -m bench.gpu.flow_graphs out/flow_graphs_fp16.json --dtype float16   # configs/fast.toml's flow
     python3 -m bench.gpu.flow_graphs out/flow_graphs.json --no-compile            # eager and graphs only
     python3 -m bench.gpu.flow_graphs out/est_cpu.json --device cpu --size tiny --evals-only --reps 5
+`--reference` adds the evaluation rows of the official-structure forward (same weights): before/after.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -41,6 +44,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--evals-only", action="store_true", help="only the per-evaluation rows (CPU too)")
     ap.add_argument("--shapes", default="AB", help="which EVALS shapes to run (A, B or AB)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also the per-evaluation rows of the official-structure forward (cuDNN convs): before/after")
     ap.add_argument("--no-compile", action="store_true", help="solves eager and graphed only (no inductor rows)")
     args = ap.parse_args()
     if os.environ.get("FLOW_TF32") == "1":  # what TF32 matmuls would give (not a project setting)
@@ -50,6 +55,10 @@ def main() -> None:
     estimator = flow.decoder["estimator"]
     graphs = EstimatorGraphs(estimator, bucket_frames=64, max_graphs=256)
     evals = eval_rows(estimator, graphs, args, device, dtype)
+    if args.reference:  # the same weights through the official structure (tests/estimator_reference.py)
+        ref = official_structure(estimator)
+        evals += eval_rows(ref, EstimatorGraphs(ref, bucket_frames=64, max_graphs=8), args, device, dtype,
+                           "official_structure")
     if args.evals_only:
         write(args, device, None, graphs, None, [], evals)
         return
@@ -91,7 +100,17 @@ def main() -> None:
         write(args, device, compile_s, graphs, compiled, rows, evals)  # after every row: a time limit keeps what ran
 
 
-def eval_rows(estimator, graphs: EstimatorGraphs, args, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def official_structure(estimator):
+    """A callable estimator running tests/estimator_reference.py (the pre-restructure forward)."""
+    spec = importlib.util.spec_from_file_location("estimator_reference",
+                                                  Path(__file__).parents[2] / "tests" / "estimator_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return lambda *args, streaming: module.reference(estimator, *args, streaming=streaming)
+
+
+def eval_rows(estimator, graphs: EstimatorGraphs, args, device: torch.device, dtype: torch.dtype,
+              variant: str = "restructured") -> list[dict]:
     """One velocity evaluation at the EVALS shapes: eager and (on CUDA) graphed ms, kernels, graph diff."""
     gen, rows = torch.Generator().manual_seed(1), []
     for shape, n_rows, frames in EVALS:
@@ -107,7 +126,7 @@ def eval_rows(estimator, graphs: EstimatorGraphs, args, device: torch.device, dt
             return g(*args, True) if g is not None else estimator(*args, streaming=True)
 
         eager = evaluate()
-        row = {"shape": shape, "rows": n_rows, "frames": frames, "dtype": args.dtype,
+        row = {"variant": variant, "shape": shape, "rows": n_rows, "frames": frames, "dtype": args.dtype,
                "eager_ms": round(timed(evaluate, args.reps, device), 3), "kernels_eager": kernels(evaluate, device),
                "rms_ref": float(eager.float().pow(2).mean().sqrt())}
         if device.type == "cuda":

@@ -286,8 +286,11 @@ def _taps(w: torch.Tensor) -> torch.Tensor:
 def _gemm3(xp: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """k=3 conv of xp [B, 2 + T, C] (2 frames of left context) -> [B, T, out]: the columns
     [x(t-2), x(t-1), x(t)] [B, T, 3C] times the `_taps` weight, one GEMM."""
-    T = xp.shape[1] - 2
-    return F.linear(torch.cat([xp[:, :T], xp[:, 1 : T + 1], xp[:, 2:]], dim=2), w, b)
+    xp = xp.contiguous()
+    (B, T, C), s = xp.shape, xp.stride(0)
+    # row t of the columns is xp[t : t + 3] flattened: an overlapping view, copied once (2-D: one GEMM)
+    cols = xp.as_strided((B, T - 2, 3 * C), (s, C, 1), xp.storage_offset()).reshape(-1, 3 * C)
+    return F.linear(cols, w, b).view(B, T - 2, -1)
 
 
 def _conv3(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
