@@ -7,7 +7,8 @@ down (resnet in→C, n_blocks transformer blocks, causal conv; skip saved before
 mid (num_mid_blocks × (resnet C→C + n_blocks blocks)), up (concat skip → resnet 2C→C, blocks,
 causal conv), `final_block`, `final_proj`. Convs are causal (left padding), so streaming chunks
 only need the chunk attention mask. Parameter names match the official checkpoint.
-`forward` runs a restructured equivalent (`_Fused`: weights derived from the parameters) channels-last.
+`forward` / `forward_cached` run a restructured equivalent channels-last, with weights derived from the
+parameters (`_Fused`); the modules' own forwards are the official structure (tests/estimator_reference.py).
 """
 
 from __future__ import annotations
