@@ -248,6 +248,35 @@ def test_formats_stream_before_the_take_is_done(server, voice):
     assert audio.size >= 11 * OUTPUT_SAMPLE_RATE_HZ, audio.size  # the whole take came after that first piece
 
 
+def test_a_whole_response_stops_being_made_when_its_client_leaves(server, voice):
+    """FLAC is made whole before it is sent: a client that hangs up meanwhile (a raw socket, closed while the
+    server's gauge shows the synthesis running) aborts it, counted `cancelled`, as a streamed one would be."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    def cancelled() -> int:
+        return httpx.get(server + "/health", timeout=60).json()["requests"]["outcomes"].get("cancelled", 0)
+
+    assert active_streams(server) == 0
+    before = cancelled()
+    body = json.dumps({"model": "cosyvoice2", "voice": voice, "input": TEXT, "response_format": "flac",
+                       "fixed_tokens": 1500}).encode()  # 60 s of audio: several seconds of work
+    url = urlsplit(server)
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 120
+        while active_streams(server) == 0:
+            assert time.monotonic() < deadline, "the synthesis never started"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 60  # closed: the synthesis ends, aborted (counted cancelled, not ok)
+    while active_streams(server):
+        assert time.monotonic() < deadline, "the synthesis went on after its client left"
+        time.sleep(0.05)
+    assert cancelled() == before + 1
+
+
 def test_a_bad_format_gets_a_400_listing_the_accepted_ones(server, oai, voice):
     import openai
 

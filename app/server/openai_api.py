@@ -186,8 +186,13 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             owner=owner_of(request), dialogue=body.dialogue), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
+        async def gone() -> None:  # the body is read: the next message is the disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
         return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                     params=V1_PARAMS, client=request.scope["state"].get(CLIENT_STATE_KEY, ""))
+                                     params=V1_PARAMS, client=request.scope["state"].get(CLIENT_STATE_KEY, ""),
+                                     gone=gone)
 
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
     router.post("/audio/speech", response_class=Response, responses={

@@ -8,7 +8,7 @@ body stops without its last chunk (a broken stream, not a short success). `pcm` 
 encoded as they stream (app/audio_formats.py). A whole response (speed != 1, or FLAC: WHOLE_ONLY) is made
 to the end first and sent with exact lengths (Content-Length, WAV sizes, FLAC STREAMINFO). Headers carry
 X-Request-Id, X-Seed, X-Mode, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
-and frees the slot, also when the body never started.
+and frees the slot, also when the body never started (a whole one: while it is made, when `gone` is given).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 from fastapi.responses import Response, StreamingResponse
@@ -83,6 +83,28 @@ async def _first_audio(chunks: AsyncIterator[AudioChunk], whole: bool) -> list[A
     return got
 
 
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request": nobody reads it, the access log says what happened
+
+
+async def _unless_gone(work: Awaitable[list[AudioChunk]], gone: Callable[[], Awaitable[None]] | None
+                       ) -> list[AudioChunk] | None:
+    """`work`'s result, or None (`work` cancelled: its synthesis aborted) when `gone()` returns first."""
+    if gone is None:
+        return await work
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
 def sends_whole(req: SynthesisRequest, fmt: str) -> bool:
     """Whether `req` in `fmt` is made to the end before its response: not streamed (speed != 1), or a format
     that is only readable everywhere with its exact length in its header (audio_formats.WHOLE_ONLY)."""
@@ -92,12 +114,13 @@ def sends_whole(req: SynthesisRequest, fmt: str) -> bool:
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None, client: str = "",
-                          stop: asyncio.Event | None = None, params: dict[str, str] | None = None
-                          ) -> Response:
+                          stop: asyncio.Event | None = None, params: dict[str, str] | None = None,
+                          gone: Callable[[], Awaitable[None]] | None = None) -> Response:
     """The response for `req` in format `fmt` (one of audio_formats.FORMATS, available: checked by the door),
     streamed or whole (`sends_whole`); `ApiError` before any audio (a whole one: before any byte). `prepared`
     (what made `req`) goes into the request's metrics record; `client` (app/server/identity.py) holds one of
-    its fair-share places until the body ends."""
+    its fair-share places until the body ends. `gone()` returns when the client disconnects: a whole response
+    stops being made then (a streamed one stops when its body can no longer be sent)."""
     assert fmt in audio_formats.FORMATS, fmt
     whole = sends_whole(req, fmt)
     t_arrival = time.perf_counter()
@@ -106,9 +129,11 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client,
                                                                         stop=stop))
         t_start = time.perf_counter()
-        head = await _first_audio(chunks, whole)
+        head = await (_unless_gone(_first_audio(chunks, True), gone) if whole else _first_audio(chunks, False))
         if whole:
             await stack.aclose()
+        if head is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
     except BaseException as e:
         await stack.aclose()
         if isinstance(e, Exception):
