@@ -244,6 +244,9 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
             page.wait_for_function("() => document.querySelector('#go')?.innerText.trim() === '生成'", timeout=10_000)
             page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('状态')",
                                    timeout=10_000)
+            # the live panels' lines too, at once (an idle page's panel timer ticks every 10 s)
+            page.wait_for_function("() => (document.querySelector('#panel_headline')?.innerText || '')"
+                                   ".includes('活动流')", timeout=4_000)
             body = page.locator("body").inner_text()
             for zh in ("停止", "要朗读的文本", "参考录音的文字稿", "识别文字", "文本中的标记", "引擎实时面板",
                        "英文，零样本", "授权声明", "低延迟播放器：就绪"):  # (the banner too: the tiny model is random)

@@ -226,10 +226,10 @@ def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I1
     gr.Examples(rows, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text], cache_examples=False,
                 example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
     with gr.Accordion(i18n("panels"), open=True) as panels_box:
-        panel_timer = panels.build_panels(service, i18n)
+        ui.panels = panels.build_panels(service, i18n)
     # a collapsed panel costs nothing: its timer stops
-    panels_box.collapse(lambda: gr.Timer(active=False), None, panel_timer, **PAGE_ONLY)
-    panels_box.expand(lambda: gr.Timer(active=True), None, panel_timer, **PAGE_ONLY)
+    panels_box.collapse(lambda: gr.Timer(active=False), None, ui.panels.timer, **PAGE_ONLY)
+    panels_box.expand(lambda: gr.Timer(active=True), None, ui.panels.timer, **PAGE_ONLY)
 
 
 def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
@@ -306,7 +306,8 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) ->
     demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
     demo.load(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
     # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
-    ui.lang.input(None, ui.lang, ui.lang, js=lang_switch_js(), **PAGE_ONLY).then(
-        h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
+    switched = ui.lang.input(None, ui.lang, ui.lang, js=lang_switch_js(), **PAGE_ONLY)
+    switched.then(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
+    ui.panels.redraw(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
     demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private")
     demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -59,8 +61,21 @@ def word(text: str, lang: str) -> str:
     return f"{words.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
 
 
-def build_panels(service: Any, label: gr.I18n) -> gr.Timer:
-    """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer.
+@dataclass(frozen=True)
+class Panels:
+    """The panels' timer, and one tick to run at once on another event (`redraw`: the language switch)."""
+
+    timer: gr.Timer
+    tick: Callable[..., tuple[Any, ...]]
+    outputs: list[Any]
+
+    def redraw(self, event: Any) -> Any:
+        return event.then(self.tick, None, self.outputs, show_progress="hidden", queue=False,
+                          api_visibility="private")
+
+
+def build_panels(service: Any, label: gr.I18n) -> Panels:
+    """Create the panel components and their timer inside the current `gr.Blocks` context.
     `service`: the `StudioService` (`metrics`, `backend`: None until started, `status`, `facts()`)."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
@@ -86,9 +101,9 @@ def build_panels(service: Any, label: gr.I18n) -> gr.Timer:
         period = busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)
         return (*refresh(service, lang_of(request), viewer(request, profile, admins)), gr.Timer(value=period))
 
-    timer.tick(tick, None, [headline, memory, load, stages, latency, table, facts, timer],
-               show_progress="hidden", queue=False, api_visibility="private")
-    return timer
+    outputs = [headline, memory, load, stages, latency, table, facts, timer]
+    timer.tick(tick, None, outputs, show_progress="hidden", queue=False, api_visibility="private")
+    return Panels(timer, tick, outputs)
 
 
 def busy(service: Any) -> bool:
