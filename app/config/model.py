@@ -167,7 +167,7 @@ class VLLMConfig:
     cpu_omp_threads_bind: str = ""  # vllm-cpu: VLLM_CPU_OMP_THREADS_BIND ("auto", "0-7", ...); "" = default
     cpu_num_reserved_cpus: int = -1  # vllm-cpu: VLLM_CPU_NUM_OF_RESERVED_CPU; -1 = vLLM's default
     max_restarts: int = 3  # engine restarts after its process died, per server process (0 = never)
-    # GPU engines only (ignored on vllm-cpu): per-step levers, see docs/perf/NOTES.md run Q
+    # GPU engines only (ignored on vllm-cpu): per-step levers, see docs/performance.md
     ras_cuda_graphs: bool = True  # the RAS step replayed as one CUDA graph per batch (app/model/ras_graphs.py)
     async_scheduling: str = "auto"  # auto = vLLM's choice (on for this model in 0.26) | on | off
     cudagraph_mode: str = ""  # vLLM compilation_config.cudagraph_mode; "" = vLLM's default (FULL_AND_PIECEWISE)

@@ -88,7 +88,7 @@ class Synthesizer:
         """Warm-up only (before the first request): capture the HiFT graphs of every (rows, frames) bucket for
         every token->wave worker, then (CUDA, engine.flow_incremental) size the flow state pool from the memory
         left and capture its paged graphs; the sets are then frozen, nothing is captured while serving (a
-        capture broke other threads' CUDA work, docs/perf/NOTES.md run L). A second call does nothing."""
+        capture broke other threads' CUDA work, docs/performance.md). A second call does nothing."""
         e = self.cfg.engine
         if self.hift_graphs is not None and not self.hift_graphs.frozen:
             frames = e.hift_graph_frames or schedule_frames(

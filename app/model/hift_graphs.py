@@ -11,10 +11,10 @@ envelope on the host, which capture forbids).
 Buckets: one graph per (padded rows, mel frames) and worker stream, all captured by `capture` before
 the first request; then the set is frozen, and a call whose shape has no graph runs the same step
 eagerly. Nothing is ever captured while serving: a capture there broke the other threads' CUDA work
-(docs/perf/NOTES.md run L). Padding, and why it is exact:
+(docs/performance.md). Padding, and why it is exact:
 - rows: padded to the bucket (a power of two) with copies of the last row; HiFT rows never interact,
   and the extra outputs are dropped (on CUDA another row count may pick other conv algorithms: float
-  rounding, which the random HiFT's phase integral amplifies, run P);
+  rounding, which the random HiFT's phase integral amplifies);
 - source cache: every graph takes a cache of `min(cache_samples, 480 T)` samples plus per-row lengths;
   a shorter (or no) cache is zero-filled and masked out by `cache_len` (`torch.where`, exact);
 - frames are never padded: HiFT's convs and reflect pads are not causal, so extra frames change a
@@ -24,7 +24,7 @@ eagerly. Nothing is ever captured while serving: a capture there broke the other
 Each token->wave worker replays its own graph set (own static buffers and memory pool) on its own
 CUDA stream, in order, so a static output is read before the next replay overwrites it.
 Checked on the CPU with the recording stood in (tests/test_hift_graphs.py) and on the H200 by
-bench/gpu/hift_graphs.py (docs/perf/NOTES.md run P: 270 graphs for two workers, 3.9 GB, 29 s).
+bench/gpu/hift_graphs.py (docs/performance.md: 270 graphs for two workers, 3.9 GB, 29 s).
 """
 
 from __future__ import annotations

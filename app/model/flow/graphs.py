@@ -2,7 +2,7 @@
 
 Why: one estimator evaluation is ~180 small kernels and a chunk needs 10 of them (Euler steps, the
 CFG pair as 2 rows), so at batch 1 a GPU spends its time launching kernels, not computing
-(docs/perf/NOTES.md: ~290 ms per first chunk on an H200). A captured graph launches them at once.
+(docs/performance.md: ~290 ms per first chunk on an H200). A captured graph launches them at once.
 
 Lengths: a graph has fixed shapes, so `CausalFlow.solve` right-pads the frames T to a multiple of
 `bucket_frames` (mask 0 on the padding) and a batch's rows to a power of two (copies of its last
@@ -10,7 +10,7 @@ row: rows never interact), and cuts the result back. The estimator is exact unde
 right padding: its convs are causal (a frame sees only earlier ones), LayerNorm is per frame and
 attention gives padded keys a -1e10 bias (weight exactly 0), so the valid frames equal the
 unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the H200 the mel was
-bit-identical: bench/gpu/flow_graphs.py, docs/perf/NOTES.md run D).
+bit-identical: bench/gpu/flow_graphs.py, docs/performance.md).
 
 One graph per (rows, padded T, dtype, device, streaming), captured on first use (one eager warm-up
 evaluation on a side stream, then the capture in thread-local mode, so other token2wav workers may

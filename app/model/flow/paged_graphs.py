@@ -2,7 +2,7 @@
 (streams, new frames, key blocks) bucket, captured at warm-up only and replayed while serving.
 
 Why warm-up only: a capture while other threads issue CUDA work breaks their work ("operation not
-permitted when stream is capturing"; docs/perf/NOTES.md run L), so `capture` runs before the engine
+permitted when stream is capturing"; docs/performance.md), so `capture` runs before the engine
 serves and `run` never captures: a call with no fitting bucket returns None and runs eagerly (the same
 static-shape code, at its tight shape). A bucket (B, N, nb) fits a call of b <= B streams whose new
 frames n_i <= N and whose keys fit nb blocks from each stream's start (start_i + N <= 50·nb). Graphs
