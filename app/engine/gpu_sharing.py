@@ -2,8 +2,8 @@
 (`[engine] gpu_sharing`).
 
 "time-sliced" (`off`, and every fallback): two CUDA contexts, whose kernels the GPU time-slices; a
-first chunk's flow call then runs ~1.7x its time alone while the LM decodes (docs/performance.md;
-R). "mps": a CUDA MPS control daemon of our own (its pipe and log folders private to this process, so
+first chunk's flow call then runs ~1.7x its time alone while the LM decodes (docs/performance.md).
+"mps": a CUDA MPS control daemon of our own (its pipe and log folders private to this process, so
 no other program on the machine is affected) is started before this process first touches CUDA, and
 its folders are put in this process's environment, which vLLM's engine process inherits: both become
 clients of one MPS server and their kernels run side by side (on an H200: one stream's first audio
