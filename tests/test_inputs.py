@@ -372,10 +372,11 @@ REQUEST_CASES = {
     "speed with streaming": (dict(speed=1.5, stream=True), None, "only without streaming", None),
     "unknown mode": (dict(mode="sing"), dict(mode="sing"), ("not in the list of choices", "Input should be"),
                      "mode"),
+    # (the HTTP API names its own field: /v1 has `instructions`, not the page's instruct_text)
     "instruct without instruction": (dict(mode="instruct"), dict(mode="instruct"), "needs an instruction",
-                                     "instruct_text"),
+                                     "instructions"),
     "instruction of special tokens": (dict(mode="instruct", instruct_text="<|endofprompt|>"),
-                                      dict(instructions="<|endofprompt|>"), "needs an instruction", "instruct_text"),
+                                      dict(instructions="<|endofprompt|>"), "needs an instruction", "instructions"),
     "transcript too long": (dict(voice="", prompt_text="word " * 300, prompt_audio="8k.wav"), None,
                             "transcript has 1499 characters", None),
 }
