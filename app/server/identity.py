@@ -116,7 +116,8 @@ class Identity:
         self.trust_proxy = srv.trust_proxy
         self.trusted = srv.proxy_networks
         self.private = cfg.voices.resolved(srv) == "private"
-        self.proxied = srv.proxied
+        # a proxy on this machine (nginx on 127.0.0.1): then a loopback connection is any client's, not an admin's
+        self.local_proxy = srv.trust_proxy or any(_within(a, self.trusted) for a in ("127.0.0.1", "::1"))
         self._voices_dir, self._secret = srv.voices_dir, b""
 
     @property
@@ -152,9 +153,9 @@ class Identity:
         return Who(owner, client, set_cookie)
 
     def is_admin(self, scope: dict, owner: Owner) -> bool:
-        """The admin key, or this machine itself: a loopback connection no proxy forwarded, where no proxy is
-        configured in front (behind one, every client would arrive from loopback)."""
-        return owner.admin or (not self.proxied and is_local(scope))
+        """The admin key, or this machine itself: a loopback connection no proxy forwarded, unless a trusted
+        proxy runs on this machine (then every client arrives from loopback)."""
+        return owner.admin or (not self.local_proxy and is_local(scope))
 
     # --- the visitor cookie ------------------------------------------------------------------------
 
