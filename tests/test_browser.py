@@ -88,15 +88,11 @@ def test_generate_plays_and_panels_update(studio):
 
     url, health = studio
     assert health["ready"] and health["facts"]["backend"] == "vllm"
-    # the token->wave stage as configured; CUDA graphs exist only on a GPU; the paged incremental flow is
-    # the default path, its pool sized from flow_state_gib on the CPU (the warm-up request's state given back)
+    # the token->wave stage as configured; CUDA graphs exist only on a GPU; the re-solve is the default path
     t2w = health["facts"]["token2wav"]
-    inc, work = t2w.pop("flow_incremental"), t2w.pop("flow_work")
+    work = t2w.pop("flow_work")
     assert work["calls"] > 0 and 0 < work["frames_needed"] <= work["frames_computed"]  # the warm-up's flow calls
-    assert t2w == {"workers": 1, "flow_batch": 16, "flow_path": "paged incremental", "flow_cuda_graphs": None}
-    assert inc["sized"] == "flow_state_gib 4.0" and inc["paged_graphs"] is None
-    assert inc["state_bytes"] == inc["refused_streams"] == inc["resolved_streams"] == inc["pool_refused"] == 0
-    assert 0 < inc["pool_free_blocks"] <= inc["pool_blocks"] and inc["prompt_cache"]["voices"] <= 1
+    assert t2w == {"workers": 1, "flow_batch": 16, "flow_path": "re-solve", "flow_cuda_graphs": None}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -32,13 +32,14 @@ def test_ras_settings_come_from_the_yaml_unless_overridden(parity_model_dir, tmp
         load_config(None, {"sampling.top_p": 1.5})
 
 
-def test_the_o_chunk_path_is_the_default_of_every_config():
-    """Both configs (and the CPU one) as shipped serve the paged incremental flow with its graphs and
-    HiFT's (graphs on CUDA only); the re-solve stays one override away; removed keys are refused."""
+def test_the_flow_defaults_of_every_config():
+    """Both configs (and the CPU one) as shipped serve the re-solve (it beat the O(chunk) path served on the
+    H200) with HiFT's graphs (CUDA only); the paged O(chunk) path, with its graphs, is one override away;
+    removed keys are refused."""
     for path in (None, "configs/fast.toml", "configs/cpu.toml"):
         e = load_config(path).engine
-        assert e.flow_incremental and e.flow_paged and e.flow_paged_graphs and e.hift_graphs, path
-    assert load_config(None, {"engine.flow_incremental": False}).engine.flow_incremental is False
+        assert not e.flow_incremental and e.flow_paged and e.flow_paged_graphs and e.hift_graphs, path
+    assert load_config(None, {"engine.flow_incremental": True}).engine.flow_incremental is True
     with pytest.raises(ConfigError, match="first_chunk_priority"):
         load_config(None, {"engine.first_chunk_priority": False})
     for bad in ({"engine.flow_state_fraction": 1.0}, {"engine.flow_state_max_gib": -1}):

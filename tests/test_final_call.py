@@ -41,7 +41,7 @@ def test_final_call_option(tiny_model_dir, voice):
     assert load_config().streaming.final_call == "exact"
     with pytest.raises(ConfigError, match="final_call"):
         load_config(overrides={"streaming.final_call": "causal"})
-    resolve = {"flow_incremental": False}  # the references: the re-solve (the incremental path is the default)
+    resolve = {"flow_incremental": False}  # the references: the re-solve (the default path)
     synth, exact = _chunks(tiny_model_dir, voice, engine=resolve)
     assert synth.streaming.final_call == "exact"
     synth, causal = _chunks(tiny_model_dir, voice, final_call="chunk_causal", engine=resolve)

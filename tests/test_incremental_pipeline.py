@@ -123,12 +123,12 @@ def two_voices(parity_model_dir, voice):
     return voice, other, voice
 
 
-def test_default_paged_path_mixed_voices_and_lengths(parity_model_dir, two_voices):
-    """As shipped (no engine override) the served path is the paged incremental one; three interleaved
-    streams of two voices and three lengths, sharing batched calls, give the re-solve's audio (README
-    tolerances); nothing re-solved, every block back at the end; the flow's work is counted."""
+def test_paged_path_mixed_voices_and_lengths(parity_model_dir, two_voices):
+    """The paged incremental path (its pool as configured otherwise); three interleaved streams of two voices
+    and three lengths, sharing batched calls, give the re-solve's audio (README tolerances); nothing
+    re-solved, every block back at the end; the flow's work is counted."""
     want, _ = run_mixed(parity_model_dir, two_voices, flow_incremental=False)
-    got, synth = run_mixed(parity_model_dir, two_voices)
+    got, synth = run_mixed(parity_model_dir, two_voices, flow_incremental=True)
     assert_same_audio(got, want)
     facts = synth.facts()
     assert facts["flow_path"] == "paged incremental" and synth.resolved_streams == 0
@@ -149,7 +149,7 @@ def test_a_pool_that_runs_out_mid_stream_resolves(parity_model_dir, two_voices):
 
     block = block_bytes(load_model(parity_model_dir, device="cpu").flow)
     want, _ = run_mixed(parity_model_dir, two_voices, flow_incremental=False)
-    got, synth = run_mixed(parity_model_dir, two_voices, flow_state_gib=12 * block / 2**30)
+    got, synth = run_mixed(parity_model_dir, two_voices, flow_incremental=True, flow_state_gib=12 * block / 2**30)
     assert_same_audio(got, want)
     inc = synth.facts()["flow_incremental"]
     assert synth.prompt_cache.stats.misses >= 1  # streams began on the incremental path
