@@ -10,6 +10,7 @@ the torch backend; real Chromium.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import time
@@ -32,8 +33,8 @@ FINISHED = f"() => {LAST} && {LAST}.seq === %d && ['done', 'error', 'stopped'].i
 def studio(tiny_model_dir, tmp_path_factory):
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(subprocess.run(["which", "ffmpeg"], capture_output=True).returncode == 0, "ffmpeg is missing")
-    pytest.importorskip("playwright")
-    pytest.importorskip("vllm")
+    _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
+    _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (bash scripts/setup_cpu.sh)")
     tmp = tmp_path_factory.mktemp("examples")
     sets = {"ui.cache_cleanup_s": str(CLEANUP_S), "model.download": "false", "server.trusted_proxies": '"127.0.0.1"'}
     with run_studio(tiny_model_dir, tmp, sets) as run:
