@@ -4,16 +4,14 @@
 never share series). Histograms (TTFA, RTF, per-stage seconds) are fed by a `Metrics` listener per
 finished request; the rest is read at scrape time (counters, service gauges, one rate-limited memory
 snapshot). vLLM's own metrics (prometheus_client's default `REGISTRY` of this process) are appended
-without any `cosyvoice_*` name; for everyone but admins without paths or versions (`public_family`).
+without any `cosyvoice_*` name; for everyone but admins without paths or versions (`public_text`).
 Only numbers and fixed labels, never a request's text or voice name. docs/metrics.md lists the families.
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import prometheus_client
@@ -75,23 +73,18 @@ class PrometheusExporter:
                 self.stage.labels(stage=stage).observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.families(public_name=None)
-
-    def families(self, public_name: str | None) -> Iterator[Metric]:
-        """Every family; `public_name` set: vLLM's and the process' without paths or versions (`public_family`)."""
         yield from self.registry.collect()
         yield from self._live()
         if self.include_default_registry:  # vLLM's vllm:* plus prometheus_client's process_* / python_*
             for family in prometheus_client.REGISTRY.collect():
                 if not family.name.startswith(PREFIX):
-                    shown = family if public_name is None else public_family(family, public_name)
-                    if shown is not None:
-                        yield shown
+                    yield family
 
     def render(self, public_name: str | None = None) -> bytes:
-        """The exposition text (prometheus_client.CONTENT_TYPE_LATEST); see `families` for `public_name`."""
-        return prometheus_client.generate_latest(_View(self, public_name))
-
+        """The exposition text (prometheus_client.CONTENT_TYPE_LATEST); with `public_name`, as `public_text`
+        shows it to a caller who is not an admin."""
+        text = prometheus_client.generate_latest(self)
+        return text if public_name is None else public_text(text.decode(), public_name)
 
     def _live(self) -> Iterator[Metric]:
         """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
@@ -119,20 +112,10 @@ class PrometheusExporter:
             yield from _service_families(svc)
 
 
-@dataclass(frozen=True)
-class _View:
-    """A collector of one exporter's families as one caller may see them."""
-
-    exporter: PrometheusExporter
-    public_name: str | None
-
-    def collect(self) -> Iterator[Metric]:
-        return self.exporter.families(self.public_name)
-
-
 def public_text(text: str, model_name: str) -> bytes:
-    """Exposition `text` (another process's, e.g. the cluster's replicas') as `public_family` shows it; line by
-    line (a parse and re-render would change counters' headers)."""
+    """Exposition `text` as a stranger may see it: no `*_info` family (Python's version, vLLM's engine arguments)
+    and vLLM's `model_name` label (the exported folder's absolute path) as the model's public name. Line by line
+    (a parse and re-render would change counters' headers); also for the cluster's merged replicas' text."""
     label = 'model_name="{}"'.format(model_name.replace("\\", "\\\\").replace('"', '\\"'))
     kept = []
     for line in text.splitlines():
@@ -145,16 +128,6 @@ def public_text(text: str, model_name: str) -> bytes:
 
 MODEL_NAME_RE = re.compile(r'model_name="(?:[^"\\]|\\.)*"')
 
-
-def public_family(family: Metric, model_name: str) -> Metric | None:
-    """`family` as a stranger may see it: no `*_info` family (Python's version, vLLM's engine arguments) and
-    vLLM's `model_name` label (the exported folder's absolute path) as the model's public name."""
-    if family.name.endswith("_info"):
-        return None
-    shown = copy.copy(family)  # its name, type, unit and help as they were
-    shown.samples = [s._replace(labels={**s.labels, "model_name": model_name}) if "model_name" in s.labels else s
-                     for s in family.samples]
-    return shown
 
 def _family(kind: type[Metric], name: str, doc: str, labels: list[str],
             samples: list[tuple[list[str], float]]) -> Metric:

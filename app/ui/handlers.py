@@ -75,10 +75,15 @@ class ArrivalStamp:
         await self.app(scope, receive, send)
 
 
+def request_state(request: gr.Request | None) -> dict:
+    """The ASGI state the server's middlewares wrote for the HTTP request behind a page event ({} without one)."""
+    raw = getattr(request, "request", None) if request is not None else None
+    return getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+
+
 def queue_wait_s(request: gr.Request | None, now: float) -> float:
     """Seconds between the queue-join HTTP request's arrival and `now` (0 where unknown)."""
-    raw = getattr(request, "request", None) if request is not None else None
-    arrived = getattr(raw, "scope", {}).get("state", {}).get(ARRIVAL_KEY) if raw is not None else None
+    arrived = request_state(request).get(ARRIVAL_KEY)
     return max(0.0, now - arrived) if arrived is not None else 0.0
 
 
@@ -88,8 +93,7 @@ def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None,
     to handlers on a Space with hf_oauth), the page's login user, else what app/server/identity.py found
     (an API key's owner, the visitor cookie; the client's address). `voices` learns which user the browser
     signed in as, for its /studio/speech requests (`OwnedVoices.link`)."""
-    raw = getattr(request, "request", None) if request is not None else None
-    state = getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+    state = request_state(request)
     visitor = state.get(OWNER_STATE_KEY, ANYONE)
     user = Owner(f"hf:{profile.username}") if profile is not None else None
     if voices is not None:
@@ -106,8 +110,7 @@ def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: 
     """Whose requests and facts a page event may show: None = everything (an admin: the admin key, this machine,
     a user of `[server] admin_users`), else the caller's owner ids (the signed-in user and the browser's
     cookie: its low-latency player's requests carry only the cookie)."""
-    raw = getattr(request, "request", None) if request is not None else None
-    state = getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+    state = request_state(request)
     owner, _ = caller(request, profile)
     if state.get(ADMIN_STATE_KEY) or owner.id in admins:
         return None
