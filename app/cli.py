@@ -46,7 +46,7 @@ def config_path(given: str | Path | None) -> str | Path | None:
     """The override file: `given`, else COSYVOICE_CONFIG, else configs/cpu.toml without CUDA (None: defaults)."""
     path = given or os.environ.get("COSYVOICE_CONFIG")
     if path is None:
-        from app.model.loader import cuda_available  # (does not initialise CUDA: see gpu_sharing)
+        from app.model.loader import cuda_available
 
         path = None if cuda_available() else CONFIG_DIR / "cpu.toml"
     return path

@@ -2,7 +2,7 @@
 
     python -m bench.lm --model-dir D [--config configs/x.toml] [--set vllm.KEY=VALUE ...] [--conc 1,16,64]
         [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
-        [--voice-prefix N] [--profile-dir DIR] [--engine async|inproc]
+        [--voice-prefix N] [--profile-dir DIR]
 
 Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
 tokens) built with the model's own embedding tables, and produces exactly `--tokens` speech tokens
@@ -13,9 +13,8 @@ token - submit; ITL = (last - first token time) / (tokens - 1). GPU memory from 
 prompt speech tokens; only the text to speak differs), as a voice's repeat users do: what vLLM's prefix
 cache can reuse. `--profile-dir DIR` (vLLM engines): a torch profile of the engine process over one more
 1-stream request (vLLM's profiler; with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 its steps are annotated).
-`--engine`: `[vllm] engine` (AsyncLLM or the in-process LLMEngine). Each level also records the event
-loop's lag (a 5 ms timer's lateness: the GIL and the loop's own work) and, with psutil, the CPU seconds
-per wall second of the loop's thread, of the in-process engine's driver thread and of the whole process.
+Each level also records the event loop's lag (a 5 ms timer's lateness: the GIL and the loop's own work)
+and, with psutil, the CPU seconds per wall second of the loop's thread and of the whole process.
 Prints one JSON line per level and a Markdown table; `--out` writes the whole report.
 """
 
@@ -107,31 +106,22 @@ async def loop_lag(lags: list[float], period_s: float = 0.005) -> None:
         lags.append(time.perf_counter() - t0 - period_s)
 
 
-def host_share(backend, wall: float, cpu0: dict[int, float], lags: list[float], driver0: dict) -> dict:
-    """The host's split over one level: loop lag, CPU per wall second of the loop / driver / process,
-    and the in-process driver's time inside `LLMEngine.step`."""
+def host_share(wall: float, cpu0: dict[int, float], lags: list[float]) -> dict:
+    """The host's split over one level: loop lag, CPU per wall second of the loop and of the process."""
     cpu1 = thread_cpu_s()
     def share(tid: int | None) -> float | None:
         return round((cpu1[tid] - cpu0.get(tid, 0.0)) / wall, 3) if tid in cpu1 else None
-    driver_tid = getattr(backend.engine, "driver_thread_id", None)
     out = {"loop_lag_ms_p50": round(1e3 * pct(lags, 50), 3) if lags else None,
            "loop_lag_ms_p95": round(1e3 * pct(lags, 95), 3) if lags else None,
            "loop_lag_ms_max": round(1e3 * max(lags), 3) if lags else None,
-           "loop_cpu_share": share(threading.main_thread().native_id), "driver_cpu_share": share(driver_tid),
+           "loop_cpu_share": share(threading.main_thread().native_id),
            "process_cpu_share": round((sum(cpu1.values()) - sum(cpu0.values())) / wall, 3) if cpu1 else None}
-    stats = getattr(backend.engine, "stats", None)
-    if isinstance(stats, dict):  # the in-process engine's driver: steps and the time inside them
-        steps = stats["steps"] - driver0["steps"]
-        step_s = stats["step_s"] - driver0["step_s"]
-        out.update(driver_steps=steps, driver_step_ms_mean=round(1e3 * step_s / steps, 3) if steps else None,
-                   driver_step_share=round(step_s / wall, 3))
     return out
 
 
 async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
     reqs = make_requests(model, cfg, c, args, tag)
     lags: list[float] = []
-    driver0 = dict(getattr(backend.engine, "stats", None) or {})
     cpu0 = thread_cpu_s()
     probe = asyncio.create_task(loop_lag(lags))
     t0 = time.perf_counter()
@@ -154,7 +144,7 @@ async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
             "itl_ms_p50": round(1e3 * pct(itl, 50), 3) if itl else None,
             "itl_ms_mean": round(1e3 * statistics.mean(itl), 3) if itl else None,
             "realtime_x_per_stream": round(40 / (1e3 * statistics.mean(itl)), 1) if itl else None,
-            **host_share(backend, wall, cpu0, lags, driver0)}
+            **host_share(wall, cpu0, lags)}
 
 
 async def profile_one(backend, model, cfg, args) -> None:
@@ -168,8 +158,6 @@ async def profile_one(backend, model, cfg, args) -> None:
 
 async def run(args) -> dict:
     sets = {"model.device": args.device} if args.device else {}
-    if args.engine:
-        sets["vllm.engine"] = args.engine
     cfg = load_config(args.config, sets | parse_sets(args.set))
     model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
     t0 = time.perf_counter()
@@ -187,7 +175,7 @@ async def run(args) -> dict:
         backend = await make_backend(cfg, model)
     start_s = time.perf_counter() - t0
     report = {"machine": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              "date": time.strftime("%Y-%m-%d"), "backend": backend.name, "engine": cfg.vllm.engine,
+              "date": time.strftime("%Y-%m-%d"), "backend": backend.name,
               "engine_start_s": round(start_s, 1),
               "facts": getattr(backend, "facts", dict)(), "tokens": args.tokens,
               "prompt_positions": 2 + args.voice_prefix + args.text_tokens + args.prompt_tokens,
@@ -218,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-dir", default=None, help="vLLM: profile one level (--profile-conc) into DIR")
     p.add_argument("--profile-stack", action="store_true", help="record Python stacks in the profile")
     p.add_argument("--profile-conc", type=int, default=1, help="streams decoded at once while profiling")
-    p.add_argument("--engine", choices=("async", "inproc"), default=None,
-                   help="[vllm] engine: AsyncLLM (its core a process) or LLMEngine in this process")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)

@@ -48,7 +48,6 @@ GREEDY = {"sampling.top_k": 1, "sampling.tau_r": 1000.0}
 # vLLM loads only the general plugins this names: not ours (there is none), so the engine must
 # start on vLLM's own Qwen2ForCausalLM and our logits processor alone
 FOREIGN_PLUGINS = "someone_elses_plugin"
-ENGINES = ("async", "inproc")
 SEEN: dict[str, list] = {}  # tokens of the first engine that ran a case: the other one must match them
 
 
@@ -243,10 +242,9 @@ async def start_must_fail(cfg, model_dir) -> None:
     pytest.fail("the engine started")
 
 
-@pytest.mark.parametrize("which", ENGINES)
-def test_engine_start_error_names_the_setting(runner, tiny_model_dir, cache_dir, which):
+def test_engine_start_error_names_the_setting(runner, tiny_model_dir, cache_dir):
     """Runs before the module's engine exists (one engine per process)."""
-    cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.max_model_len": 10**6, "vllm.engine": which}))
+    cfg = load_config(overrides=cpu_overrides(cache_dir, **{"vllm.max_model_len": 10**6}))
     with pytest.raises(vllm_backend.EngineStartError, match=r"lower vllm\.max_model_len \(now 1000000; "
                                                             r"this model allows at most 32768\)"):
         runner.run(start_must_fail(cfg, tiny_model_dir))
@@ -272,13 +270,11 @@ def test_engine_out_of_memory_names_the_settings(runner, tiny_model_dir, cache_d
     assert vllm_backend._running is None
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def engine(request, runner, tiny_model_dir, cache_dir):
-    """(vLLM backend, torch backend, Synthesizer on vLLM, Synthesizer on torch, voice, config), once per
-    `[vllm] engine` (pytest ends one before it starts the next)."""
+@pytest.fixture(scope="module")
+def engine(runner, tiny_model_dir, cache_dir):
+    """(vLLM backend, torch backend, Synthesizer on vLLM, Synthesizer on torch, voice, config)."""
     cfg = load_config(overrides=cpu_overrides(cache_dir, **GREEDY, **{"streaming.nsf_noise": False,
-                                                                      "engine.backend": "vllm",
-                                                                      "vllm.engine": request.param}))
+                                                                      "engine.backend": "vllm"}))
     model = load_model(tiny_model_dir, device="cpu", nsf_noise=False)
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
@@ -321,8 +317,6 @@ def test_one_engine_per_process(engine, runner, tiny_model_dir):
         runner.run(vllm_backend.VLLMBackend.start(cfg, tiny_model_dir))
     facts = backend.facts()
     assert facts["backend"] == "vllm" and facts["dtype"] == "float32" and facts["running"]
-    assert facts["engine"] == cfg.vllm.engine
-    assert (type(backend.engine).__name__ == "InprocEngine") == (cfg.vllm.engine == "inproc")
     assert facts["engine_args"]["enable_prompt_embeds"] and facts["engine_args"]["skip_tokenizer_init"]
     too_long = LMRequest("too-long", torch.zeros(cfg.vllm.max_model_len, 128), 1, 10, 0, cfg.sampling)
     with pytest.raises(ValueError, match=r"vllm\.max_model_len"):
@@ -423,11 +417,8 @@ def test_cancelled_stream_leaves_no_request(engine, runner):
             await task
 
     async def engine_core_idle() -> bool:
-        for _ in range(50):  # the abort reaches the engine core asynchronously (its process, or the driver)
-            if backend.cfg.engine == "inproc":
-                if backend.engine.idle:  # the driver applied the abort and has nothing left to step
-                    return True
-            elif not await backend.engine.engine_core.call_utility_async("has_work"):
+        for _ in range(50):  # the abort reaches the engine core process asynchronously
+            if not await backend.engine.engine_core.call_utility_async("has_work"):
                 return True
             await asyncio.sleep(0.05)
         return False
@@ -458,16 +449,8 @@ def test_synthesizer_through_vllm(engine, runner):
 
 
 def kill_engine(backend) -> str:
-    """The engine dies as it would in production: AsyncLLM's core process by SIGKILL; the in-process
-    engine by an exception in its model runner's next step. Returns what fault() must name."""
-    if backend.cfg.engine == "inproc":
-        runner = backend.engine.llm.model_executor.driver_worker.worker.model_runner
-
-        def broken(*args, **kwargs):
-            raise RuntimeError("injected model runner failure")
-
-        runner.execute_model = broken  # only this engine's runner: a restart builds a new one
-        return "injected model runner failure"
+    """The engine dies as it would in production: its core process by SIGKILL. Returns what fault() must
+    name."""
     import psutil
 
     core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]

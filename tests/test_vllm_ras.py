@@ -261,10 +261,9 @@ def sharp_lm(tiny_model_dir, tmp_path_factory):
     return out, llm.eval()
 
 
-@pytest.fixture(scope="module", params=("process", "inproc"))
-def engine(request, sharp_lm, tmp_path_factory):
-    """One fp32 vLLM engine with the RAS processor; logprobs are the processed (post-RAS) ones. Once
-    with the engine core in its own process, once in this one (`[vllm] engine = "inproc"`'s core)."""
+@pytest.fixture(scope="module")
+def engine(sharp_lm, tmp_path_factory):
+    """One fp32 vLLM engine with the RAS processor; logprobs are the processed (post-RAS) ones."""
     pytest.importorskip("vllm")
     from vllm import LLM
 
@@ -272,12 +271,11 @@ def engine(request, sharp_lm, tmp_path_factory):
 
     folder = export_lm_for_vllm(sharp_lm[0], tmp_path_factory.mktemp("export"), dtype="float32")
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    set_num_threads = torch.set_num_threads  # vllm-cpu's worker replaces it in the process it runs in
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, os.environ.get(k, v))
         mp.setenv("VLLM_PLUGINS", "someone_elses_plugin")  # no plugin of ours: vLLM's own Qwen2
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if request.param == "inproc" else "1")
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         llm = LLM(model=str(folder), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype="float32",
                   enforce_eager=True, max_model_len=256, max_num_seqs=64, seed=0, max_logprobs=-1,
                   logprobs_mode="processed_logprobs", logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"])
@@ -285,12 +283,6 @@ def engine(request, sharp_lm, tmp_path_factory):
         yield llm
     finally:
         llm.llm_engine.engine_core.shutdown()
-        if request.param == "inproc":  # free it here and undo its process-wide settings
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-            del llm
-            cleanup_dist_env_and_memory()
-            torch.set_num_threads = set_num_threads
 
 
 def _prompts(lm, n: int) -> list[torch.Tensor]:

@@ -94,8 +94,6 @@ Backend = Literal["auto", "vllm", "torch"]
 _BACKENDS = ("auto", "vllm", "torch")
 _QUANTIZATIONS = ("", "awq", "compressed-tensors")
 _ASYNC_SCHEDULING = ("auto", "on", "off")
-_GPU_SHARING = ("off", "mps")
-_VLLM_ENGINES = ("async", "inproc")
 _CUDAGRAPH_MODES = ("", "FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE", "NONE")
 
 
@@ -122,7 +120,6 @@ class EngineConfig:
     hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)
     hift_graph_frames: tuple[int, ...] = ()  # exact mel lengths to capture; () = the streaming schedule's
     hift_max_graphs: int = 160  # graphs per token->wave worker at most (buckets past it run eagerly)
-    gpu_sharing: str = "off"  # "off" | "mps": this process and vLLM's share one CUDA MPS server (gpu_sharing.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hift_graph_frames", tuple(self.hift_graph_frames))  # TOML gives a list
@@ -134,8 +131,6 @@ class EngineConfig:
             raise ConfigError(f"engine.flow_state_fraction must be in [0, 1), got {self.flow_state_fraction}")
         if self.backend not in _BACKENDS:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.gpu_sharing not in _GPU_SHARING:
-            raise ConfigError(f"engine.gpu_sharing must be one of {_GPU_SHARING}, got {self.gpu_sharing!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
                self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows, self.flow_paged_graph_rows,
                self.flow_paged_graph_blocks) < 1:
@@ -148,7 +143,6 @@ class EngineConfig:
 class VLLMConfig:
     """Engine arguments of the one shared vLLM engine (see configs/default.toml for sizing)."""
 
-    engine: str = "async"  # async = AsyncLLM, its engine core a process | inproc = LLMEngine on a thread here
     gpu_memory_utilization: float = 0.15  # share of the WHOLE card this engine may fill (weights + KV)
     kv_cache_gib: float = 2.0  # GPU: KV cache GiB (vLLM kv_cache_memory_bytes); 0 = fill the share above
     max_num_seqs: int = 64  # requests decoded together
@@ -196,8 +190,6 @@ class VLLMConfig:
         if self.async_scheduling not in _ASYNC_SCHEDULING:
             raise ConfigError(f"vllm.async_scheduling must be one of {_ASYNC_SCHEDULING}, "
                               f"got {self.async_scheduling!r}")
-        if self.engine not in _VLLM_ENGINES:
-            raise ConfigError(f"vllm.engine must be one of {_VLLM_ENGINES}, got {self.engine!r}")
         if self.cudagraph_mode not in _CUDAGRAPH_MODES:
             raise ConfigError(f"vllm.cudagraph_mode must be one of {_CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
         if self.cpu_kvcache_space_gib < 0 or self.cpu_num_reserved_cpus < -1:

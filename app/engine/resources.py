@@ -122,7 +122,7 @@ class ResourceProbe:
 
 
 def _mps_clients(nv: Any, handle: Any) -> list[Any]:
-    """The processes of a CUDA MPS server (engine.gpu_sharing = "mps"), which NVML lists apart: its
+    """The processes of a CUDA MPS server (where the host runs one), which NVML lists apart: its
     compute list then holds the server only. [] without MPS or where the driver cannot say."""
     try:
         return list(nv.nvmlDeviceGetMPSComputeRunningProcesses(handle))

@@ -26,7 +26,6 @@ from app.engine.admission import Admission
 from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
 from app.engine.fair_share import FairShare
-from app.engine.gpu_sharing import GpuSharing, start_sharing
 from app.engine.metrics import Metrics
 from app.engine.owners import OwnedVoices
 from app.engine.pipeline import Synthesizer
@@ -34,7 +33,7 @@ from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.voices import VoiceFeatureCache
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
-from app.model.loader import CosyVoice2Model, load_model, resolve_device
+from app.model.loader import CosyVoice2Model, load_model
 from app.model.source import model_fingerprint, resolve_model_dir
 
 if TYPE_CHECKING:
@@ -107,7 +106,6 @@ class StudioService:
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
-        self.gpu_sharing: GpuSharing | None = None  # set by `start`, before CUDA is first used
 
     # --- start / stop ----------------------------------------------------------------------------
 
@@ -118,9 +116,6 @@ class StudioService:
             self.model_dir, self.random_model = await asyncio.to_thread(resolve_model_dir, self.cfg.model,
                                                                         self._set_status)
             m = self.cfg.model
-            if self.gpu_sharing is None:  # before this process first uses CUDA (resolve_device asks NVML)
-                self.gpu_sharing = await asyncio.to_thread(start_sharing, self.cfg.engine.gpu_sharing,
-                                                           gpu=resolve_device(m.device).type == "cuda")
             self.status = "loading model"
             self.model = await asyncio.to_thread(
                 load_model, self.model_dir, device=m.device, llm_dtype=m.llm_dtype, flow_dtype=m.flow_dtype,
@@ -159,14 +154,10 @@ class StudioService:
     async def aclose(self) -> None:
         self.ready = False
         self.status = "stopped"
-        try:
-            if self.synth is not None:
-                await self.synth.aclose()
-            elif self.backend is not None:
-                await self.backend.aclose()
-        finally:
-            if self.gpu_sharing is not None:
-                self.gpu_sharing.close()  # our MPS daemon, if any, quits once this process has gone
+        if self.synth is not None:
+            await self.synth.aclose()
+        elif self.backend is not None:
+            await self.backend.aclose()
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -257,8 +248,6 @@ class StudioService:
             facts["token2wav"] = self.synth.facts()
         if self.start_s is not None:
             facts["service_start_s"] = round(self.start_s, 1)
-        if self.gpu_sharing is not None:
-            facts["gpu_sharing"] = self.gpu_sharing.facts()
         return facts
 
     def model_name(self) -> str:

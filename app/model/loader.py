@@ -45,8 +45,7 @@ class CosyVoice2Model:
 
 def cuda_available() -> bool:
     """Whether a CUDA GPU is there, asked without initialising CUDA: `torch.cuda.device_count()` asks NVML
-    first (`is_available()` would call cuInit), so a CUDA MPS daemon started afterwards
-    (app/engine/gpu_sharing.py) can still take this process as its client."""
+    first (`is_available()` would call cuInit), so vLLM's engine processes spawned later start clean."""
     return torch.cuda.device_count() > 0
 
 

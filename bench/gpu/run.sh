@@ -23,9 +23,8 @@
 #                 incremental flow); *resolve: the same with engine.flow_incremental=false (the re-solve);
 #                 inc/*_inc_pg: the shipped path named explicitly; paged_hops: the paged hop alone
 #                 (bench/gpu/paged_hops.py, HOPS_TIMEOUT)
-#   sharing       the sweep with engine.gpu_sharing off, then mps (MODES, CONFIG, CONC (1,16), RPS (2), SETS)
-#   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1, ENGINE (async | inproc)
-#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT, ENGINE,
+#   lm            the speech LM alone (bench/lm.py): CONC (1,16,64), REPS (2), AWQ=1, SKIP_BF16=1
+#   levers        STEPS="ras eager_ras graphs noasync prefix noprefix profile profile_stack", CONC (1,64), REPS, LM_TIMEOUT,
 #                 PROFILE_CONC (1: the streams profile_stack decodes at once)
 #   soak start|finish   `python app.py` soaked over HTTP, then the engine-kill drill: STREAMS (64), MINUTES (10),
 #                 RATE (0.3), SETS, WAIT_S (560)
@@ -216,23 +215,11 @@ PY
   done
 }
 
-step_sharing() {  # the GPU shared time-sliced vs through a CUDA MPS daemon of the app's own, in one run
-  local mode tag
-  for mode in ${MODES:-off mps}; do
-    echo "=== gpu_sharing=$mode"
-    tag="sharing_${mode}${CONFIG:+_$(basename "$CONFIG" .toml)}"
-    env TAG="$tag" PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved RPS="${RPS:-2}" \
-      SETS="engine.gpu_sharing=$mode ${SETS:-}" bash "$ME" serve
-    python3 -c "import json; print('gpu_sharing', json.load(open('$OUT/sweep_$tag.json'))['facts'].get('gpu_sharing'))" \
-      2>&1 | tail -1
-  done
-}
-
 step_lm() {  # the speech LM alone, bf16 (and W4A16 round-to-nearest with AWQ=1: no calibration on random weights)
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   [ -f /tmp/full/llm.pt ] || python3 -m app.tools.make_model /tmp/full --size full --force | tee "$OUT/make_full.json"
   [ "${SKIP_BF16:-0}" = 1 ] || python3 -m bench.lm --model-dir /tmp/full --device cuda --conc "${CONC:-1,16,64}" \
-    --tokens 300 --reps "${REPS:-2}" ${ENGINE:+--engine "$ENGINE"} --out "$OUT/bench_lm_bf16${ENGINE:+_$ENGINE}.json" \
+    --tokens 300 --reps "${REPS:-2}" --out "$OUT/bench_lm_bf16.json" \
     2>&1 | grep -v -E "^(\(MainProcess pid=[0-9]+\) )?(INFO|DEBUG)" | tail -40
   [ "${AWQ:-0}" = 1 ] || return 0
   local exp
@@ -249,7 +236,7 @@ lm_run() {  # lm_run TAG ARGS...: one bench.lm run -> $OUT/lm_TAG.json (levels p
   local tag=$1; shift
   echo "=== $tag $*"
   timeout "${LM_TIMEOUT:-150}" python3 -m bench.lm --model-dir /tmp/full --device cuda --tokens 300 \
-    --reps "${REPS:-2}" ${ENGINE:+--engine "$ENGINE"} --out "$OUT/lm_$tag${ENGINE:+_$ENGINE}.json" "$@" 2>&1 \
+    --reps "${REPS:-2}" --out "$OUT/lm_$tag.json" "$@" 2>&1 \
     | grep -E "^BENCH_LM|Error|error|RAS CUDA graph|synchronous scheduling|Traceback" | head -30
 }
 
@@ -432,7 +419,6 @@ case $step in
   graphs) gpu_env || exit 3; step_graphs ;;
   incremental) gpu_env || exit 3; step_incremental ;;
   lm) gpu_env || exit 3; step_lm ;;
-  sharing) gpu_env || exit 3; step_sharing ;;
   levers) gpu_env || exit 3; step_levers ;;
   soak) gpu_env || exit 3; step_soak "${2:-}" ;;
   cluster) gpu_env || exit 3; step_cluster ;;
