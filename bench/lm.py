@@ -2,7 +2,7 @@
 
     python -m bench.lm --model-dir D [--config configs/x.toml] [--set vllm.KEY=VALUE ...] [--conc 1,16,64]
         [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
-        [--voice-prefix N] [--profile-dir DIR]
+        [--voice-prefix N] [--profile-dir DIR] [--prompt-ids]
 
 Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
 tokens) built with the model's own embedding tables, and produces exactly `--tokens` speech tokens
@@ -13,8 +13,11 @@ token - submit; ITL = (last - first token time) / (tokens - 1). GPU memory from 
 prompt speech tokens; only the text to speak differs), as a voice's repeat users do: what vLLM's prefix
 cache can reuse. `--profile-dir DIR` (vLLM engines): a torch profile of the engine process over one more
 1-stream request (vLLM's profiler; with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 its steps are annotated).
-Each level also records the event loop's lag (a 5 ms timer's lateness: the GIL and the loop's own work)
-and, with psutil, the CPU seconds per wall second of the loop's thread and of the whole process.
+`--prompt-ids`: the bound of the token-id lever: vLLM started without prompt embeddings and each prompt
+sent as speech-token ids of the same length (same compute per step; what vLLM's runner saves per step
+when no request carries embeddings). Each level also records the event loop's lag (a 5 ms timer's
+lateness: the GIL and the loop's own work) and, with psutil, the CPU seconds per wall second of the
+loop's thread and of the whole process.
 Prints one JSON line per level and a Markdown table; `--out` writes the whole report.
 """
 
@@ -63,11 +66,19 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-async def one(backend, req: LMRequest) -> tuple[float, list[tuple[float, int]]]:
+async def one(backend, req: LMRequest, prompt_ids: bool = False) -> tuple[float, list[tuple[float, int]]]:
     t0 = time.perf_counter()
     marks = []
-    async for ids in backend.stream(req):
-        marks.append((time.perf_counter(), len(ids)))
+    if not prompt_ids:
+        async for ids in backend.stream(req):
+            marks.append((time.perf_counter(), len(ids)))
+        return t0, marks
+    n = int(req.prompt_embeds.shape[0])  # the same prompt length, as speech-token ids (the bound's prompt)
+    ids = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(zlib.crc32(req.request_id.encode())))
+    prompt = {"prompt_token_ids": ids.tolist()}
+    async for out in backend.engine.generate(prompt, backend.sampling_params(req, n), request_id=req.request_id):
+        if k := len(out.outputs[0].token_ids):
+            marks.append((time.perf_counter(), k))
     return t0, marks
 
 
@@ -126,7 +137,7 @@ async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
     probe = asyncio.create_task(loop_lag(lags))
     t0 = time.perf_counter()
     try:
-        res = await asyncio.gather(*[one(backend, r) for r in reqs])
+        res = await asyncio.gather(*[one(backend, r, args.prompt_ids) for r in reqs])
     finally:
         wall = time.perf_counter() - t0
         probe.cancel()
@@ -161,16 +172,19 @@ async def run(args) -> dict:
     cfg = load_config(args.config, sets | parse_sets(args.set))
     model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
     t0 = time.perf_counter()
-    if args.profile_dir:
+    extra = {"enable_prompt_embeds": False} if args.prompt_ids else {}
+    if args.profile_dir or extra:
         from app.engine.vllm_backend import VLLMBackend
 
         # a small trace, quick to write: the engine process only, 100 steps, no gzip; Python stacks (the host's
         # time by function) only when asked, they make the trace several times larger
         # (run Q's default-option trace of a 300-token request was not written within minutes)
-        profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
-                    "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
-                    "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
-        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
+        if args.profile_dir:
+            extra["profiler_config"] = {
+                "profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
+                "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
+                "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
+        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args=extra)
     else:
         backend = await make_backend(cfg, model)
     start_s = time.perf_counter() - t0
@@ -179,7 +193,7 @@ async def run(args) -> dict:
               "engine_start_s": round(start_s, 1),
               "facts": getattr(backend, "facts", dict)(), "tokens": args.tokens,
               "prompt_positions": 2 + args.voice_prefix + args.text_tokens + args.prompt_tokens,
-              "voice_prefix": args.voice_prefix, "sets": args.set,
+              "voice_prefix": args.voice_prefix, "sets": args.set, "prompt_ids": args.prompt_ids,
               "mem_after_start": gpu_memory(), "levels": []}
     try:
         for c in args.conc:
@@ -206,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-dir", default=None, help="vLLM: profile one level (--profile-conc) into DIR")
     p.add_argument("--profile-stack", action="store_true", help="record Python stacks in the profile")
     p.add_argument("--profile-conc", type=int, default=1, help="streams decoded at once while profiling")
+    p.add_argument("--prompt-ids", action="store_true", help="bound: prompts as token ids, no prompt embeds")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)
@@ -216,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     report = asyncio.run(run(args))
-    print(f"engine: {report['engine']}")
+    print(f"prompts as token ids: {args.prompt_ids}")
     print("| streams | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | tokens/s | x real time per stream | loop lag p95 ms "
-          "| CPU/s loop / driver / process |")
+          "| CPU/s loop / process |")
     print("|---|---|---|---|---|---|---|---|")
     for r in report["levels"]:
         print(f"| {r['concurrency']} | {r['ttft_ms_p50']} | {r['ttft_ms_p95']} | {r['itl_ms_p50']} | "
               f"{r['tokens_per_s']} | {r['realtime_x_per_stream']} | {r['loop_lag_ms_p95']} | "
-              f"{r['loop_cpu_share']} / {r['driver_cpu_share']} / {r['process_cpu_share']} |")
+              f"{r['loop_cpu_share']} / {r['process_cpu_share']} |")
     print("memory after runs:", json.dumps(report.get("mem_after_runs")))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
