@@ -2,7 +2,7 @@
 
     python -m bench.lm --model-dir D [--config configs/x.toml] [--set vllm.KEY=VALUE ...] [--conc 1,16,64]
         [--tokens 300] [--prompt-tokens 150] [--text-tokens 20] [--reps 2] [--out report.json]
-        [--voice-prefix N] [--profile-dir DIR] [--prompt-ids]
+        [--voice-prefix N] [--profile-dir DIR]
 
 Each request is a zero-shot-shaped LM prompt (sos, random text ids, task_id, random prompt speech
 tokens) built with the model's own embedding tables, and produces exactly `--tokens` speech tokens
@@ -13,9 +13,7 @@ token - submit; ITL = (last - first token time) / (tokens - 1). GPU memory from 
 prompt speech tokens; only the text to speak differs), as a voice's repeat users do: what vLLM's prefix
 cache can reuse. `--profile-dir DIR` (vLLM engines): a torch profile of the engine process over one more
 1-stream request (vLLM's profiler; with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 its steps are annotated).
-`--prompt-ids`: the bound of the token-id lever: vLLM started without prompt embeddings and each prompt
-sent as speech-token ids of the same length (same compute per step; what vLLM's runner saves per step
-when no request carries embeddings). Each level also records the event loop's lag (a 5 ms timer's
+Each level also records the event loop's lag (a 5 ms timer's
 lateness: the GIL and the loop's own work) and, with psutil, the CPU seconds per wall second of the
 loop's thread and of the whole process.
 Prints one JSON line per level and a Markdown table; `--out` writes the whole report.
@@ -40,6 +38,7 @@ from app.cli import parse_sets
 from app.config import load_config
 from app.engine.backends import make_backend
 from app.engine.lm_backend import LMRequest
+from app.model.llm import build_lm_ids
 from app.model.loader import load_model
 
 
@@ -66,19 +65,11 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-async def one(backend, req: LMRequest, prompt_ids: bool = False) -> tuple[float, list[tuple[float, int]]]:
+async def one(backend, req: LMRequest) -> tuple[float, list[tuple[float, int]]]:
     t0 = time.perf_counter()
     marks = []
-    if not prompt_ids:
-        async for ids in backend.stream(req):
-            marks.append((time.perf_counter(), len(ids)))
-        return t0, marks
-    n = int(req.prompt_embeds.shape[0])  # the same prompt length, as speech-token ids (the bound's prompt)
-    ids = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(zlib.crc32(req.request_id.encode())))
-    prompt = {"prompt_token_ids": ids.tolist()}
-    async for out in backend.engine.generate(prompt, backend.sampling_params(req, n), request_id=req.request_id):
-        if k := len(out.outputs[0].token_ids):
-            marks.append((time.perf_counter(), k))
+    async for ids in backend.stream(req):
+        marks.append((time.perf_counter(), len(ids)))
     return t0, marks
 
 
@@ -91,11 +82,8 @@ def make_requests(model, cfg, n: int, args, tag: str) -> list[LMRequest]:
     for i in range(n):
         text = torch.randint(0, 150_000, (args.text_tokens,), generator=g)
         speech = torch.randint(0, 6561, (args.prompt_tokens,), generator=g)
-        if args.voice_prefix:
-            emb = model.llm.build_lm_input(text, prompt_text, prompt_speech)[0].float().cpu()
-        else:
-            emb = model.llm.build_lm_input(text, (), speech)[0].float().cpu()
-        reqs.append(LMRequest(request_id=f"{tag}-{i}", prompt_embeds=emb, min_tokens=args.tokens,
+        ids = build_lm_ids(text, prompt_text, prompt_speech) if args.voice_prefix else build_lm_ids(text, (), speech)
+        reqs.append(LMRequest(request_id=f"{tag}-{i}", prompt_ids=tuple(ids), min_tokens=args.tokens,
                               max_tokens=args.tokens, seed=i, sampling=cfg.sampling, ignore_eos=True))
     return reqs
 
@@ -137,7 +125,7 @@ async def level(backend, model, cfg, c: int, args, tag: str) -> dict:
     probe = asyncio.create_task(loop_lag(lags))
     t0 = time.perf_counter()
     try:
-        res = await asyncio.gather(*[one(backend, r, args.prompt_ids) for r in reqs])
+        res = await asyncio.gather(*[one(backend, r) for r in reqs])
     finally:
         wall = time.perf_counter() - t0
         probe.cancel()
@@ -172,19 +160,16 @@ async def run(args) -> dict:
     cfg = load_config(args.config, sets | parse_sets(args.set))
     model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
     t0 = time.perf_counter()
-    extra = {"enable_prompt_embeds": False} if args.prompt_ids else {}
-    if args.profile_dir or extra:
+    if args.profile_dir:
         from app.engine.vllm_backend import VLLMBackend
 
         # a small trace, quick to write: the engine process only, 100 steps, no gzip; Python stacks (the host's
         # time by function) only when asked, they make the trace several times larger
         # (run Q's default-option trace of a 300-token request was not written within minutes)
-        if args.profile_dir:
-            extra["profiler_config"] = {
-                "profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
-                "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
-                "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
-        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args=extra)
+        profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
+                    "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
+                    "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
+        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
     else:
         backend = await make_backend(cfg, model)
     start_s = time.perf_counter() - t0
@@ -193,7 +178,7 @@ async def run(args) -> dict:
               "engine_start_s": round(start_s, 1),
               "facts": getattr(backend, "facts", dict)(), "tokens": args.tokens,
               "prompt_positions": 2 + args.voice_prefix + args.text_tokens + args.prompt_tokens,
-              "voice_prefix": args.voice_prefix, "sets": args.set, "prompt_ids": args.prompt_ids,
+              "voice_prefix": args.voice_prefix, "sets": args.set,
               "mem_after_start": gpu_memory(), "levels": []}
     try:
         for c in args.conc:
@@ -220,7 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-dir", default=None, help="vLLM: profile one level (--profile-conc) into DIR")
     p.add_argument("--profile-stack", action="store_true", help="record Python stacks in the profile")
     p.add_argument("--profile-conc", type=int, default=1, help="streams decoded at once while profiling")
-    p.add_argument("--prompt-ids", action="store_true", help="bound: prompts as token ids, no prompt embeds")
     p.add_argument("--device", default=None)
     p.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--tokens", type=int, default=300)
@@ -231,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     report = asyncio.run(run(args))
-    print(f"prompts as token ids: {args.prompt_ids}")
     print("| streams | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | tokens/s | x real time per stream | loop lag p95 ms "
           "| CPU/s loop / process |")
     print("|---|---|---|---|---|---|---|---|")

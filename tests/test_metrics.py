@@ -7,7 +7,6 @@ gauge and the engine process while a fixed-length request runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -196,9 +195,9 @@ def test_kv_cache_and_engine_process_with_the_real_engine(tiny_model_dir, tmp_pa
     async def run() -> tuple[dict, dict, dict, int]:
         backend = await VLLMBackend.start(cfg, tiny_model_dir)
         try:
-            hidden = json.loads((backend.model_path / "config.json").read_text())["hidden_size"]
             g = torch.Generator().manual_seed(0)
-            req = LMRequest(request_id="kv", prompt_embeds=torch.randn(300, hidden, generator=g), min_tokens=0,
+            prompt = tuple(torch.randint(0, 6561, (300,), generator=g).tolist())
+            req = LMRequest(request_id="kv", prompt_ids=prompt, min_tokens=0,
                             max_tokens=400, seed=1, sampling=cfg.sampling, ignore_eos=True)
             during, n = None, 0
             async for ids in backend.stream(req):

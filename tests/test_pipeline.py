@@ -219,10 +219,9 @@ def test_lm_workers_end_even_when_their_event_loop_closed_first(tiny):
     (health, drain), not keep a future of a closed loop pending for good (drain then hung)."""
     synth, _ = tiny
     lm = synth.lm
-    hidden = synth.model.hparams.llm.llm_input_size
 
     async def one(seed: int) -> int:
-        req = LMRequest(request_id=f"loop-{seed}", prompt_embeds=torch.zeros(3, hidden), min_tokens=2, max_tokens=6,
+        req = LMRequest(request_id=f"loop-{seed}", prompt_ids=(0, 0, 0), min_tokens=2, max_tokens=6,
                         seed=seed, sampling=synth.sampling)
         return sum([len(ids) async for ids in lm.stream(req)])
 

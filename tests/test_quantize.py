@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from app.model.hparams import load_hparams
-from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS, SpeechLM
+from app.model.llm import N_SPEECH_ROWS, SPEECH_ID_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS, SpeechLM, build_lm_ids
 from app.model.vllm_export import export_lm_for_vllm, load_head_bias
 from app.tools.calibration import calibration_samples, load_export_lm, text_prefixes
 from app.tools.quantize import check_shapes, lm_weight_bytes, quantize
@@ -226,8 +226,7 @@ def test_awq_streams_through_the_backend(awq_engine, tiny_model_dir):
     runner, backend, cfg = awq_engine
     facts = backend.facts()
     assert facts["quantization"] == "compressed-tensors" and facts["dtype"] == "bfloat16"
-    lm = load_lm(tiny_model_dir)
-    prompt = lm.build_lm_input(list(range(1000, 1012)))[0]  # [T, D]
+    prompt = tuple(build_lm_ids(list(range(1000, 1012))))
     req = LMRequest("awq-ras", prompt, min_tokens=20, max_tokens=20, seed=3, sampling=cfg.sampling)
 
     async def collect() -> list[int]:
@@ -253,15 +252,20 @@ def test_awq_token_agreement_and_memory(awq_engine, quantized, export_bf16, tiny
     params = SamplingParams(temperature=0.0, max_tokens=1, min_tokens=1, stop_token_ids=sorted(STOP_TOKENS),
                             detokenize=False)
 
-    async def next_token(emb: Tensor, rid: str) -> int:
+    from app.model.tokenizer import SpeechTextTokenizer
+
+    tokenizer = SpeechTextTokenizer.from_dir(tiny_model_dir / "CosyVoice-BlankEN")
+    prompt_ids = [build_lm_ids(tokenizer.encode(t)) for t in PROMPTS]  # the prefixes' rows, as ids
+
+    async def next_token(ids: list[int], rid: str) -> int:
         last = None
-        async for o in backend.engine.generate({"prompt_embeds": emb.to(torch.bfloat16)}, params, request_id=rid):
+        async for o in backend.engine.generate({"prompt_token_ids": ids}, params, request_id=rid):
             last = o
         return last.outputs[0].token_ids[0]
 
     async def teacher_forced() -> list[list[int]]:
-        jobs = [next_token(torch.cat([p[0], lm.embed_speech(r[:k])[0]]), f"tf{i}-{k}")
-                for i, (p, r) in enumerate(zip(prefixes, refs, strict=True)) for k in range(N_TOKENS)]
+        jobs = [next_token(p + r[:k], f"tf{i}-{k}")
+                for i, (p, r) in enumerate(zip(prompt_ids, refs, strict=True)) for k in range(N_TOKENS)]
         flat = await asyncio.gather(*jobs)
         return [flat[i * N_TOKENS:(i + 1) * N_TOKENS] for i in range(len(prefixes))]
 
@@ -285,5 +289,8 @@ def test_awq_token_agreement_and_memory(awq_engine, quantized, export_bf16, tiny
     assert kernel >= 0.9  # the engine reads the checkpoint as we do (a misread would be ~0)
     assert vs_fp32 >= 0.5  # random tiny weights: flat distributions (docs/awq.md)
     assert engine_bytes["layers"] < before["layers"] / 3  # the engine keeps 4-bit weights
-    assert engine_bytes["other"] == before["other"]  # embed_tokens, lm_head (+bias), final norm
+    # embed_tokens, lm_head, final norm; the engine's head keeps the speech rows only (app.engine.vllm_model)
+    head = load_file(out / "model.safetensors")["lm_head.weight"]
+    trimmed = (head.shape[0] - SPEECH_ID_ROWS) * head.shape[1] * head.element_size()
+    assert engine_bytes["other"] == before["other"] - trimmed
     assert sys.modules.get("llmcompressor") is None  # the main venv never imports the quant stack

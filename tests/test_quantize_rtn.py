@@ -11,8 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.model.llm import SPEECH_TOKEN_SIZE
-from app.model.loader import load_model
+from app.model.llm import SPEECH_TOKEN_SIZE, build_lm_ids
 from app.model.vllm_export import export_lm_for_vllm, load_head_bias
 from app.tools.quantize_rtn import pack_int4, quantize_folder, quantize_weight
 
@@ -64,8 +63,7 @@ def test_vllm_loads_rtn_by_config(rtn_dir, tiny_model_dir, tmp_path):
         "vllm.quantized_dir": str(rtn_dir), "vllm.export_cache_dir": str(tmp_path), "vllm.max_model_len": 512,
         "vllm.max_num_seqs": 8, "vllm.cpu_kvcache_space_gib": 1,
         "vllm.cpu_omp_threads_bind": f"0-{(os.cpu_count() or 1) - 1}", "vllm.cpu_num_reserved_cpus": 0})
-    llm = load_model(tiny_model_dir, device="cpu").llm
-    prompt = llm.build_lm_input(list(range(1000, 1012)))[0]
+    prompt = tuple(build_lm_ids(list(range(1000, 1012))))
 
     async def run() -> tuple[list[int], dict, int]:
         backend = await vllm_backend.VLLMBackend.start(cfg, tiny_model_dir)

@@ -28,7 +28,7 @@ from app.engine.lm_backend import LMRequest, TorchLMBackend
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import SynthesisRequest
 from app.engine.vllm_start import explain_start_failure
-from app.model.llm import N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, SpeechLM
+from app.model.llm import N_SPEECH_ROWS, SPEECH_ID_ROWS, SPEECH_TOKEN_SIZE, TEXT_ID_OFFSET, SpeechLM, build_lm_ids
 from app.model.loader import load_model
 from app.model.vllm_export import (
     EXPORT_FORMAT,
@@ -114,37 +114,42 @@ def test_per_step_levers_reach_gpu_engines_only(tmp_path):
 
 def test_export_logits_equal_speechlm(tiny_model_dir, tmp_path):
     """The exported folder, read as a stock HF Qwen2 (transformers, strict) + the bias file beside it,
-    gives SpeechLM's logits: the architecture vLLM ships, no plugin."""
+    gives SpeechLM's logits from the prompt's ids (build_lm_ids): the architecture vLLM ships, no plugin."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
-    assert cfg["cosyvoice2_export"]["format"] == EXPORT_FORMAT == 2
-    assert cfg["vocab_size"] == padded_vocab_size() == 6592 and cfg["tie_word_embeddings"] is False
+    assert cfg["cosyvoice2_export"]["format"] == EXPORT_FORMAT == 3
+    n_text = torch.load(tiny_model_dir / "llm.pt", weights_only=True)["llm.model.model.embed_tokens.weight"].shape[0]
+    vocab = padded_vocab_size(TEXT_ID_OFFSET + n_text)
+    assert cfg["vocab_size"] == vocab and vocab % 64 == 0 and cfg["tie_word_embeddings"] is False
     assert "bos_token_id" not in cfg and "eos_token_id" not in cfg
     # vLLM's loader reads only top-level *.safetensors: the stock Qwen2 weights, no bias among them
     assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
     sd = load_file(out / "model.safetensors")
     assert "lm_head.bias" not in sd
     bias = load_head_bias(out)
-    assert (out / HEAD_BIAS_FILE).is_file() and bias.dtype == torch.float32 and bias.shape == (6592,)
+    assert (out / HEAD_BIAS_FILE).is_file() and bias.dtype == torch.float32 and bias.shape == (vocab,)
     official = torch.load(tiny_model_dir / "llm.pt", weights_only=True)["llm_decoder.bias"]
     assert torch.equal(bias[:N_SPEECH_ROWS], official.float())  # the official values, not rounded
     assert (bias[N_SPEECH_ROWS:] == PAD_BIAS).all() and not sd["lm_head.weight"][N_SPEECH_ROWS:].any()
-    assert not sd["model.embed_tokens.weight"][N_SPEECH_ROWS:].any()
+    assert not sd["model.embed_tokens.weight"][N_SPEECH_ROWS:SPEECH_ID_ROWS].any()
 
     hf = Qwen2ForCausalLM(Qwen2Config.from_dict({k: v for k, v in cfg.items() if k != "architectures"}))
     hf.load_state_dict(sd, strict=True)
     model = load_model(tiny_model_dir, device="cpu")
     llm: SpeechLM = model.llm
     with torch.inference_mode():
-        lm_input = llm.build_lm_input(list(range(300, 330)), list(range(400, 410)), list(range(10, 60)))
-        ids = torch.tensor([[5, 6561 - 1, 77, 0]])  # fed-back speech tokens go through embed_tokens
+        text, prompt_text, prompt_speech = list(range(300, 330)), [0, 400, n_text - 1], list(range(10, 60))
+        lm_input = llm.build_lm_input(text, prompt_text, prompt_speech)
+        ids = [5, 6561 - 1, 77, 0]  # fed-back speech tokens
         emb = torch.cat([lm_input, llm.embed_speech(ids)], dim=1)
         ref = llm.llm_decoder(llm.hidden(emb))  # [1, T, 6564]
-        got = hf(inputs_embeds=emb).logits + bias  # [1, T, 6592]
-        assert torch.equal(hf.model.embed_tokens(ids), llm.embed_speech(ids))
+        prompt = torch.tensor([build_lm_ids(text, prompt_text, prompt_speech) + ids])
+        assert torch.equal(hf.model.embed_tokens(prompt), emb)  # the same rows: ids lose nothing
+        assert torch.equal(llm.embed_lm_ids(prompt[0].tolist()), emb)  # the torch backend's path
+        got = hf(input_ids=prompt).logits + bias  # [1, T, V]
     err = (got[..., :N_SPEECH_ROWS] - ref).abs().max().item()
     assert err < 1e-4, err
     assert (got[..., N_SPEECH_ROWS:] < ref.min() - 1000).all()
@@ -189,8 +194,9 @@ def test_export_idempotent_keyed_atomic(tiny_model_dir, tmp_path, monkeypatch):
 
 
 def test_old_or_foreign_lm_folders_are_refused(tiny_model_dir, tmp_path):
-    """A quantized_dir of export format 1 (CosyVoice2ForCausalLM, bias in the weights: it needed our
-    vLLM plugin) or without the bias file is refused before vLLM starts, saying what to do."""
+    """A quantized_dir of an older export format (1: CosyVoice2ForCausalLM with the bias in the weights,
+    it needed our vLLM plugin; 2: the speech table only, prompts as embeddings) or without the bias file
+    is refused before vLLM starts, saying what to do."""
     from app.engine.vllm_start import EngineStartError, check_lm_folder
 
     out = export_lm_for_vllm(tiny_model_dir, tmp_path / "cache", dtype="float32")
@@ -198,10 +204,11 @@ def test_old_or_foreign_lm_folders_are_refused(tiny_model_dir, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(out, old)
     cfg = json.loads((old / "config.json").read_text())
-    cfg["architectures"], cfg["cosyvoice2_export"]["format"] = ["CosyVoice2ForCausalLM"], 1
-    (old / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(EngineStartError, match=r"export format 2.*quantize this model's export again"):
-        check_lm_folder(old)
+    for arch, fmt in ((["CosyVoice2ForCausalLM"], 1), (["Qwen2ForCausalLM"], 2)):
+        cfg["architectures"], cfg["cosyvoice2_export"]["format"] = arch, fmt
+        (old / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(EngineStartError, match=rf"export format 3 .*format {fmt},.*quantize this model's export"):
+            check_lm_folder(old)
     (out / HEAD_BIAS_FILE).unlink()
     with pytest.raises(EngineStartError, match="missing"):
         check_lm_folder(out)
@@ -281,8 +288,10 @@ def engine(runner, tiny_model_dir, cache_dir):
         mp.setenv("VLLM_PLUGINS", FOREIGN_PLUGINS)  # inherited by the engine process it spawns
         backend = runner.run(make_backend(cfg, model))
     assert isinstance(backend, vllm_backend.VLLMBackend)
-    # vLLM's own class: no plugin registered it
-    assert backend.engine.vllm_config.model_config.architectures == ["Qwen2ForCausalLM"]
+    # vLLM's Qwen2 with the id space's table (app.engine.vllm_model, registered by the app and by the RAS
+    # processor in the engine process: no plugin) and a head of the speech rows only
+    mc = backend.engine.vllm_config.model_config
+    assert mc.architectures == ["CosyVoice2ForCausalLM"] and mc.get_vocab_size() == SPEECH_ID_ROWS
     print(f"\nvLLM engine start {time.perf_counter() - t0:.1f} s (export + AsyncLLM); facts {backend.facts()}")
     assert len(model.llm.llm.model.model.layers) == 0  # vLLM decodes: the torch layers were freed
     synth = Synthesizer(model, backend, cfg)
@@ -317,8 +326,9 @@ def test_one_engine_per_process(engine, runner, tiny_model_dir):
         runner.run(vllm_backend.VLLMBackend.start(cfg, tiny_model_dir))
     facts = backend.facts()
     assert facts["backend"] == "vllm" and facts["dtype"] == "float32" and facts["running"]
-    assert facts["engine_args"]["enable_prompt_embeds"] and facts["engine_args"]["skip_tokenizer_init"]
-    too_long = LMRequest("too-long", torch.zeros(cfg.vllm.max_model_len, 128), 1, 10, 0, cfg.sampling)
+    # prompts arrive as ids: no prompt embeddings (they cost vLLM's runner host time every step)
+    assert "enable_prompt_embeds" not in facts["engine_args"] and facts["engine_args"]["skip_tokenizer_init"]
+    too_long = LMRequest("too-long", (0,) * cfg.vllm.max_model_len, 1, 10, 0, cfg.sampling)
     with pytest.raises(ValueError, match=r"vllm\.max_model_len"):
         runner.run(collect(backend, too_long))
 

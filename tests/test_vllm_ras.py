@@ -9,6 +9,7 @@ PyTorch reference.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from types import SimpleNamespace
@@ -130,7 +131,6 @@ def _ras_sp(**ras):
 
 
 def test_processor_tracks_the_persistent_batch() -> None:
-    pytest.importorskip("vllm")
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
@@ -184,7 +184,6 @@ def test_processor_tracks_the_persistent_batch() -> None:
 
 
 def test_processor_validation_and_loading() -> None:
-    pytest.importorskip("vllm")
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
 
@@ -214,7 +213,7 @@ def test_processor_adds_the_head_bias_to_every_row(tiny_model_dir, tmp_path) -> 
     from app.model.vllm_export import export_lm_for_vllm, load_head_bias
 
     folder = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="bfloat16")
-    bias = load_head_bias(folder)
+    bias = load_head_bias(folder)[:VOCAB]  # the engine's head: the speech rows (app.engine.vllm_model)
     config = SimpleNamespace(model_config=SimpleNamespace(model=str(folder), get_vocab_size=lambda: VOCAB))
     proc = RASLogitsProcessor(config, torch.device("cpu"), False)
     assert proc.head_bias.dtype == torch.float32 and torch.equal(proc.head_bias, bias)
@@ -227,9 +226,10 @@ def test_processor_adds_the_head_bias_to_every_row(tiny_model_dir, tmp_path) -> 
     assert torch.equal(got[0], raw[0] + bias)
     batch = RASBatch.build([RASParams()])
     assert torch.equal(got[1], ras_log_probs((raw + bias)[1:], batch, *batch.history([[5, 6]], "cpu"))[0])
-    config.model_config.get_vocab_size = lambda: VOCAB - 64
-    with pytest.raises(ValueError, match="export the LM again"):
-        RASLogitsProcessor(config, torch.device("cpu"), False)
+    for rows in (VOCAB - 64, 10**6):  # fewer than the speech rows, more than the file has
+        config.model_config.get_vocab_size = lambda rows=rows: rows
+        with pytest.raises(ValueError, match="export the LM again"):
+            RASLogitsProcessor(config, torch.device("cpu"), False)
 
 
 # --- the real vLLM CPU engine: same per-step distribution as the PyTorch reference ----------
@@ -263,22 +263,27 @@ def sharp_lm(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(sharp_lm, tmp_path_factory):
-    """One fp32 vLLM engine with the RAS processor; logprobs are the processed (post-RAS) ones."""
-    pytest.importorskip("vllm")
+    """One fp32 vLLM engine with the RAS processor, the model as the app's engine sees it (the id space's
+    table, a head of the speech rows); logprobs are the processed (post-RAS) ones."""
     from vllm import LLM
 
+    from app.engine import vllm_model
+    from app.model.llm import SPEECH_ID_ROWS
     from app.model.vllm_export import export_lm_for_vllm
 
     folder = export_lm_for_vllm(sharp_lm[0], tmp_path_factory.mktemp("export"), dtype="float32")
+    vllm_model.register()
+    overrides = vllm_model.hf_overrides(json.loads((folder / "config.json").read_text()), SPEECH_ID_ROWS)
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, os.environ.get(k, v))
-        mp.setenv("VLLM_PLUGINS", "someone_elses_plugin")  # no plugin of ours: vLLM's own Qwen2
+        mp.setenv("VLLM_PLUGINS", "someone_elses_plugin")  # no plugin of ours
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         llm = LLM(model=str(folder), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype="float32",
-                  enforce_eager=True, max_model_len=256, max_num_seqs=64, seed=0, max_logprobs=-1,
-                  logprobs_mode="processed_logprobs", logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"])
+                  enforce_eager=True, hf_overrides=overrides, max_model_len=256, max_num_seqs=64, seed=0,
+                  max_logprobs=-1, logprobs_mode="processed_logprobs",
+                  logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"])
     try:
         yield llm
     finally:
@@ -331,7 +336,7 @@ def test_engine_logits_equal_the_reference(engine, sharp_lm) -> None:
     from vllm import SamplingParams
 
     lm = sharp_lm[1]
-    assert engine.llm_engine.vllm_config.model_config.architectures == ["Qwen2ForCausalLM"]
+    assert engine.llm_engine.vllm_config.model_config.architectures == ["CosyVoice2ForCausalLM"]
     g = torch.Generator().manual_seed(3)
     teacher = torch.randint(0, EOS, (12,), generator=g).tolist()
     prompts = []

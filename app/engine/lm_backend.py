@@ -24,7 +24,7 @@ from app.model.sampling import ras_sample
 @dataclass(frozen=True)
 class LMRequest:
     request_id: str
-    prompt_embeds: Tensor  # [T, D] float32: [sos, text emb, task_id, prompt speech emb]
+    prompt_ids: tuple[int, ...]  # [sos, text, task_id, prompt speech] as ids of one table (llm.build_lm_ids)
     min_tokens: int
     max_tokens: int
     seed: int
@@ -104,8 +104,7 @@ class TorchLMBackend:
         if req.ignore_eos:
             sampler = partial(_without_stop_tokens, sampler)
         generator = torch.Generator(device="cpu").manual_seed(req.seed)
-        device = next(self.llm.parameters()).device
-        lm_input = req.prompt_embeds.to(device).unsqueeze(0)
+        lm_input = self.llm.embed_lm_ids(req.prompt_ids)
         for token in self.llm.decode(lm_input, req.min_tokens, req.max_tokens, generator, sampler):
             if cancel.is_set():
                 return

@@ -32,6 +32,7 @@ from app.model.flow.prompt_cache import PromptCache
 from app.model.flow.work import FlowWork
 from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
+from app.model.llm import build_lm_ids
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
 
@@ -125,7 +126,7 @@ class Synthesizer:
     def lm_request(self, req: SynthesisRequest, segment: str, index: int,
                    voice: VoiceFeatures | None = None) -> LMRequest:
         """The LM request of segment `index` (its text `segment`), in `voice` (default: the request's)."""
-        fe, llm, voice = self.model.frontend, self.model.llm, voice or req.voice
+        fe, voice = self.model.frontend, voice or req.voice
         text_ids = fe.text_ids(segment)
         empty = torch.zeros(0, dtype=torch.int32)
         if req.mode == "zero_shot":
@@ -135,15 +136,14 @@ class Synthesizer:
         else:  # instruct: the instruction replaces the transcript; it must end with <|endofprompt|>
             instruct = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
             prompt_ids, prompt_speech = fe.text_ids(instruct), empty
-        with torch.inference_mode():
-            lm_input = llm.build_lm_input(text_ids, prompt_ids, prompt_speech)
+        lm_ids = tuple(build_lm_ids(text_ids, prompt_ids, prompt_speech))
         s = self.sampling
         if req.fixed_tokens:  # benchmark mode: a set output length whatever the (random) weights sample
             min_tokens = max_tokens = req.fixed_tokens
         else:
             min_tokens, max_tokens = s.length_limits(len(text_ids))
         return LMRequest(
-            request_id=f"{req.request_id}-{index}", prompt_embeds=lm_input[0].float().cpu(), min_tokens=min_tokens,
+            request_id=f"{req.request_id}-{index}", prompt_ids=lm_ids, min_tokens=min_tokens,
             max_tokens=max_tokens, seed=req.seed + index, sampling=s, ignore_eos=bool(req.fixed_tokens))
 
     async def _run_t2w(self, u: Utterance, plan: ChunkPlan) -> np.ndarray:

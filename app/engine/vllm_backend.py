@@ -2,7 +2,8 @@
 
 `VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by llm.pt's
 content) as a stock Qwen2 folder and starts vLLM's `AsyncLLM` (its engine core a process) with the
-`[vllm]` settings. `stream(req)` sends `req.prompt_embeds` with DELTA outputs and yields each step's new
+`[vllm]` settings. `stream(req)` sends `req.prompt_ids` (token ids: no prompt embeddings, which cost
+vLLM's runner host time every step) with DELTA outputs and yields each step's new
 speech-token ids (stop ids 6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits
 processor. Closing the stream or cancelling its task aborts the request. vLLM is imported only inside
 `start`.
@@ -24,9 +25,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from app.config import Config, SamplingConfig, VLLMConfig
+from app.engine import vllm_model
 from app.engine.lm_backend import BackendHealth, LMRequest
 from app.engine.vllm_start import (
     EngineDiedError,
@@ -39,7 +39,15 @@ from app.engine.vllm_start import (
     explain_start_failure,
     unset_env,
 )
-from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_TOKEN_SIZE, STOP_TOKENS
+from app.model.llm import (
+    EOS_TOKEN,
+    N_SPEECH_ROWS,
+    SOS_ID,
+    SPEECH_ID_ROWS,
+    SPEECH_TOKEN_SIZE,
+    STOP_TOKENS,
+    TASK_ID_ID,
+)
 from app.model.vllm_export import export_lm_for_vllm
 
 log = logging.getLogger(__name__)
@@ -65,7 +73,6 @@ class VLLMBackend:
         self.engine, self.cfg, self.model_path = engine, cfg, model_path
         self._kwargs, self._env = kwargs, env
         self.start_s = time.perf_counter() - started_at  # engine start (after the export)
-        self._dtype = getattr(torch, cfg.dtype)
         self._ids = itertools.count()
         self._closed = False
         self._facts = self._read_facts()  # the engine's resolved config is fixed once it runs
@@ -107,14 +114,17 @@ class VLLMBackend:
         else:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
-        max_pos = check_lm_folder(model_path).get("max_position_embeddings")  # for the start failure's advice
+        export = check_lm_folder(model_path)
+        max_pos = export.get("max_position_embeddings")  # for the start failure's advice
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         try:
             from vllm.platforms import current_platform
         except ImportError as e:
             raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (GPU) or "
                                    "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
-        kwargs = engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu()) | extra
+        vllm_model.register()  # the engine's view of the export: the id space's table, a speech-sized head
+        kwargs = (engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
+                  | {"hf_overrides": vllm_model.hf_overrides(export, SPEECH_ID_ROWS)} | extra)
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:
@@ -156,14 +166,13 @@ class VLLMBackend:
         engine = self.engine  # this request's engine, also after a restart swapped self.engine
         if engine is None or engine.errored:
             raise EngineDiedError(self.fault() or "the vLLM engine is not running")
-        prompt_len = int(req.prompt_embeds.shape[0])
+        prompt_len = len(req.prompt_ids)
         if prompt_len >= self.cfg.max_model_len:
             raise ValueError(f"the LM prompt has {prompt_len} positions, vllm.max_model_len is "
                              f"{self.cfg.max_model_len}: use a shorter reference clip or raise vllm.max_model_len")
         params = self.sampling_params(req, prompt_len)
         rid = f"{req.request_id}#{next(self._ids)}"  # unique: an abort by id hits only this stream
-        embeds = req.prompt_embeds.detach().to(device="cpu", dtype=self._dtype).contiguous()  # [T, D]
-        gen = engine.generate({"prompt_embeds": embeds}, params, request_id=rid)
+        gen = engine.generate({"prompt_token_ids": list(req.prompt_ids)}, params, request_id=rid)
         finished = False
         try:
             async for out in gen:
@@ -259,8 +268,7 @@ class VLLMBackend:
         t0 = time.perf_counter()
         self.engine = await asyncio.to_thread(new_engine, self._kwargs)
         self.start_s, self._facts = time.perf_counter() - t0, self._read_facts()
-        hidden = self.engine.vllm_config.model_config.get_hidden_size()
-        probe = LMRequest(request_id="restart-probe", prompt_embeds=torch.zeros(2, hidden), min_tokens=0,
+        probe = LMRequest(request_id="restart-probe", prompt_ids=(SOS_ID, TASK_ID_ID), min_tokens=0,
                           max_tokens=1, seed=0, sampling=SamplingConfig())
         async for _ in self.stream(probe):  # also starts its output handler, which `_watch` needs
             pass

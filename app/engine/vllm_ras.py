@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from app.engine import vllm_model
 from app.engine.vllm_start import ENGINE_OPTIONS_KEY
 from app.engine.vllm_w4a16 import install_if_needed
+from app.model.llm import N_SPEECH_ROWS
 from app.model.ras_batch import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
 from app.model.ras_graphs import RASGraphs
 from app.model.vllm_export import load_head_bias
@@ -49,10 +51,11 @@ def processor_options(vllm_config: Any) -> dict[str, Any]:
 
 
 def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
-    """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`."""
+    """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`; the
+    engine's V may be the speech rows only (app.engine.vllm_model), the file has the table's rows."""
     mc = vllm_config.model_config
-    bias = load_head_bias(Path(mc.model))
-    if bias.shape != (mc.get_vocab_size(),):
+    bias = load_head_bias(Path(mc.model))[:mc.get_vocab_size()]
+    if bias.shape != (mc.get_vocab_size(),) or bias.shape[0] < N_SPEECH_ROWS:
         raise ValueError(f"{mc.model}: lm_head bias has shape {tuple(bias.shape)}, the vocabulary is "
                          f"{mc.get_vocab_size()}; export the LM again")
     return bias.to(device)
@@ -64,6 +67,7 @@ class RASLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         if vllm_config is not None:  # vLLM builds logits processors before the model: 4-bit layers on
             install_if_needed()  # CPUs whose vLLM build lacks the W4A16 GEMM (app.engine.vllm_w4a16)
+            vllm_model.register()  # and the architecture the engine's hf_overrides name
         self.device = torch.device(device)
         self.pin = bool(is_pin_memory)
         # [V] float32; None only without a vllm_config (bookkeeping tests on bare logits)

@@ -57,7 +57,7 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dic
     # read by the RAS processor in the engine process (app.engine.vllm_ras.processor_options)
     levers["additional_config"] = {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": gpu and cfg.ras_cuda_graphs}}
     return levers | dict(
-        model=str(model_path), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype=cfg.dtype,
+        model=str(model_path), skip_tokenizer_init=True, dtype=cfg.dtype,
         quantization=cfg.quantization or None, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) if gpu and cfg.kv_cache_gib else None,

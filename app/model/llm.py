@@ -7,7 +7,8 @@ stop-token constants (the length limits are `SamplingConfig.length_limits`, app/
 
 Sequence fed to the Qwen2 backbone (positions from 0 at sos):
     [sos, embed_tokens(prompt_text + text), task_id, speech_embedding(prompt_speech)]
-sos/task_id are the two rows of `llm_embedding`; no speaker embedding is used.
+sos/task_id are the two rows of `llm_embedding`; no speaker embedding is used. The same sequence as
+ids of one table (`build_lm_ids`, `embed_lm_ids`; the vLLM export's embedding): what serving engines send.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ FILL_TOKEN = SPEECH_TOKEN_SIZE + 2  # 6563: bistream "need more text" marker
 STOP_TOKENS = frozenset({EOS_TOKEN, UNUSED_STOP_TOKEN, FILL_TOKEN})
 N_SPEECH_ROWS = SPEECH_TOKEN_SIZE + 3  # rows of speech_embedding / outputs of llm_decoder
 SOS_ROW, TASK_ID_ROW = 0, 1  # rows of llm_embedding
+# The prompt's id space, one table: speech tokens [0, 6564) padded to SPEECH_ID_ROWS (a multiple of 64),
+# then sos and task_id, then the text vocabulary from TEXT_ID_OFFSET. Sampled ids stay speech tokens.
+SPEECH_ID_ROWS = 6592
+SOS_ID, TASK_ID_ID = SPEECH_ID_ROWS + SOS_ROW, SPEECH_ID_ROWS + TASK_ID_ROW
+TEXT_ID_OFFSET = SPEECH_ID_ROWS + 2
 
 
 class _Qwen2Encoder(nn.Module):
@@ -106,6 +112,20 @@ class SpeechLM(nn.Module):
                           self.embed_speech(prompt_speech_tokens)], dim=1)
 
     @torch.inference_mode()
+    def embed_lm_ids(self, ids: Sequence[int]) -> Tensor:
+        """`[1, T, D]` embeddings of a `build_lm_ids` prompt: the same rows `build_lm_input` takes."""
+        t = _ids(ids, self.device)[0]
+        out = torch.empty(len(t), self.dims.llm_input_size, dtype=self.speech_embedding.weight.dtype,
+                          device=self.device)
+        speech, text = t < SPEECH_ID_ROWS, t >= TEXT_ID_OFFSET
+        special = ~(speech | text)
+        out[speech] = self.speech_embedding(t[speech])
+        out[special] = self.llm_embedding(t[special] - SPEECH_ID_ROWS)
+        out[text] = self.llm.model.model.embed_tokens(t[text] - TEXT_ID_OFFSET)
+        return out.unsqueeze(0)
+
+
+    @torch.inference_mode()
     def hidden(self, inputs_embeds: Tensor, cache: KVCache | None = None) -> Tensor:
         """Final-norm Qwen2 hidden states `[B, T, D]` (see `Qwen2Model.forward`)."""
         return self.llm.model(inputs_embeds, cache)
@@ -172,3 +192,11 @@ class SpeechLM(nn.Module):
         sampler = sampler or self.ras_sampler()
         while (token := self.next_token(state, sampler)) is not None:
             yield token
+
+
+def build_lm_ids(text_ids: Tensor | Sequence[int], prompt_text_ids: Tensor | Sequence[int] = (),
+                 prompt_speech_tokens: Tensor | Sequence[int] = ()) -> list[int]:
+    """`build_lm_input`'s sequence as ids of the one table (see TEXT_ID_OFFSET)."""
+    text = [*torch.as_tensor(prompt_text_ids).reshape(-1).tolist(), *torch.as_tensor(text_ids).reshape(-1).tolist()]
+    return [SOS_ID, *(TEXT_ID_OFFSET + int(t) for t in text), TASK_ID_ID,
+            *(int(s) for s in torch.as_tensor(prompt_speech_tokens).reshape(-1).tolist())]

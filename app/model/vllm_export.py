@@ -1,13 +1,15 @@
 """Export the speech LM of a CosyVoice2 folder as a Hugging Face-format Qwen2 folder for vLLM.
 
-vLLM serves a causal LM whose vocabulary is the speech-token table, so the export maps
-    speech_embedding [6564, D]  -> model.embed_tokens.weight [6592, D]  (padded rows 0)
-    llm_decoder.weight          -> lm_head.weight [6592, D]  (padded rows 0)
-    llm_decoder.bias            -> HEAD_BIAS_FILE: lm_head.bias [6592] float32
-                                   (padded rows PAD_BIAS, so they are never sampled)
+vLLM serves a causal LM whose embedding is the prompt's one id space (app.model.llm.build_lm_ids), so
+prompts arrive as token ids (no prompt embeddings: they cost vLLM's runner host time on every step):
+    speech_embedding [6564, D] ; llm_embedding [2, D] ; Qwen's embed_tokens [Vt, D]
+                                -> model.embed_tokens.weight [V, D]: rows 0, SPEECH_ID_ROWS, TEXT_ID_OFFSET
+                                   (V = TEXT_ID_OFFSET + Vt padded to 64; padded rows 0)
+    llm_decoder.weight          -> lm_head.weight [V, D]  (rows past 6564 are 0)
+    llm_decoder.bias            -> HEAD_BIAS_FILE: lm_head.bias [V] float32
+                                   (rows past 6564 PAD_BIAS, so only speech tokens are ever sampled)
     llm.model.model.layers.*, llm.model.model.norm.weight -> model.layers.*, model.norm.weight
-and drops Qwen's text embedding/lm_head (the text part of a prompt arrives as `prompt_embeds`)
-and `llm_embedding` (sos/task_id rows, also inside the prompt embeddings).
+and drops Qwen's text lm_head.
 
 config.json names `Qwen2ForCausalLM`, an architecture vLLM ships, so no model plugin (and no
 install of this project) is needed in vLLM's engine processes. Qwen2's lm_head has no bias: the
@@ -32,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.model.hparams import ModelFolderError, load_hparams
-from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS
+from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SPEECH_ID_ROWS, TEXT_ID_OFFSET
 
 ARCHITECTURE = "Qwen2ForCausalLM"  # shipped by vLLM and transformers: no plugin
 HEAD_BIAS_FILE = "cosyvoice2/lm_head_bias.safetensors"  # not a top-level *.safetensors: vLLM never loads it
@@ -40,15 +42,17 @@ HEAD_BIAS_KEY = "lm_head.bias"
 VOCAB_MULTIPLE = 64  # vocab rows padded to a multiple of 64 (GPU-friendly lm_head / embedding shapes)
 PAD_BIAS = -1.0e4  # finite (fp16-safe) bias of the padded lm_head rows: exp(-1e4) == 0 in every dtype
 # bump when the layout below changes (recorded in config.json and in the folder name). 1: architecture
-# CosyVoice2ForCausalLM with lm_head.bias in model.safetensors (needed a vLLM plugin); 2: this layout.
-EXPORT_FORMAT = 2
+# CosyVoice2ForCausalLM with lm_head.bias in model.safetensors (needed a vLLM plugin); 2: the speech table
+# only (prompts as embeddings); 3: this layout.
+EXPORT_FORMAT = 3
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _LAYER_PREFIX = "llm.model.model.layers."
-_DROPPED = ("llm.model.model.embed_tokens.weight", "llm.model.lm_head.weight", "llm_embedding.weight")
+_DROPPED = ("llm.model.lm_head.weight",)
+_TABLES = ("speech_embedding.weight", "llm_embedding.weight", "llm.model.model.embed_tokens.weight")
 
 
-def padded_vocab_size(n_rows: int = N_SPEECH_ROWS) -> int:
-    """6564 -> 6592: rows of the exported embedding / lm_head."""
+def padded_vocab_size(n_rows: int) -> int:
+    """Rows of the exported embedding / lm_head: `n_rows` up to a multiple of 64."""
     return -(-n_rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
@@ -73,21 +77,23 @@ def lm_tensors(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, tor
     All in `dtype` except `lm_head.bias`, kept float32: it is added to vLLM's float32 logits, so the
     official fp32 values are used as they are (the head bias for HEAD_BIAS_FILE, not model.safetensors).
     """
-    for key in ("speech_embedding.weight", "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight"):
+    for key in (*_TABLES, "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight"):
         if key not in sd:
             raise ModelFolderError(f"llm.pt has no {key}: not a CosyVoice2 speech LM checkpoint")
     rows = sd["speech_embedding.weight"].shape[0]
     if rows != N_SPEECH_ROWS or sd["llm_decoder.weight"].shape[0] != N_SPEECH_ROWS:
         raise ModelFolderError(f"llm.pt speech tables have {rows} rows, expected {N_SPEECH_ROWS}")
-    vocab = padded_vocab_size()
+    text = sd["llm.model.model.embed_tokens.weight"]
+    vocab = padded_vocab_size(TEXT_ID_OFFSET + text.shape[0])
+    table = torch.cat([_pad_rows(sd["speech_embedding.weight"], SPEECH_ID_ROWS, 0.0), sd["llm_embedding.weight"],
+                       text.to(sd["speech_embedding.weight"].dtype)])
     out = {
-        "model.embed_tokens.weight": _pad_rows(sd["speech_embedding.weight"], vocab, 0.0),
+        "model.embed_tokens.weight": _pad_rows(table, vocab, 0.0),
         "lm_head.weight": _pad_rows(sd["llm_decoder.weight"], vocab, 0.0),
         "lm_head.bias": _pad_rows(sd["llm_decoder.bias"], vocab, PAD_BIAS),
         "model.norm.weight": sd["llm.model.model.norm.weight"],
     }
-    known = {"speech_embedding.weight", "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight",
-             *_DROPPED}
+    known = {*_TABLES, "llm_decoder.weight", "llm_decoder.bias", "llm.model.model.norm.weight", *_DROPPED}
     for key, t in sd.items():
         if key.startswith(_LAYER_PREFIX):
             out["model.layers." + key[len(_LAYER_PREFIX):]] = t
@@ -113,14 +119,14 @@ def save_head_bias(bias: torch.Tensor, folder: Path) -> None:
     save_file({HEAD_BIAS_KEY: bias.detach().float().contiguous()}, str(path), metadata={"format": "pt"})
 
 
-def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
-    """config.json: the folder's Qwen2 config with the speech vocabulary and a separate (untied) head."""
+def hf_config(model_dir: Path, dtype: str, source_sha256: str, vocab: int) -> dict:
+    """config.json: the folder's Qwen2 config with the one id space (`vocab` rows) and an untied head."""
     qwen = load_hparams(model_dir).llm.qwen
     base = json.loads((model_dir / "CosyVoice-BlankEN" / "config.json").read_text(encoding="utf-8"))
     for k in ("bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "dtype", "torch_dtype"):
         base.pop(k, None)  # no text special ids: stops come from SamplingParams.stop_token_ids
     base.update(
-        architectures=[ARCHITECTURE], model_type="qwen2", vocab_size=padded_vocab_size(),
+        architectures=[ARCHITECTURE], model_type="qwen2", vocab_size=vocab,
         tie_word_embeddings=False, torch_dtype=dtype,
         hidden_size=qwen.hidden_size, num_hidden_layers=qwen.num_layers, num_attention_heads=qwen.num_heads,
         num_key_value_heads=qwen.num_kv_heads, intermediate_size=qwen.intermediate_size,
@@ -128,7 +134,8 @@ def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
         max_position_embeddings=qwen.max_position_embeddings,
         cosyvoice2_export={"format": EXPORT_FORMAT, "llm_pt_sha256": source_sha256,
                            "n_valid_tokens": N_SPEECH_ROWS, "eos_token": EOS_TOKEN, "pad_bias": PAD_BIAS,
-                           "head_bias_file": HEAD_BIAS_FILE},
+                           "head_bias_file": HEAD_BIAS_FILE, "sos_id": SPEECH_ID_ROWS,
+                           "text_id_offset": TEXT_ID_OFFSET},
     )
     return base
 
@@ -136,7 +143,7 @@ def hf_config(model_dir: Path, dtype: str, source_sha256: str) -> dict:
 def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloat16") -> Path:
     """Write (once) and return `cache_root/<sha256 of llm.pt, 16 hex>-<dtype>-v<format>/` for vLLM.
 
-    Holds `config.json` (architectures ["Qwen2ForCausalLM"], vocab 6592), `model.safetensors` and
+    Holds `config.json` (architectures ["Qwen2ForCausalLM"]), `model.safetensors` and
     HEAD_BIAS_FILE (see the module docstring for the tensor map). Idempotent: an existing folder is
     returned as is; a concurrent export of the same key loses the rename race harmlessly.
     """
@@ -158,7 +165,7 @@ def export_lm_for_vllm(model_dir: Path, cache_root: Path, *, dtype: str = "bfloa
     except Exception as e:  # torch raises many types (pickle, zip, RuntimeError) for bad files
         raise ModelFolderError(f"cannot load {llm_pt}: {e}") from e
     tensors = lm_tensors(sd, _DTYPES[dtype])
-    config = hf_config(model_dir, dtype, sha)
+    config = hf_config(model_dir, dtype, sha, tensors["lm_head.weight"].shape[0])
     del sd
 
     cache_root.mkdir(parents=True, exist_ok=True)
