@@ -33,13 +33,14 @@ def test_ras_settings_come_from_the_yaml_unless_overridden(parity_model_dir, tmp
 
 
 def test_the_flow_defaults_of_every_config():
-    """Both configs (and the CPU one) as shipped serve the re-solve (it beat the O(chunk) path served on the
-    H200) with HiFT's graphs (CUDA only); the paged O(chunk) path, with its graphs, is one override away;
-    removed keys are refused."""
-    for path in (None, "configs/fast.toml", "configs/cpu.toml"):
+    """As measured served on the H200: the exact default (and the CPU config) serve the paged O(chunk) path,
+    fast.toml's fp16 flow the re-solve; each is one override away from the other; HiFT's graphs (CUDA
+    only) everywhere; removed keys are refused."""
+    for path, incremental in ((None, True), ("configs/fast.toml", False), ("configs/cpu.toml", True)):
         e = load_config(path).engine
-        assert not e.flow_incremental and e.flow_paged and e.flow_paged_graphs and e.hift_graphs, path
-    assert load_config(None, {"engine.flow_incremental": True}).engine.flow_incremental is True
+        assert e.flow_incremental is incremental and e.flow_paged and e.flow_paged_graphs and e.hift_graphs, path
+    assert load_config(None, {"engine.flow_incremental": False}).engine.flow_incremental is False
+    assert load_config("configs/fast.toml", {"engine.flow_incremental": True}).engine.flow_incremental is True
     with pytest.raises(ConfigError, match="first_chunk_priority"):
         load_config(None, {"engine.first_chunk_priority": False})
     for bad in ({"engine.flow_state_fraction": 1.0}, {"engine.flow_state_max_gib": -1}):
