@@ -1,9 +1,6 @@
 """The process's one Whisper transcriber: loaded on first use, run in worker threads, never on the loop.
 
-`Transcriber(cfg.asr).transcribe(src)` returns a `Transcript` or raises `AsrUnavailable` saying why.
-The first call loads the model under a lock (once, however many arrive); a failed load is remembered
-until a call with `retry=True` (the Transcribe button). Transcripts are cached by the clip's bytes (the
-page's transcript fill and the synthesis it races with run Whisper once).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
