@@ -1,15 +1,6 @@
 """Who owns a saved voice, and which voices a caller sees (`[voices] scope`).
 
-Every caller of the voice store is an `Owner`: a signed-in Hugging Face user ("hf:<username>"), a user
-of the page's login ("user:<name>"), an API key's owner ("key:<owner>"), or a browser ("visitor:<id>",
-the signed cookie of app/server/identity.py). The doors work out who it is; the store only keeps it.
-
-    shared   one store for everybody (the folder `[server] voices_dir` itself), as before owners existed;
-             each voice still records who saved it
-    private  each owner a folder of their own: `<voices_dir>/o-<sha256(owner)[:24]>/`. An owner lists,
-             uses and deletes only those voices; two owners may use the same name. The admin key's
-             store is the top folder (where voices saved before owners existed, or in shared scope,
-             stay: ownerless voices are the admin's) and its listing holds every owner's voices.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
@@ -94,4 +85,3 @@ class OwnedVoices:
                 if folder.is_dir():
                     found += VoiceStore(folder, self.model_fingerprint).list()
         return sorted(found, key=lambda v: (-v.created, v.name))
-
