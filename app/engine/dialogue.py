@@ -1,16 +1,6 @@
 """Dialogue scripts: one take spoken by several saved voices, turn by turn.
 
-Syntax (docs/api.md "Dialogue"): `[name]` starts a turn spoken by the saved voice `name`; the turn runs to
-the next speaker tag or the end. Text before the first tag is spoken by the request's own voice (the
-selected voice or reference clip), if it has one. CosyVoice2's own bracket tags (`[laughter]`, `[breath]`,
-... app/model/tokenizer.py) are not speakers: they stay in the turn's text. For example
-
-    [alice] Did you hear the news? [laughter] [bob] I did. Tell me everything.
-
-Each turn is split into sentences as a plain text is, and the sentences of all turns are spoken one after
-another with the official segment joins (each segment its own LM request and token->wave stream, the
-audio concatenated), in one stream. Every check is made before any audio: an unknown speaker, an empty
-turn, too many speakers.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
