@@ -1,10 +1,6 @@
 """Per-client fair share of the running syntheses: at most `[server] max_streams_per_client` at once.
 
-The doors hold `FairShare.hold(client)` around the admission (app/server/speech.py, app/ui/handlers.py):
-a client already running its share is refused at once with `ShareError` (a 429 with Retry-After on
-/v1, a message on the page), counted in /metrics as `client_streams`, and never takes a queue place
-from anybody else. The client key comes from app/server/identity.py (API key, login, address) or,
-on the page, the signed-in Hugging Face user. Event-loop only.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
