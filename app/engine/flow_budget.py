@@ -1,8 +1,6 @@
 """The memory all streams' incremental flow states may hold together (the paged pool's size, `pool_bytes`).
 
-Before each incremental hop a stream asks with the bytes its state may hold after it
-(app/model/flow/incremental.py `bytes_after`) and counts for that much until `update`; a stream
-refused once re-solves from then on (app/engine/pipeline.py). Thread-safe (loop asks, workers update).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
