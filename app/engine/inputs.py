@@ -1,8 +1,6 @@
 """Checks of user inputs shared by every way in (the page, its Gradio API, the HTTP API).
 
-Each check returns the cleaned value or raises `InputError` saying what to do, with the field in
-`param` (a `gr.Error` on the page, a 400 over HTTP). Every limit is passed in: the configured
-`[limits]` (app/engine/prepare.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
