@@ -1,9 +1,6 @@
 """Live numbers for the panels, /health and /metrics: request counters, recent requests, memory samples.
 
-`Metrics` keeps cumulative counters and bounded ring buffers of finished requests (`RequestRecord`:
-timings and what the page shows, found by `record(request_id)`) and of memory samples, taken only
-when a panel tick or a scrape calls `memory_snapshot()` (app/engine/resources.py), never in a request
-path. Listeners see every finished record (the Prometheus histograms, app/server/prometheus.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
