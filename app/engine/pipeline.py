@@ -1,8 +1,6 @@
 """The synthesis pipeline: request -> text segments -> LM token stream -> audio chunks.
 
-One `Synthesizer` per process serves every request; a request's state lives on its `Utterance`
-(app/engine/utterance.py). Flow/HiFT run as jobs of the `Token2WavScheduler` (worker threads,
-earliest deadline first), so the event loop stays free and requests interleave chunk by chunk.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
