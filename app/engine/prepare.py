@@ -1,9 +1,6 @@
 """One preparation for every way in: the page, its Gradio API, `/studio/speech` and `/v1/audio/speech`.
 
-A door decodes its wire format into `SpeechInputs`, calls `prepare` and maps the errors to its own
-shape. `prepare` owns every input check (app/engine/inputs.py), the voice (saved, or a reference
-clip's cached features), the fallbacks (blank transcript -> Whisper's, else cross-lingual; no mode ->
-instruct when there is an instruction) and the one `SynthesisRequest`; its `notes` say what it changed.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
