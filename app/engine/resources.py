@@ -1,7 +1,6 @@
-"""Process and device resources, sampled on demand by `ResourceProbe.sample(backend)` (rate-limited and
-kept by `Metrics.memory_snapshot`): GPU memory per device and process (NVML), this process's CUDA
-allocator, RSS and CPU of this process and its children (psutil), vLLM's in-process KV-cache gauges
-(docs/panels.md). Nothing here imports torch, pynvml or prometheus_client at import time.
+"""Process and device resources (NVML GPU memory, the CUDA allocator, psutil RSS/CPU, vLLM's KV gauges),
+sampled on demand by `ResourceProbe.sample(backend)`; nothing heavy imported at import time.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
