@@ -1,11 +1,6 @@
 """The studio's process singleton: model, LM backend, synthesizer, saved voices and metrics.
 
-`StudioService(cfg)` does nothing until `await start()` (once, on the serving loop, where vLLM's
-AsyncLLM must live): resolve the model folder (`[model] dir`, else a download of `[model] repo_id`,
-else a tiny random model when offline), load it in a thread, start the LM backend, warm up. Requests
-before `ready` get `NotReadyError`. `stream(req)` wraps `Synthesizer.stream` and records it in `metrics`.
-Faults stop here: a dead LM engine (vLLM restarts it) fails requests at once with `EngineDeadError`;
-an out-of-memory request frees the CUDA cache, is counted and refused (`GpuOutOfMemoryError`).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
