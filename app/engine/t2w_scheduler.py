@@ -1,18 +1,6 @@
 """The one owner of token->wave (flow + HiFT) compute: worker threads that run the most urgent chunk first.
 
-A chunk's deadline is its request's start for a first chunk (someone waits in silence), else the
-moment the audio already sent runs out; each worker pops the earliest (EDF: a new request's first
-chunk goes first, no stream starves). A job with a `key` goes to worker `key % n_workers`, so a
-request's caches live on one CUDA stream; a job without one (a request's first chunk: no state yet)
-waits in a shared queue that every worker takes from, so it runs on whichever worker is free first
-(pinned workers left a first chunk queued behind its own worker's calls while another sat idle), and
-`on_worker(w)` tells the request where it landed, its key from then on. Threads start on the first
-job; `shutdown()` joins them.
-
-Batching (`run_flow`, `max_batch` > 1): a worker takes with a flow job up to `max_batch - 1` queued
-jobs of the same `batch_key`, runs one `flow_fn` call for all, then each job's `finish` in deadline
-order, or all together through `finish_batch(finishes, outs, flow_s)`, which yields (job index,
-result, error) as each is ready (the pipeline's batched HiFT, app/engine/utterance.py:vocode_chunks).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
