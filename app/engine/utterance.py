@@ -1,9 +1,6 @@
 """`Utterance`: every piece of one request's state, in one object (nano-vllm's `Sequence` is the model).
 
-The `Synthesizer` makes one per request: the request, its segments, the segment being spoken (tokens,
-LM stream, token->wave stream), its worker and its timings. Worker threads touch it only through a
-`ChunkFinish` (one job of a request runs at a time): one chunk's HiFT alone, or `vocode_chunks`, the
-HiFT of one batched flow call's chunks together, one call per mel length (app/model/hift_batch.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
