@@ -1,16 +1,6 @@
 """The speech LM on vLLM: one shared engine per process, fed prompt embeddings, streaming tokens.
 
-`VLLMBackend.start(cfg, model_dir)` exports the LM once (`app.model.vllm_export`, cached by llm.pt's
-content) as a stock Qwen2 folder and starts vLLM's `AsyncLLM` (its engine core a process) with the
-`[vllm]` settings. `stream(req)` sends `req.prompt_ids` (token ids: no prompt embeddings, which cost
-vLLM's runner host time every step) with DELTA outputs and yields each step's new
-speech-token ids (stop ids 6561-6563 end it, never yielded); RAS is the `app.engine.vllm_ras` logits
-processor. Closing the stream or cancelling its task aborts the request. vLLM is imported only inside
-`start`.
-
-Engine death: the engine marks itself `errored` and ends its output-handler task, which we watch (no
-polling); `fault()` says why, streams fail with `EngineDiedError`, and the engine is started again
-with the same arguments (at most `[vllm] max_restarts` times), probed with one token before serving.
+Design notes: docs/design.md.
 """
 from __future__ import annotations
 
