@@ -1,7 +1,5 @@
-"""Starting the vLLM engine (for `app.engine.vllm_backend`; vLLM is not imported here): environment
-and arguments from `[vllm]`, the LM folder check, and what a failed start or a dead engine means in
-words (which setting to change). The engine serves a stock `Qwen2ForCausalLM`; the one piece of our
-code its processes run is `RAS_PROCESSOR`, imported by name (spawned processes inherit `sys.path`).
+"""Starting the vLLM engine (vLLM is not imported here): `[vllm]` environment and arguments, the LM
+folder check, and what a failed start or a dead engine means in words. Design notes: docs/design.md.
 """
 
 from __future__ import annotations
