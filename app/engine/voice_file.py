@@ -1,20 +1,6 @@
 """Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
 
-A `.cvvoice` file, format version 1, is a zip archive of exactly these five members (stored; deflated ones
-are read too), each named as here, at the top level:
-
-    voice.json            {"format": "cosyvoice2-voice", "version": 1, "name", "prompt_text", "prompt_seconds",
-                           "created", "model_fingerprint", "arrays": {<array>: {"dtype": "<i4", "shape": [..]}}}
-    prompt_text_ids.npy   [Lp] int32: the transcript's text token ids, 0 <= id < 151936, Lp <= its UTF-8 bytes
-    speech_tokens.npy     [1, P] int32: speech tokens at 25 Hz, 0 <= token < 6561, 1 <= P <= 750 (30 s)
-    speech_mel.npy        [1, 2P, 80] float32: log-mel of the 24 kHz reference at 50 Hz, finite
-    embedding.npy         [1, 192] float32: the CAM++ x-vector, finite
-
-The arrays are NumPy `.npy` files (header 1.0 or 2.0, little-endian, C order; never pickled). The owner is
-not in the file: an imported voice belongs to whoever imports it. `read_voice_file` checks everything
-before its caller writes anything: the size, the member names (no paths, nothing more, nothing less), each
-member's size, the format and version, the model fingerprint, each array's dtype and shape from its header
-(before its data is touched: no header makes us allocate), the values' ranges, finiteness.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
