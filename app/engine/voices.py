@@ -1,10 +1,6 @@
 """Voices: the features of recent reference clips in memory, and saved voices on disk.
 
-`VoiceFeatureCache` keeps the last few clips' features (by content + transcript): a second generation
-from one upload skips the frontend. `VoiceStore` keeps saved voices, `<name>.npz` (plain arrays, no
-pickle) + `<name>.json` each. Names come from users: checked against `NAME_RE` before any path is
-built, every path re-checked to sit directly in the folder. Writes are atomic, the JSON last (a voice
-is listed only once complete). A voice records its model's fingerprint; another model's is refused.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
