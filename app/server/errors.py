@@ -1,9 +1,6 @@
 """Errors in the OpenAI API's JSON shape: {"error": {"message", "type", "param", "code"}}.
 
-Every /v1 route raises `ApiError`; the handlers installed by `install_error_handlers` also turn
-FastAPI's request-validation errors (422 by default) into OpenAI's 400 `invalid_request_error`
-naming the field (an unknown field: named, with the accepted ones), and an unexpected exception into a
-500 without internals; the schema documents these (`error_responses`) instead of FastAPI's 422.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
