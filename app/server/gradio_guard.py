@@ -1,10 +1,6 @@
 """Malformed requests to the page's Gradio API answered 404, with one log line and no traceback.
 
-Gradio answers an unknown event (`fn_index`, or an API name) sent to /gradio_api/queue/join, /run, /api
-or /call with a 500 and a traceback (KeyError, FnIndexInferError), and an unknown session or event id on
-/gradio_api/queue/data or GET /gradio_api/call/{name}/{event_id} with a 404 raised after its stream began
-(a 200 whose body is an error, and a traceback). `GradioGuard` checks those first, as Gradio would, and
-turns /run's 500 for an event the page refused as malformed (app/ui/layout.py `malformed`) into a 400.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
