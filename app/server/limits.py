@@ -1,24 +1,5 @@
 """Who may call what, and how often: the login guard of /studio and /v1, the /v1 bearer key, and the
-per-client rate limit.
-
-`AccessLimits` is a pure ASGI middleware (streamed bodies pass through untouched). Per HTTP request:
-
-0. Identity (app/server/identity.py): the request's owner and client into its state; a new visitor's
-   cookie onto the answer.
-1. Rate limit (`[server] rate_limit_per_minute`, "auto": on for a public bind or behind a proxy): synthesis
-   requests (POST /v1/audio/speech, /v1/voices, /studio/speech, and the page's `synthesize` / `save_voice`
-   queue joins, told apart by the body's `fn_index`) take a token from their client's bucket, else 429 with
-   Retry-After (counted in /metrics as `rate_limit`); uploads to the page a token of a bucket twice as large
-   (`uploads`). The client: the API key's owner, the login's
-   user, else the address (identity.py; X-Forwarded-For only from trusted proxies).
-2. Login (`[server] auth`): Gradio guards its own routes; /studio/* needs the page's login cookie or
-   HTTP Basic, and so does /v1/* unless an API key is configured (`api_key`, `api_keys`, `admin_key`):
-   then `bearer_auth`, the /v1 router's dependency, wants `Authorization: Bearer <key>` (what the `openai`
-   SDK sends for `api_key=`), compared in constant time. /v1/docs and /v1/openapi.json follow /v1;
-   /metrics wants the login, a key or `[server] metrics_token` once any of them is set; /health is open
-   (its details only for the admin key and local clients: app/server/main.py).
-
-Refusals are OpenAI-shaped JSON. Nothing of the request is logged.
+per-client rate limit. Design notes: docs/design.md.
 """
 
 from __future__ import annotations
