@@ -1,8 +1,6 @@
 """The one server: FastAPI with /health, /metrics and the /v1 API, the Gradio studio mounted at "/".
 
-`build_server(cfg)` creates the process's `StudioService` and starts it in the lifespan (on the serving
-loop, where vLLM's AsyncLLM lives); the page and /health answer while it loads. Login and rate limit:
-`AccessLimits` (app/server/limits.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
