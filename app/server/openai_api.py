@@ -1,19 +1,6 @@
 """The /v1 HTTP API, shaped like OpenAI's audio API so existing clients (the `openai` SDK) work.
 
-    POST   /v1/audio/speech   {"model", "input", "voice", "response_format", "speed", ...} -> audio, streamed
-    POST   /v1/voices         multipart: audio (file), transcript, name (optional) -> the voice's JSON
-    GET    /v1/voices         {"object": "list", "data": [voice, ...]}
-    GET    /v1/voices/{id}    one voice
-    DELETE /v1/voices/{id}    {"id", "object": "voice", "deleted": true}
-    GET    /v1/models         the one model this server speaks with
-
-`voice` is a saved voice's id (the page's store). Formats: `wav` (default), `pcm` (raw s16le mono
-24 kHz), `mp3`, `opus` (Ogg), `aac` (ADTS), `flac`, each streamed as encoded (app/audio_formats.py).
-`instructions` (as gpt-4o-mini-tts) means instruct mode. Extensions: `seed`, `mode`, `fixed_tokens`
-(benchmarks on random weights). Errors are OpenAI-shaped; auth is an optional bearer key
-(app/server/identity.py: a key names its owner). The voice routes: app/server/voices_api.py. The schema's
-bounds are the ones enforced: the configured `[limits]` (`speech_body`) and app/engine/inputs.py's, and its
-error responses the real ones (tests/test_openai_api.py compares them field by field).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
@@ -217,4 +204,3 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         raise ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
 
     return router
-
