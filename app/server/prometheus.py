@@ -1,11 +1,6 @@
 """GET /metrics: Prometheus text exposition of the studio plus vLLM's own `vllm:*` metrics.
 
-`PrometheusExporter(metrics, service)` owns a private `CollectorRegistry` (services in one process
-never share series). Histograms (TTFA, RTF, per-stage seconds) are fed by a `Metrics` listener per
-finished request; the rest is read at scrape time (counters, service gauges, one rate-limited memory
-snapshot). vLLM's own metrics (prometheus_client's default `REGISTRY` of this process) are appended
-without any `cosyvoice_*` name; for everyone but admins without paths or versions (`public_text`).
-Only numbers and fixed labels, never a request's text or voice name. docs/metrics.md lists the families.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
