@@ -1,14 +1,6 @@
 """Streaming a synthesis over HTTP, for every door: prepare, admission, first chunk, then the body.
 
-`speech_response(service, req, fmt)` takes a slot of the process's one admission and waits for the
-first audio chunk *before* answering, so a failure before audio (not ready, busy, engine dead, out of
-memory, nothing speakable) is a status code with an OpenAI-shaped body (`map_error`); after it, the
-body stops without its last chunk (a broken stream, not a short success). `pcm` = raw s16le mono
-24 kHz; `wav` = a header with the "unknown length" sizes (0xFFFFFFFF), then the same PCM; mp3, opus, aac
-encoded as they stream (app/audio_formats.py). A whole response (speed != 1, or FLAC: WHOLE_ONLY) is made
-to the end first and sent with exact lengths (Content-Length, WAV sizes, FLAC STREAMINFO). Headers carry
-X-Request-Id, X-Seed, X-Mode, X-Queue-Ms and X-TTFA-Ms. A disconnect closes the synthesis (vLLM abort)
-and frees the slot, also when the body never started (a whole one: while it is made, when `gone` is given).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
