@@ -1,16 +1,6 @@
 """The page's low-latency player routes: raw PCM for WebAudio, and a finished request's stats.
 
-    POST /studio/speech         {text, prompt_audio, prompt_text, mode, instruct_text, voice, seed}
-                                -> raw PCM s16le mono 24 kHz, streamed as it is produced
-    POST /studio/requests/{id}/stop   the player's Stop, before it hangs up: the record says "stopped"
-
-The page (app/ui/player.js) calls them with relative URLs (they work behind a proxy and a root path).
-`prompt_audio` is a *server path* (the page's upload or an example asset), accepted only if it
-resolves, symlinks followed, inside Gradio's upload folder or assets/; else 400 "unknown reference
-file", without echoing the path. Speech is decode -> `prepare` -> `speech_response`, as /v1's. Nothing
-is kept for the page: it builds the final WAV from the PCM it played and hands it to its own outputs
-(app/ui/player.py PlayerTake, which reads the request's metrics record). As open as the page: the
-bearer key guards /v1 only.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
