@@ -1,15 +1,6 @@
-"""The /v1 saved-voice routes, each caller's own voices (app/engine/owners.py):
+"""The /v1 saved-voice routes, each caller's own voices (app/engine/owners.py).
 
-    POST   /v1/voices         multipart: audio (file), transcript, name (optional), overwrite -> the voice's JSON
-    GET    /v1/voices         {"object": "list", "data": [voice, ...]}: the caller's (the admin key: everybody's)
-    GET    /v1/voices/{id}    one voice of the caller's (the admin key: `?owner=` names another owner's)
-    DELETE /v1/voices/{id}    {"id", "object": "voice", "deleted": true}
-    GET    /v1/voices/{id}/export   the voice as a `.cvvoice` file (app/engine/voice_file.py: the format)
-    POST   /v1/voices/import        multipart: file (a .cvvoice), name (optional), overwrite -> the voice's JSON
-
-The caller is the request's owner (app/server/identity.py): an API key's owner, the login's user, or the
-browser's visitor cookie. In shared scope everybody has the one store. Another owner's voice is
-answered as an unknown one (404): nobody learns which names others use.
+Design notes: docs/design.md.
 """
 
 # no `from __future__ import annotations`: the form fields' annotations use the configured limit (a local)
