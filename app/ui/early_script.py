@@ -1,15 +1,6 @@
 """A script the page runs before Gradio's own code, put into its HTML by the `EarlyScript` middleware.
 
-It ends a loop Gradio 6.31 leaves running in every open tab. While the app starts, its loader shows a
-StatusTracker whose elapsed-time counter runs on requestAnimationFrame; the loader is unmounted while
-its status is still "pending", so that counter never stops: 60 frames a second for as long as the tab
-is open, ~7 % of a core in headless Chromium on an idle page (bench/ux_measure.py). Gradio keeps its
-own reference to requestAnimationFrame from when its modules load, so the wrapper (early_script.js) has
-to be in place before them: a `<script>` first in `<head>`, which only a middleware can write (Gradio's
-`head=` runs after its modules). The wrapper knows the counter by its callback's code (minified: stable
-for the pinned Gradio); a counter loop begun before the page's own load event ran (`APP_LOADED_JS`, wired
-in layout.py: the app is mounted, the loader gone) is the loader's, and its next frame is dropped, which
-ends it. Every other callback passes untouched.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
