@@ -1,12 +1,6 @@
 """Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save voices.
 
-`Handlers(service).synthesize` is the `synthesize` API event: an async generator whose keyword
-parameters are the API's (text, prompt_audio, prompt_text, mode, instruct_text, voice, seed, speed,
-stream). While streaming it yields each chunk as 16-bit PCM WAV bytes at a fixed scale (never float
-arrays: Gradio would peak-normalise each chunk on its own); at the end it yields the whole WAV, the
-per-request stats line and the details, built from the request's metrics record (`RequestRecord.line` and
-`.details`; the low-latency player's take uses the same two: app/ui/player.py PlayerTake).
-A cancelled event closes this generator: `service.stream` -> `Synthesizer.stream` -> the LM stream (vLLM abort).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
