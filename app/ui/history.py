@@ -1,10 +1,6 @@
 """The history of takes on the page: a section below the outputs, kept in the visitor's browser.
 
-history.js (run on page load) stores each finished take of either player in the browser's IndexedDB: per
-browser profile, so it survives a reload and another visitor never sees it, and the server keeps nothing.
-Either player's take is read from the page's final WAV and details once its event succeeded (`record_take`:
-`synthesize`, or the low-latency player's take event, app/ui/player.py). Its limits (the newest 20 takes within
-50 MiB of WAV) are constants in history.js; its words are the `history_*` labels (app/ui/locales/labels.toml).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
