@@ -1,12 +1,6 @@
 """The page's words in English and Chinese: labels (`gr.I18n`), and the messages handlers return.
 
-Labels follow Gradio's locale: the browser's language at first, then the page's own switch (app/ui/lang_switch.py
-sets Gradio's locale and a `studio_lang` cookie; Gradio's footer settings change the labels only). Messages
-the server writes (status, banner, errors, notes) follow `lang_of(request)`: the cookie, else the
-browser's Accept-Language; API clients send neither and get English. `translate` turns an English
-message of the engine (app/engine/inputs.py, prepare.py, ...) into Chinese by the patterns in
-messages.toml's [patterns]; one it does not know stays English, behind a Chinese "错误" title.
-The words themselves are data, app/ui/locales/*.toml, read on first use (`locale`, `labels`, `patterns`).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
