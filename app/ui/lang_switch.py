@@ -1,9 +1,6 @@
 """The page's language switch, in the browser: Gradio's locale, the `studio_lang` cookie, the players' lines.
 
-`lang_switch_js()` runs when the switch is clicked (lang_set.js); `lang_load_js()` on page load
-(lang_load.js: it defines `window.studioI18n`, which translates the lines the page's own players write
-by the phrases and units of app/ui/locales/page.toml, the server's message patterns and the modes' names,
-and applies a language chosen earlier). The server side of the words is app/ui/i18n.py.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
