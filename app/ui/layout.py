@@ -1,14 +1,6 @@
 """The studio page: inputs, outputs, examples, live panels, and the wiring (handlers live in handlers.py).
 
-`build_demo(service)` declares the `gr.Blocks` and its events; `app.py` mounts it on FastAPI.
-Public API events: `synthesize` (see `Handlers.synthesize`), `save_voice`, `delete_voice`, `list_voices`,
-`export_voice`, `import_voice` (a voice as a `.cvvoice` file: app/ui/voice_files.py).
-
-Generate first runs a browser-only gate (player_gate.js): the page's player (low-latency, WebAudio) plays the
-request from /studio/speech (player.js) and the gate stops the chain; with streaming off, or in a browser that
-cannot run that player (no Web Audio or Workers: its line says so), it passes on to `synthesize`, Gradio's
-streamed gr.Audio. Either way the take ends in the same final WAV, stats line and details (the player's through
-its take event, app/ui/player.py), and goes into the visitor's history, kept in the browser (app/ui/history.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
