@@ -1,13 +1,6 @@
 """Live panels: memory over time, latency of recent requests, engine facts; refreshed by a `gr.Timer`.
 
-`build_panels(service)` is called inside the layout's `gr.Blocks` and returns its timer (the layout stops it
-while the panels are collapsed). Each timer tick (`[ui] panel_refresh_s`, 1 s, while a request runs or
-ended within IDLE_AFTER_S; IDLE_TICK_S when idle, so an open idle tab redraws rarely; no queue, so panels
-never wait behind synthesis jobs) takes one memory sample through
-`service.metrics.memory_snapshot(backend)` and redraws from the metrics' ring buffers. Without
-a GPU the memory panels show CPU and RAM and say so. docs/panels.md says where each number comes from.
-All of them are server-side; what a listener's browser adds (click -> first byte -> first sound) is on
-the low-latency player's line and in its request details.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
