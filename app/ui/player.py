@@ -1,17 +1,6 @@
 """The low-latency player's Python side: its page element and the JS glue.
 
-The browser part is `player.js` with `player_worker.js` (fetch + int16 -> float32) and
-`player_worklet.js` (an AudioWorklet playing the samples back to back), fed by `POST /studio/speech`
-(app/server/studio_stream.py): it plays raw PCM as it arrives, instead of Gradio's HLS/AAC path
-(0.4-1.1 s slower to first sound). When the body has ended (or at Stop, with what came), the page builds
-the final WAV from the PCM it played and hands it to the page's own outputs through `take_element()`, a
-hidden gr.HTML, by Gradio's public js_on_load API: `upload` puts the WAV into Gradio's upload folder and
-setting `props.value` fires the element's change event, `PlayerTake.show`, which answers the final WAV,
-stats line and details as `synthesize` does: one gr.Audio (replay, download in every format), one stats
-line, one details JSON for both players. The server keeps nothing for it.
-The page's other player events are JS files beside it (wired in layout.py): player_gate.js (Generate: the
-low-latency player runs in the browser and the Gradio `synthesize` event is skipped; the standard player
-passes on to it), player_stop.js, player_failure.js (the standard player's error) and `IDLE_JS` (its end).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
