@@ -1,7 +1,6 @@
 """Instruct-mode presets: dialects, emotions and speeds, as the instructions CosyVoice2 was trained on.
 
-The dropdown's choice fills the instruction box (the user may edit it); the pipeline appends the
-<|endofprompt|> an instruction needs. Labels name each preset in English and Chinese.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
