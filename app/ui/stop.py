@@ -1,7 +1,6 @@
 """Stop for the standard (Gradio) player: a per-session signal, and a chunk stream that ends on it.
 
-Gradio's `cancels=` closes the `synthesize` generator at once, so it can show nothing of what was made;
-this Stop lets the handler end its stream (vLLM abort, as a cancel) and still show the audio made so far.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
