@@ -1,11 +1,6 @@
 """The page's transcription events: the Transcribe button and the fill at Generate / Save voice.
 
-`TranscriptionEvents(service).transcribe` (API event `transcribe`) returns Whisper's words for a
-reference clip; the first use downloads and loads the model (app/engine/asr.py) with its progress on
-the transcript box. `fill` runs beside Generate and Save voice: a blank transcript (zero-shot, no
-saved voice) is transcribed and written into the box, for the user to correct; synthesis itself
-transcribes the same clip in app/engine/prepare.py, and the transcriber's cache makes that one run.
-Messages follow the page's language (app/ui/i18n.py).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
