@@ -1,9 +1,6 @@
 """The saved-voice box's Export and Import: a voice as a `.cvvoice` file (app/engine/voice_file.py).
 
-`VoiceFileEvents(service).export_voice` (API event `export_voice`) gives the caller's selected voice as a
-file to download; `import_voice` (API event `import_voice`) adds the voice of an uploaded file to the
-caller's voices, refused with the reason (another model's, damaged, a taken name without "Replace") and
-nothing written. The caller is the page's, as for save and delete (app/ui/handlers.py:caller).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
