@@ -1,10 +1,6 @@
 """One frozen config tree, read from `configs/*.toml` (stdlib tomllib).
 
-`load_config(path, overrides)` reads `configs/default.toml`, then the given file on top (a small
-override file such as `configs/cpu.toml`), then dotted overrides from the command line or the
-environment (`{"model.device": "cpu"}`). Every section is a frozen dataclass validated in
-`__post_init__` (model.py: the model's sections, serving.py: the service's); unknown keys are an error
-so typos never pass silently.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
