@@ -1,21 +1,6 @@
 """Who is calling: the owner of the voices a request may use, and the client its fair share is counted for.
 
-Per HTTP request `Identity.identify(scope)` works out, first match wins:
-
-    owner   the admin key (`[server] admin_key`: every voice) | an API key's owner (`api_keys` "owner:key",
-            `api_key` = owner "api") | a user of the page's login (HTTP Basic) | the browser: a signed,
-            HttpOnly cookie (`VISITOR_COOKIE`, "<id>.<hmac>") set on the first answer when it is missing
-            or forged. A client that keeps the cookie is the same visitor on the page and on /v1.
-    client  "key:<owner>" | "ip:<address>" (a login's user too: one password is often a group's), where the
-            address is the connection's, or the last
-            X-Forwarded-For entry when the connection comes from a trusted proxy (`trusted_proxies`, or any
-            peer with `trust_proxy`). A cookie never names a client (it costs nothing to drop).
-
-Both go into the request's ASGI state (`OWNER_STATE_KEY`, `CLIENT_STATE_KEY`): the /v1 routes and the
-page's handlers (app/ui/handlers.py, which prefer the Hugging Face user Gradio hands them) read them.
-The visitor cookie exists only in private scope (shared scope has nobody to tell apart). Its key:
-COSYVOICE_SECRET, else a random one kept in `<voices_dir>/.visitor-secret` (every process and replica
-on that folder signs alike; cookies survive restarts).
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
@@ -103,7 +88,7 @@ class Who:
 
 
 class Identity:
-    """The owner and client of each request (see the module docstring)."""
+    """The owner and client of each request (docs/design.md)."""
 
     def __init__(self, cfg: Config) -> None:
         srv = cfg.server
