@@ -137,10 +137,14 @@ class InProcess:
     async def _saved_voice(self) -> Any:
         from app.model.frontend import VoiceFeatures
 
-        if self.args.voice_npz:  # a VoiceStore pair (<name>.npz + .json) or VoiceFeatures.to_arrays()
+        if self.args.voice_npz:  # a VoiceStore file (<name>.safetensors, or an old .npz + .json) or to_arrays()
+            from app.engine.voices import VoiceStore
+
             path = Path(self.args.voice_npz)
-            with np.load(path.with_suffix(".npz"), allow_pickle=False) as z:
-                return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
+            if path.suffix == ".npz" and not path.with_suffix(".json").exists():
+                with np.load(path, allow_pickle=False) as z:
+                    return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
+            return VoiceStore(path.parent).load(path.stem)
         return await self.service.voice_from_audio(self.ref.path, self.ref.transcript)
 
     def facts(self) -> dict[str, Any]:

@@ -15,22 +15,23 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_app_api import _voice
 
 from app.engine.owners import ADMIN, OwnedVoices, Owner, owner_dir
-from app.engine.voices import VoiceError, VoiceStore
+from app.engine.voices import VoiceError
 
 # --- the store -------------------------------------------------------------------------------------
 
 
 def test_private_store_keeps_owners_apart_and_old_voices_go_to_the_admin(tmp_path):
     root = tmp_path / "voices"
-    VoiceStore(root).save("old", _voice("saved before owners"))
-    meta = json.loads((root / "old.json").read_text())
-    del meta["owner"]  # as an earlier version wrote it
-    (root / "old.json").write_text(json.dumps(meta))
+    root.mkdir()  # a voice as an earlier version wrote it: .npz arrays + .json info without an owner
+    np.savez(root / "old.npz", **_voice("saved before owners").to_arrays())
+    (root / "old.json").write_text(json.dumps({"name": "old", "prompt_text": "saved before owners",
+                                               "prompt_seconds": 2.0, "created": 1.0, "model_fingerprint": ""}))
     voices = OwnedVoices(root, "private")
     alice, bob = Owner("visitor:a"), Owner("key:bob")
     voices.of(alice).save("fox", _voice("alice's"))
@@ -44,7 +45,7 @@ def test_private_store_keeps_owners_apart_and_old_voices_go_to_the_admin(tmp_pat
     assert sorted((v.name, v.owner) for v in everything) == [("fox", "key:bob"), ("fox", "visitor:a"), ("old", "")]
     voices.of(ADMIN, "visitor:a").delete("fox")  # the admin may name another owner's voice
     assert voices.of(alice).names() == [] and voices.of(bob).names() == ["fox"]
-    assert (root / owner_dir("key:bob") / "fox.npz").is_file()
+    assert (root / owner_dir("key:bob") / "fox.safetensors").is_file()
     shared = OwnedVoices(root, "shared")  # today's behaviour: one store, the owner only recorded
     shared.of(alice).save("hare", _voice())
     assert set(shared.of(bob).names()) == {"hare", "old"} and shared.of(bob).info("hare").owner == "visitor:a"

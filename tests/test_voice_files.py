@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_app_api import _voice
 
 from app.engine.voice_file import (
     ARRAY_DTYPES,
     MAX_MEMBER_BYTES,
+    MEDIA_TYPE,
     MEMBERS,
     VoiceFileError,
     export_voice,
@@ -30,6 +32,54 @@ from app.engine.voices import VoiceError, VoiceStore
 FP = "0123456789abcdef"
 MAX_BYTES = 1 << 20
 KEYS = tuple(ARRAY_DTYPES)
+
+
+def _v1(data: bytes) -> bytes:
+    """The version-1 `.cvvoice` of the voice in safetensors `data`: the old writer's logic (a zip of voice.json
+    and one .npy per array)."""
+    arrays = safetensors.numpy.load(data)
+    m = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    meta = {"format": "cosyvoice2-voice", "version": 1, "name": m["name"], "prompt_text": m["prompt_text"],
+            "prompt_seconds": float(m["prompt_seconds"]), "created": float(m["created"]),
+            "model_fingerprint": m["model_fingerprint"],
+            "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()}}
+    return _zip({"voice.json": json.dumps(meta, ensure_ascii=False, indent=1).encode(),
+                 **{f"{k}.npy": _npy(a) for k, a in arrays.items()}})
+
+
+def _st(data: bytes, arrays: dict | None = None, **meta_changes) -> bytes:
+    """A safetensors voice file from `data` with arrays and metadata replaced (None drops a key)."""
+    n = int.from_bytes(data[:8], "little")
+    meta = {**json.loads(data[8:8 + n])["__metadata__"], **meta_changes}
+    a = {**safetensors.numpy.load(data), **(arrays or {})}
+    return safetensors.numpy.save({k: v for k, v in a.items() if v is not None},
+                                  metadata={k: v for k, v in meta.items() if v is not None})
+
+
+def _bad_v2(good: bytes) -> dict[str, tuple[bytes, str]]:
+    """name -> (a bad safetensors voice file made from `good`, a phrase its refusal says)."""
+    a = safetensors.numpy.load(good)
+    mel = a["speech_mel"]
+    return {
+        "another model": (_st(good, model_fingerprint="fedcba9876543210"), "another model"),
+        "truncated": (good[: len(good) * 2 // 3], "not a readable .cvvoice file"),
+        "corrupt header": (good[:8] + b"{]" + good[10:], "not a readable .cvvoice file"),
+        "not safetensors": (b"RIFF" + b"\0" * 100, "not a readable .cvvoice file"),
+        "other format": (_st(good, format="something-else"), "not a CosyVoice2 Studio voice"),
+        "newer version": (_st(good, version="3"), "update the server"),
+        "version as word": (_st(good, version="two"), 'format version "two"'),
+        "no transcript": (_st(good, prompt_text=None), "'prompt_text'"),
+        "no metadata": (safetensors.numpy.save(a), "not a CosyVoice2 Studio voice"),
+        "NaN seconds": (_st(good, prompt_seconds="nan"), "'prompt_seconds'"),
+        "seconds not a number": (_st(good, created="yesterday"), "'created'"),
+        "wrong seconds": (_st(good, prompt_seconds="99.0"), "prompt_seconds is 99.0"),
+        "extra array": (_st(good, {"extra": np.zeros(1, np.float32)}), "holds the arrays"),
+        "missing array": (_st(good, {"embedding": None}), "holds the arrays"),
+        "float tokens": (_st(good, {"speech_tokens": a["speech_tokens"].astype(np.float32)}), "expected <i4"),
+        "wrong-shape mel": (_st(good, {"speech_mel": mel[:, :, :79].copy()}), "speech_mel has shape"),
+        "NaN mel": (_st(good, {"speech_mel": np.full_like(mel, np.nan)}), "NaN or infinite"),
+        "token out of range": (_st(good, {"speech_tokens": np.full_like(a["speech_tokens"], 6561)}), "outside"),
+    }
 
 
 def _members(data: bytes) -> dict[str, bytes]:
@@ -92,7 +142,6 @@ def _bad_files(good: bytes) -> dict[str, tuple[bytes, str]]:
         "another model": (_edit_meta(good, model_fingerprint="fedcba9876543210"), "another model"),
         "truncated": (good[: len(good) * 2 // 3], "not a readable .cvvoice archive"),
         "cut mid-array": (_zip({**m, "speech_mel.npy": m["speech_mel.npy"][:-100]}), "data bytes"),
-        "not a zip": (b"RIFF" + b"\0" * 100, "not a readable .cvvoice archive"),
         "empty": (b"", "empty"),
         "extra member": (_zip({**m, "notes.txt": b"hi"}), "'notes.txt'"),
         "../ member": (_zip({**{k: v for k, v in m.items() if k != "embedding.npy"},
@@ -103,10 +152,11 @@ def _bad_files(good: bytes) -> dict[str, tuple[bytes, str]]:
         "zip bomb": (_zip({**m, "speech_mel.npy": b"\0" * (MAX_MEMBER_BYTES + 1)}, zipfile.ZIP_DEFLATED),
                      "unpacked"),
         "other format": (_edit_meta(good, format="something-else"), "not a CosyVoice2 Studio voice"),
-        "newer version": (_edit_meta(good, version=2), "update the server"),
+        "newer version": (_edit_meta(good, version=3), "update the server"),
         "version as text": (_edit_meta(good, version="1"), 'format version "1"'),
         "json list": (_zip({**m, "voice.json": b"[1, 2]"}), "not a CosyVoice2 Studio voice"),
         "deep json": (_zip({**m, "voice.json": b"[" * 100_000 + b"]" * 100_000}), "not valid JSON"),
+        "wrong arrays": (_edit_meta(good, arrays={"x": {}}), "lists arrays"),
         "no transcript": (_edit_meta(good, prompt_text=None), "'prompt_text'"),
         "lone surrogate": (_zip({**m, "voice.json": m["voice.json"].replace(b'"prompt_text": "',
                                                                             b'"prompt_text": "\\ud800')}),
@@ -140,6 +190,11 @@ def exported(tmp_path) -> tuple[VoiceStore, bytes]:
     return store, export_voice(store, "alice")[1]
 
 
+@pytest.fixture()
+def legacy(exported) -> bytes:
+    return _v1(exported[1])
+
+
 def _snapshot(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} \
         if root.exists() else {}
@@ -151,7 +206,7 @@ def _snapshot(root) -> dict[str, bytes]:
 def test_export_import_round_trip_is_exact(exported, tmp_path):
     a, data = exported
     assert export_voice(a, "alice")[1] == data  # the same voice exports to the same bytes
-    assert sorted(_members(data)) == sorted(MEMBERS)
+    assert set(safetensors.numpy.load(data)) == set(KEYS)  # plain safetensors: no pickle, no zip
     b = VoiceStore(tmp_path / "b", FP, owner="visitor:b")  # another deployment of the same model
     info = import_voice(b, data, max_bytes=MAX_BYTES)
     orig = a.info("alice")
@@ -183,12 +238,45 @@ def test_taken_and_invalid_names_write_nothing(exported):
     assert info.name == "alice" and a.names() == ["alice"]
 
 
-def test_bad_files_are_refused_with_the_reason_and_write_nothing(exported, tmp_path):
+def test_old_voice_files_still_import(exported, legacy, tmp_path):
+    a, data = exported
+    b = VoiceStore(tmp_path / "b", FP, owner="visitor:b")
+    info = import_voice(b, legacy, max_bytes=MAX_BYTES)
+    assert (info.name, info.created, info.prompt_text) == ("alice", a.info("alice").created, "你好, world")
+    assert sorted(_members(legacy)) == sorted(MEMBERS)
+    assert export_voice(b, "alice")[1] == data  # the same voice as the new format's
+
+
+def test_old_store_entries_load_and_are_converted(tmp_path):
+    """A folder written by the old store (.npz arrays + .json info) reads as before, then holds .safetensors."""
+    voice, root = _voice("old one"), tmp_path / "old"
+    root.mkdir()
+    np.savez(root / "old.npz", **voice.to_arrays())
+    meta = {"name": "old", "prompt_text": "old one", "prompt_seconds": round(voice.n_prompt_tokens / 25, 2),
+            "created": 1700000000.5, "model_fingerprint": FP, "owner": "visitor:o"}
+    (root / "old.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+    store = VoiceStore(root, FP)
+    assert [v.to_dict() for v in store.list()] == [meta]
+    assert sorted(p.name for p in root.iterdir()) == ["old.safetensors"]
+    got = store.load("old")
+    assert got.prompt_text == "old one"
+    for k in KEYS:
+        assert np.array_equal(getattr(got, k).numpy(), getattr(voice, k).numpy()), k
+    (root / "bad.json").write_text(json.dumps({**meta, "name": "bad"}))  # a damaged pair is kept, not lost
+    (root / "bad.npz").write_bytes(b"PK not an npz")
+    with pytest.raises(VoiceError) as e:
+        store.load("bad")
+    assert e.value.code == "damaged" and (root / "bad.json").exists() and (root / "bad.npz").exists()
+    store.delete("bad")
+    assert sorted(p.name for p in root.iterdir()) == ["old.safetensors"]
+
+
+def test_bad_files_are_refused_with_the_reason_and_write_nothing(exported, legacy, tmp_path):
     _, good = exported
     store = VoiceStore(tmp_path / "b", FP, owner="visitor:b")
     store.save("keep", _voice("kept"))
     before = _snapshot(store.root)
-    for case, (data, phrase) in _bad_files(good).items():
+    for case, (data, phrase) in [*_bad_files(legacy).items(), *_bad_v2(good).items()]:
         with pytest.raises(VoiceFileError) as e:
             import_voice(store, data, max_bytes=MAX_BYTES, name="new")
         assert phrase in str(e.value) and str(e.value).startswith("the voice file"), (case, str(e.value))
@@ -202,10 +290,12 @@ def test_bad_files_are_refused_with_the_reason_and_write_nothing(exported, tmp_p
     assert not (tmp_path / "c").exists()
 
 
-def test_deflated_and_renamed_files_are_read(exported):
-    _, good = exported
+def test_deflated_and_renamed_files_are_read(exported, legacy):
+    good = legacy
     assert read_voice_file(_zip(_members(good), zipfile.ZIP_DEFLATED), FP, max_bytes=MAX_BYTES).name == "alice"
     odd = read_voice_file(_edit_meta(good, name="not a name!", extra_key=1), FP, max_bytes=MAX_BYTES)
+    assert odd.name == "not a name!"
+    odd = read_voice_file(_st(exported[1], name="not a name!", extra_key="1"), FP, max_bytes=MAX_BYTES)
     assert odd.name == "not a name!"  # checked when stored (a rename makes it importable)
 
 
@@ -229,7 +319,7 @@ def _save(client, base: str, name: str) -> dict:
 
 
 def _import(client, base: str, data: bytes, **form: str):
-    return client.post(f"{base}/v1/voices/import", files={"file": ("v.cvvoice", data, "application/zip")}, data=form)
+    return client.post(f"{base}/v1/voices/import", files={"file": ("v.cvvoice", data, MEDIA_TYPE)}, data=form)
 
 
 def test_voices_travel_between_visitors_through_v1_and_the_page(server, tmp_path):
@@ -241,7 +331,7 @@ def test_voices_travel_between_visitors_through_v1_and_the_page(server, tmp_path
     a, b = httpx.Client(timeout=300), httpx.Client(timeout=300)  # two browsers: each its cookie
     fox = _save(a, base, "fox")
     r = a.get(f"{base}/v1/voices/fox/export")
-    assert r.status_code == 200 and r.headers["content-type"] == "application/zip", r.text[:300]
+    assert r.status_code == 200 and r.headers["content-type"] == MEDIA_TYPE, r.text[:300]
     assert r.headers["content-disposition"].startswith('attachment; filename="fox.cvvoice"')
     data = r.content
     real = read_voice_file(data, fox["model_fingerprint"], max_bytes=MAX_BYTES)  # what the real frontend makes
@@ -271,13 +361,18 @@ def test_voices_travel_between_visitors_through_v1_and_the_page(server, tmp_path
 
     # refusals: a clear 4xx each, and not one file written anywhere under the voices folder
     listing, files = b.get(f"{base}/v1/voices").json(), _snapshot(folder)
+    legacy = _v1(data)
+    bads = {**_bad_files(legacy), **{f"v2 {k}": v for k, v in _bad_v2(data).items()}}
     for case in ("another model", "truncated", "extra member", "../ member", "wrong-shape mel", "NaN embedding",
-                 "zip bomb", "giant header"):
-        bad, phrase = _bad_files(data)[case]
+                 "zip bomb", "giant header", "v2 truncated", "v2 extra array", "v2 NaN mel", "v2 other format"):
+        bad, phrase = bads[case]
         r = _import(b, base, bad, name="new")
         err = r.json()["error"]
         assert r.status_code == 400 and phrase in err["message"] and err["param"] == "file", (case, r.text)
         assert err["code"] == ("other_model" if case == "another model" else "invalid_voice_file"), case
+    assert _import(b, base, legacy, name="fox_v1").status_code == 201  # an old file still imports
+    v1 = safetensors.numpy.load(b.get(f"{base}/v1/voices/fox_v1/export").content)
+    assert all(np.array_equal(v1[k], v) for k, v in safetensors.numpy.load(data).items())
     for size in (MAX_BYTES + 1, 3 * MAX_BYTES):  # over the limit: the route's cap or the read's, 413 either way
         r = _import(b, base, data + b"\0" * (size - len(data)), name="new")
         assert r.status_code == 413 and r.json()["error"]["code"] == "file_too_large", r.text
@@ -296,7 +391,7 @@ def test_voices_travel_between_visitors_through_v1_and_the_page(server, tmp_path
     with pytest.raises(AppError, match="exists already"):
         page_c.predict(file=handle_file(path), overwrite=False, api_name="/import_voice")
     bad = tmp_path / "bad.cvvoice"
-    bad.write_bytes(_bad_files(data)["another model"][0])
+    bad.write_bytes(_bad_v2(data)["another model"][0])
     with pytest.raises(AppError, match="another model"):
         page_c.predict(file=handle_file(str(bad)), overwrite=True, api_name="/import_voice")
     assert {v["id"] for v in a.get(f"{base}/v1/voices").json()["data"]} == {"fox"}

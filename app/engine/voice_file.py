@@ -1,10 +1,12 @@
 """Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
 
+The file is the store's safetensors format (app/engine/voices.py); version 1 files (a zip of .npy) still import.
 Design notes: docs/design.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -15,25 +17,32 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError
 
 from app.audio import MAX_PROMPT_SECONDS, MEL_FRAMES_PER_TOKEN, N_MELS, TOKEN_RATE_HZ
-from app.engine.voices import VoiceError, VoiceInfo, VoiceStore, check_name
+from app.engine.voices import (
+    ARRAY_DTYPES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    VoiceError,
+    VoiceInfo,
+    VoiceStore,
+    check_name,
+    voice_bytes,
+)
 from app.model.frontend import VoiceFeatures
 from app.model.llm import SPEECH_TOKEN_SIZE
 from app.model.onnx_models import SPEAKER_EMBED_DIM
 
-FORMAT_NAME, FORMAT_VERSION = "cosyvoice2-voice", 1
-SUFFIX, MEDIA_TYPE = ".cvvoice", "application/zip"
-META_MEMBER = "voice.json"
-ARRAY_DTYPES = {"prompt_text_ids": np.dtype("<i4"), "speech_tokens": np.dtype("<i4"),
-                "speech_mel": np.dtype("<f4"), "embedding": np.dtype("<f4")}
+SUFFIX, MEDIA_TYPE = ".cvvoice", "application/octet-stream"
+META_MEMBER = "voice.json"  # version 1: voice.json and one .npy per array in a zip
 MEMBERS = (META_MEMBER, *(f"{k}.npy" for k in ARRAY_DTYPES))
 MAX_PROMPT_TOKENS = int(MAX_PROMPT_SECONDS * TOKEN_RATE_HZ)  # 750: the speech tokenizer takes at most 30 s
 TEXT_VOCAB_ROWS = 151_936  # rows of the LM's text embedding (Qwen2-0.5B): an id past it would index outside
-# a member's uncompressed bytes at most (a zip bomb stops here): the largest real one, speech_mel, is 480 KB;
-# voice.json with a 10k-character transcript, each character \u-escaped twice (a surrogate pair), ~240 KB
+# a version-1 member's uncompressed bytes at most (a zip bomb stops here): the largest real one, speech_mel, is
+# 480 KB; voice.json with a 10k-character transcript, each character \u-escaped twice (a surrogate pair), ~240 KB
 MAX_MEMBER_BYTES = 4 << 20
-ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member times: one voice exports to the same bytes every time
 REDO = "export it again from the server that has the voice"
 
 
@@ -55,33 +64,11 @@ class VoiceFile:
     features: VoiceFeatures
 
 
-# --- writing -------------------------------------------------------------------------------------
-
-
-def write_voice_file(info: VoiceInfo, voice: VoiceFeatures) -> bytes:
-    """The `.cvvoice` bytes of a saved voice (`info` from the store, `voice` its features)."""
-    arrays = {k: np.ascontiguousarray(getattr(voice, k).cpu().numpy(), dtype=d) for k, d in ARRAY_DTYPES.items()}
-    meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": info.name, "prompt_text": voice.prompt_text,
-            "prompt_seconds": info.prompt_seconds, "created": info.created,
-            "model_fingerprint": info.model_fingerprint,
-            "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()}}
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(zipfile.ZipInfo(META_MEMBER, ZIP_DATE), json.dumps(meta, ensure_ascii=False, indent=1).encode())
-        for k, a in arrays.items():
-            npy = io.BytesIO()
-            np.save(npy, a, allow_pickle=False)
-            z.writestr(zipfile.ZipInfo(f"{k}.npy", ZIP_DATE), npy.getvalue())
-    return buf.getvalue()
-
-
 def export_voice(store: VoiceStore, name: str) -> tuple[VoiceInfo, bytes]:
-    """(info, `.cvvoice` bytes) of `store`'s voice `name`; `VoiceError` if unknown, damaged or of another model."""
+    """(info, `.cvvoice` bytes) of `store`'s voice `name`; `VoiceError` if unknown, damaged or of another model.
+    The bytes are the store's format without the owner (the importer becomes the owner)."""
     info = store.info(name)
-    return info, write_voice_file(info, store.load(name))
-
-
-# --- reading -------------------------------------------------------------------------------------
+    return info, voice_bytes(info, store.load(name), with_owner=False)
 
 
 def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | None = None,
@@ -105,24 +92,59 @@ def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> V
                              "a real one is under 1 MB: is it a .cvvoice file?", code="file_too_large")
     if not data:
         raise VoiceFileError("the voice file is empty")
-    members = _members(data)
-    meta = _meta(members[META_MEMBER])
+    meta, arrays = _read_v1(data) if data[:4] == b"PK\3\4" else _read_v2(data)
     got = meta["model_fingerprint"]
     if got != model_fingerprint:
         raise VoiceFileError(f"the voice file was made with another model (fingerprint {got[:32]!r}; this server's "
                              f"is {model_fingerprint!r}): a voice works only with the model that made it. Save "
                              "it again here from its recording", code="other_model")
+    _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
+    text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
+    features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
+    return VoiceFile(name=meta["name"], prompt_seconds=meta["prompt_seconds"], created=meta["created"],
+                     model_fingerprint=got, features=features)
+
+
+def _read_v2(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """(checked metadata, arrays) of a safetensors voice file; the library checks the header against the bytes."""
+    try:
+        arrays = safetensors.numpy.load(data)
+        raw = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+    except (SafetensorError, ValueError, TypeError, RecursionError) as e:  # cut short, not safetensors, ...
+        raise VoiceFileError(f"the voice file is not a readable .cvvoice file ({str(e)[:120]}); it may be cut "
+                             f"short: {REDO}") from e
+    if set(arrays) != set(ARRAY_DTYPES):
+        raise VoiceFileError(f"the voice file holds the arrays {sorted(arrays)[:8]}; a .cvvoice file holds exactly "
+                             f"{sorted(ARRAY_DTYPES)}")
+    for k, a in arrays.items():
+        if a.dtype != ARRAY_DTYPES[k]:
+            raise VoiceFileError(f"the voice file's {k} holds {a.dtype.str}; expected {ARRAY_DTYPES[k].str}")
+    v = raw.get("version")
+    meta = {**raw, "version": int(v) if isinstance(v, str) and v.isdecimal() and len(v) < 9 else v}
+    for key in ("prompt_seconds", "created"):
+        with contextlib.suppress(TypeError, ValueError):  # else _meta names it
+            meta[key] = float(raw.get(key))
+    return _meta(meta, FORMAT_VERSION), arrays
+
+
+def _read_v1(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """(checked metadata, arrays) of a version-1 file: a zip of voice.json and one .npy per array."""
+    members = _members(data)
+    try:
+        meta = json.loads(members[META_MEMBER].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise VoiceFileError(f"the voice file's voice.json is not valid JSON ({type(e).__name__}); {REDO}") from e
+    meta = _meta(meta, 1)
+    if not isinstance(meta.get("arrays"), dict) or set(meta["arrays"]) != set(ARRAY_DTYPES):
+        raise VoiceFileError(f"the voice file's voice.json lists arrays {sorted(meta.get('arrays') or ())[:8]}; "
+                             f"expected {sorted(ARRAY_DTYPES)}")
     arrays = {k: _array(f"{k}.npy", members[f"{k}.npy"], dtype) for k, dtype in ARRAY_DTYPES.items()}
     for k, a in arrays.items():
         said = meta["arrays"][k]
         if said != {"dtype": a.dtype.str, "shape": list(a.shape)}:
             raise VoiceFileError(f"the voice file is inconsistent: voice.json says {k} is {said}, its {k}.npy holds "
                                  f"{a.dtype.str} {list(a.shape)}; {REDO}")
-    _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
-    text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
-    features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
-    return VoiceFile(name=meta["name"], prompt_seconds=meta["prompt_seconds"], created=meta["created"],
-                     model_fingerprint=got, features=features)
+    return meta, arrays
 
 
 def _members(data: bytes) -> dict[str, bytes]:
@@ -160,36 +182,28 @@ def _members(data: bytes) -> dict[str, bytes]:
                              f"{REDO}") from e
 
 
-def _meta(raw: bytes) -> dict:
-    """voice.json, its fields typed and checked (not yet against the arrays)."""
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise VoiceFileError(f"the voice file's voice.json is not valid JSON ({type(e).__name__}); {REDO}") from e
+def _meta(meta: object, version: int) -> dict:
+    """The voice's fields typed and checked (not yet against the arrays)."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise VoiceFileError(f"the voice file is not a CosyVoice2 Studio voice (voice.json's format is not "
-                             f"{FORMAT_NAME!r})")
-    version = meta.get("version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        newer = type(version) is int and version > FORMAT_VERSION
-        raise VoiceFileError(f"the voice file has format version {json.dumps(version)[:20]}; this server reads version "
-                             f"{FORMAT_VERSION}" + ("; update the server" if newer else ""))
+        raise VoiceFileError(f"the voice file is not a CosyVoice2 Studio voice (its format is not {FORMAT_NAME!r})")
+    got = meta.get("version")
+    if type(got) is not int or got != version:
+        newer = type(got) is int and got > FORMAT_VERSION
+        raise VoiceFileError(f"the voice file has format version {json.dumps(got)[:20]}; this server reads version "
+                             f"{version}" + ("; update the server" if newer else ""))
     for key, kind in (("name", str), ("prompt_text", str), ("model_fingerprint", str), ("prompt_seconds", float),
-                      ("created", float), ("arrays", dict)):
+                      ("created", float)):
         v = meta.get(key)
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
             if kind is float else isinstance(v, kind)
         if not ok:
-            raise VoiceFileError(f"the voice file's voice.json has no valid {key!r} "
+            raise VoiceFileError(f"the voice file has no valid {key!r} "
                                  f"({'a number >= 0' if kind is float else kind.__name__} expected); {REDO}")
         meta[key] = float(v) if kind is float else v
     try:
         meta["prompt_text"].encode("utf-8")
     except UnicodeEncodeError as e:  # JSON may spell a lone surrogate ("\ud800")
         raise VoiceFileError(f"the voice file's transcript is not valid text ({e.reason}); {REDO}") from e
-    if set(meta["arrays"]) != set(ARRAY_DTYPES):
-        raise VoiceFileError(f"the voice file's voice.json lists arrays {sorted(meta['arrays'])[:8]}; expected "
-                             f"{sorted(ARRAY_DTYPES)}")
     return meta
 
 

@@ -21,12 +21,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError, safe_open
 
 from app.audio import TOKEN_RATE_HZ
 from app.model.frontend import VoiceFeatures
 
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
 NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
+# one format for a stored voice and an exported one: safetensors, the arrays as tensors, the rest as
+# str -> str metadata (version 1 was a zip of .npy files, app/engine/voice_file.py still imports it)
+FORMAT_NAME, FORMAT_VERSION, SUFFIX = "cosyvoice2-voice", 2, ".safetensors"
+ARRAY_DTYPES = {"prompt_text_ids": np.dtype("<i4"), "speech_tokens": np.dtype("<i4"),
+                "speech_mel": np.dtype("<f4"), "embedding": np.dtype("<f4")}
 
 
 class VoiceError(ValueError):
@@ -56,6 +63,29 @@ class VoiceInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def voice_bytes(info: VoiceInfo, voice: VoiceFeatures, *, with_owner: bool = True) -> bytes:
+    """`voice` as safetensors bytes, `info` in its metadata; the same voice gives the same bytes."""
+    arrays = {k: np.ascontiguousarray(getattr(voice, k).cpu().numpy(), dtype=d) for k, d in ARRAY_DTYPES.items()}
+    meta = {"format": FORMAT_NAME, "version": str(FORMAT_VERSION), "name": info.name, "prompt_text": voice.prompt_text,
+            "prompt_seconds": repr(float(info.prompt_seconds)), "created": repr(float(info.created)),
+            "model_fingerprint": info.model_fingerprint, **({"owner": info.owner} if with_owner else {})}
+    raw = safetensors.numpy.save(arrays, metadata=meta)
+    # the library writes its metadata map in a random order: sort it, so that one voice is one byte string
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    h = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + raw[8 + n:]
+
+
+def info_from_meta(meta: dict[str, str]) -> VoiceInfo:
+    """The `VoiceInfo` in a voice's safetensors metadata; KeyError/ValueError if a field is missing or bad."""
+    return VoiceInfo(name=meta["name"], prompt_text=meta["prompt_text"], prompt_seconds=float(meta["prompt_seconds"]),
+                     created=float(meta["created"]), model_fingerprint=meta["model_fingerprint"],
+                     owner=meta.get("owner", ""))
 
 
 def check_name(name: str) -> str:
@@ -101,13 +131,36 @@ class VoiceStore:
         self.max_transcript_chars = max_transcript_chars  # [limits]; None: features came through prepare()'s check
         self._lock = lock or threading.Lock()
 
-    def _paths(self, name: str) -> tuple[Path, Path]:
+    def _path(self, name: str) -> Path:
+        """`<name>.safetensors`, a voice saved before it (`.npz` + `.json`) converted first."""
         name = check_name(name)
-        npz, meta = self.root / f"{name}.npz", self.root / f"{name}.json"
+        path = self.root / f"{name}{SUFFIX}"
         # belt and braces: NAME_RE already rules out separators and dots
-        if npz.parent != self.root or meta.parent != self.root:
+        if path.parent != self.root:
             raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}", code="invalid_name")
-        return npz, meta
+        if not path.exists() and (self.root / f"{name}.json").is_file():
+            self._convert(name)
+        return path
+
+    def _convert(self, name: str) -> None:
+        """Rewrite the old `.npz` + `.json` pair of `name` as one `.safetensors`; the old files go only once the
+        new one is in place. A damaged pair is left as it is (`load` then says so)."""
+        npz, old = self.root / f"{name}.npz", self.root / f"{name}.json"
+        try:
+            d = json.loads(old.read_text(encoding="utf-8"))
+            info = VoiceInfo(name=check_name(d["name"]), prompt_text=str(d["prompt_text"]),
+                             prompt_seconds=float(d["prompt_seconds"]), created=float(d["created"]),
+                             model_fingerprint=str(d.get("model_fingerprint", "")), owner=str(d.get("owner", "")))
+            with np.load(npz, allow_pickle=False) as z:
+                voice = VoiceFeatures.from_arrays({k: z[k] for k in z.files})
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            return
+        if info.name != name:
+            return
+        with self._lock:
+            self._atomic_write(self.root / f"{name}{SUFFIX}", voice_bytes(info, voice))
+            old.unlink(missing_ok=True)
+            npz.unlink(missing_ok=True)
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -115,12 +168,13 @@ class VoiceStore:
         """Saved voices of this model, newest first (voices of other models are left out)."""
         if not self.root.is_dir():
             return []
+        for old in self.root.glob("*.json"):
+            if (self.root / f"{old.stem}.npz").is_file() and NAME_RE.fullmatch(old.stem):
+                self._path(old.stem)
         out = []
-        for meta in self.root.glob("*.json"):
-            info = self._read_info(meta)
-            if info is None or not (self.root / f"{info.name}.npz").is_file():
-                continue
-            if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
+        for path in self.root.glob(f"*{SUFFIX}"):
+            info = self._read_info(path)
+            if info is None or (self.model_fingerprint and info.model_fingerprint != self.model_fingerprint):
                 continue
             out.append(info)
         return sorted(out, key=lambda v: (-v.created, v.name))
@@ -128,34 +182,36 @@ class VoiceStore:
     def names(self) -> list[str]:
         return [v.name for v in self.list()]
 
-    def _read_info(self, meta: Path) -> VoiceInfo | None:
-        try:
-            d = json.loads(meta.read_text(encoding="utf-8"))
-            info = VoiceInfo(name=check_name(d["name"]), prompt_text=str(d["prompt_text"]),
-                             prompt_seconds=float(d["prompt_seconds"]), created=float(d["created"]),
-                             model_fingerprint=str(d.get("model_fingerprint", "")), owner=str(d.get("owner", "")))
-        except (OSError, ValueError, KeyError, TypeError):
+    def _read_info(self, path: Path) -> VoiceInfo | None:
+        try:  # the header only, not the arrays
+            with safe_open(path, framework="np") as f:
+                info = info_from_meta(f.metadata() or {})
+            check_name(info.name)
+        except (OSError, ValueError, KeyError, SafetensorError):
             return None  # a foreign or damaged file in the folder: not a voice
-        return info if meta.stem == info.name else None
+        return info if path.stem == info.name else None
 
     def info(self, name: str) -> VoiceInfo:
-        _, meta = self._paths(name)
-        info = self._read_info(meta) if meta.is_file() else None
+        path = self._path(name)
+        info = self._read_info(path) if path.is_file() else None
         if info is None:
             raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
         return info
 
     def load(self, name: str) -> VoiceFeatures:
         """The saved features of `name`; `VoiceError` if unknown, damaged or from another model."""
-        npz, _ = self._paths(name)
+        path = self._path(name)
+        if not path.exists() and (self.root / f"{check_name(name)}.npz").is_file():
+            raise VoiceError(f"voice {check_name(name)!r} is damaged; delete it and save it again", code="damaged")
         info = self.info(name)
         if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
             raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording",
                              code="other_model")
         try:
-            with np.load(npz, allow_pickle=False) as z:
-                return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
-        except (OSError, ValueError, KeyError, AssertionError) as e:
+            arrays = safetensors.numpy.load_file(path)
+            text = np.frombuffer(info.prompt_text.encode("utf-8"), dtype=np.uint8)
+            return VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
+        except (OSError, ValueError, KeyError, AssertionError, SafetensorError) as e:
             raise VoiceError(f"voice {info.name!r} is damaged ({e}); delete it and save it again",
                              code="damaged") from e
 
@@ -170,34 +226,37 @@ class VoiceStore:
         if limit is not None and len(voice.prompt_text) > limit:
             raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)",
                              code="invalid_transcript")
-        npz, meta = self._paths(name)
+        path = self._path(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
                          prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2),
                          created=time.time() if created is None else created,
                          model_fingerprint=self.model_fingerprint, owner=self.owner)
+        data = voice_bytes(info, voice)
         with self._lock:
-            if meta.exists() and not overwrite:
+            if (path.exists() or (self.root / f"{name}.json").exists()) and not overwrite:
                 raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name",
                                  code="exists")
             self.root.mkdir(parents=True, exist_ok=True)
-            self._atomic_write(npz, lambda f: np.savez(f, **voice.to_arrays()))
-            self._atomic_write(meta, lambda f: f.write(json.dumps(info.to_dict(), ensure_ascii=False).encode()))
+            self._atomic_write(path, data)
+            for old in (self.root / f"{name}.json", self.root / f"{name}.npz"):
+                old.unlink(missing_ok=True)
         return info
 
     def delete(self, name: str) -> None:
         """Remove `name`; `VoiceError` if there is no such voice."""
-        npz, meta = self._paths(name)
+        path = self._path(name)
+        old = [self.root / f"{path.stem}.json", self.root / f"{path.stem}.npz"]  # a damaged unconverted pair
         with self._lock:
-            if not meta.exists() and not npz.exists():
+            if not path.exists() and not any(p.exists() for p in old):
                 raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
-            meta.unlink(missing_ok=True)  # unlisted first, then the arrays
-            npz.unlink(missing_ok=True)
+            for p in (*old, path):  # unlisted first
+                p.unlink(missing_ok=True)
 
-    def _atomic_write(self, path: Path, write) -> None:
+    def _atomic_write(self, path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=path.suffix)
         try:
             with os.fdopen(fd, "wb") as f:
-                write(f)
+                f.write(data)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
