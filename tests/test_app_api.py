@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 from studio import run_studio
 
@@ -51,8 +52,8 @@ def test_voice_store_roundtrip_and_safe_names(tmp_path):
     assert got.prompt_text == v.prompt_text
     for k in ("prompt_text_ids", "speech_tokens", "speech_mel", "embedding"):
         assert torch.equal(getattr(got, k), getattr(v, k)), k
-    with np.load(tmp_path / "voices" / "alice.npz", allow_pickle=False) as z:  # plain arrays only
-        assert set(z.files) == {"prompt_text_ids", "speech_tokens", "speech_mel", "embedding", "prompt_text_utf8"}
+    stored = safetensors.numpy.load_file(tmp_path / "voices" / "alice.safetensors")  # plain arrays, no pickle
+    assert set(stored) == {"prompt_text_ids", "speech_tokens", "speech_mel", "embedding"}
     with pytest.raises(VoiceError, match="exists already") as taken:
         store.save("alice", v)
     assert taken.value.code == "exists"  # what the doors choose a 409 / "Name taken" by
@@ -64,7 +65,7 @@ def test_voice_store_roundtrip_and_safe_names(tmp_path):
         with pytest.raises(VoiceError, match="invalid voice name") as invalid:
             store.save(bad, v)
         assert invalid.value.code == "invalid_name", bad
-    assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["alice.json", "alice.npz"]
+    assert sorted(p.name for p in (tmp_path / "voices").iterdir()) == ["alice.safetensors"]
     assert not list(tmp_path.glob("evil*"))
     # another model's features are not offered and not loaded
     other = VoiceStore(tmp_path / "voices", model_fingerprint="zzz")
@@ -225,7 +226,7 @@ def test_saved_voice_by_name(client, server):
     msg, value = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
                                 api_name="/save_voice")
     assert "test-voice_1" in msg and value == "test-voice_1"
-    assert {p.name for p in server[1].iterdir()} == {"test-voice_1.npz", "test-voice_1.json"}
+    assert {p.name for p in server[1].iterdir()} == {"test-voice_1.safetensors"}
     (listed,) = client.predict(api_name="/list_voices")
     assert listed["name"] == "test-voice_1" and listed["prompt_text"]
     d = check_wav(synth(client, prompt_audio=None, prompt_text="", voice="test-voice_1"))

@@ -109,7 +109,7 @@ def test_voices_crud_and_shared_store(server, voice):
     listed = httpx.get(base + "/v1/voices").json()
     assert listed["object"] == "list" and voice in [v["id"] for v in listed["data"]]
     assert httpx.get(f"{base}/v1/voices/{voice}").json()["id"] == voice
-    assert (voices_dir / f"{voice}.npz").is_file()  # the page's store: same folder, npz without pickle
+    assert (voices_dir / f"{voice}.safetensors").is_file()  # the page's store: same folder, no pickle
     with EN_WAV.open("rb") as f:  # no name: one is made up; a taken name: 409
         r = httpx.post(base + "/v1/voices", files={"audio": ("a.wav", f)}, data={"transcript": ""}, timeout=60)
     made = r.json()["id"]
