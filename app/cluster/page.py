@@ -38,7 +38,7 @@ from typing import Any
 from app.config import Config
 from app.engine.fair_share import FairShare
 from app.engine.metrics import Metrics, RequestRecord
-from app.engine.owners import OwnedVoices
+from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.engine.service import NotReadyError, public_facts
 
@@ -216,12 +216,12 @@ class ClusterService:
         return await self._on_a_replica(start)
 
     @contextlib.asynccontextmanager
-    async def speak(self, req: SynthesisRequest, *, prepared: Any = None, client: str = "",
+    async def speak(self, req: SynthesisRequest, *, prepared: Any = None, caller: Caller = NOBODY,
                     queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
                     ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
         """`StudioService.speak` for the page: the client's fair share here, admission on the replica (its wait
         is in the record, not in the yielded queue wait)."""
-        with self.share.hold(client):
+        with self.share.hold(caller.client):
             async with contextlib.aclosing(self.stream(req, queue_wait_s=queue_wait_s, prepared=prepared,
                                                        stop=stop)) as chunks:
                 yield queue_wait_s, chunks

@@ -13,9 +13,6 @@ from pathlib import Path
 from app.engine.voices import VoiceInfo, VoiceStore
 
 SCOPES = ("private", "shared")
-# keys of a request's ASGI state (app/server/identity.py writes them, the doors read them); ADMIN: may see the
-# engine's facts (paths, arguments) and every caller's requests
-OWNER_STATE_KEY, CLIENT_STATE_KEY, ADMIN_STATE_KEY = "studio_owner", "studio_client", "studio_admin"
 OWNER_DIR_PREFIX = "o-"
 
 
@@ -29,6 +26,19 @@ class Owner:
 
 ADMIN = Owner("admin", admin=True)
 ANYONE = Owner("")  # shared scope's stand-in where no door said who (tools, tests)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request (app/server/identity.py decides, once per request): the owner of the voices it may
+    use, the client its fair share is counted for, and whether it may see every request and the engine's facts."""
+
+    owner: Owner = ANYONE
+    client: str = ""
+    admin: bool = False
+
+
+NOBODY = Caller()  # where no door said who: tools, tests, a replica whose ingress counted the share
 
 
 def owner_dir(owner_id: str) -> str:
@@ -47,17 +57,6 @@ class OwnedVoices:
         self.model_fingerprint = ""  # set once the model is loaded (voices of another model are refused)
         self.max_transcript_chars = max_transcript_chars
         self._lock = threading.Lock()  # one for every store: a name's two files are written together
-        # visitor id -> the Hugging Face user signed in on that browser (the page's events know the profile; its
-        # /studio/speech requests carry only the cookie): set and cleared by the page (app/ui/handlers.py:caller)
-        self.signed_in: dict[str, Owner] = {}
-
-    def link(self, visitor: Owner, user: Owner | None) -> None:
-        """Browser `visitor` is signed in as `user` (None: signed out)."""
-        if visitor.id.startswith("visitor:"):
-            if user is None:
-                self.signed_in.pop(visitor.id, None)
-            else:
-                self.signed_in[visitor.id] = user
 
     @property
     def private(self) -> bool:
@@ -65,7 +64,6 @@ class OwnedVoices:
 
     def of(self, owner: Owner, target: str | None = None) -> VoiceStore:
         """The store `owner` reads and writes; the admin may name another owner's (`target`, an owner id)."""
-        owner = self.signed_in.get(owner.id, owner)
         folder = self.root
         if owner.admin and target:
             folder = self.root / owner_dir(target)
@@ -76,7 +74,6 @@ class OwnedVoices:
 
     def visible(self, owner: Owner) -> list[VoiceInfo]:
         """What `owner` may list, newest first: their own; for the admin in private scope every owner's too."""
-        owner = self.signed_in.get(owner.id, owner)
         if not (owner.admin and self.private):
             return self.of(owner).list()
         found = self.of(owner).list()
@@ -85,3 +82,4 @@ class OwnedVoices:
                 if folder.is_dir():
                     found += VoiceStore(folder, self.model_fingerprint).list()
         return sorted(found, key=lambda v: (-v.created, v.name))
+

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -22,7 +22,7 @@ from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
 from app.engine.fair_share import FairShare
 from app.engine.metrics import Metrics
-from app.engine.owners import OwnedVoices
+from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.voices import VoiceFeatureCache
@@ -32,6 +32,7 @@ from app.model.loader import CosyVoice2Model, load_model
 from app.model.source import model_fingerprint, resolve_model_dir
 
 if TYPE_CHECKING:
+    from app.engine.lm_backend import SpeechTokenSource
     from app.engine.prepare import Prepared
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,27 @@ def public_facts(cfg: Config, **facts: Any) -> dict[str, Any]:
     from app import __version__
 
     return {**facts, "version": __version__, "voices": cfg.voices.resolved(cfg.server)}
+
+
+class Studio(Protocol):
+    """What the page and the doors use of a service: `StudioService`, or `ClusterService` (app/cluster/page.py)
+    on a cluster's ingress, whose `backend` is None (the replicas hold the LM)."""
+
+    cfg: Config
+    metrics: Metrics
+    voices: OwnedVoices
+    backend: SpeechTokenSource | None
+    status: str
+
+    def facts(self) -> dict[str, Any]: ...
+
+    def public_health(self) -> dict[str, Any]: ...
+
+    def require_ready(self) -> Any: ...
+
+    def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, caller: Caller = NOBODY,
+              queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
+              ) -> contextlib.AbstractAsyncContextManager[tuple[float, AsyncIterator[AudioChunk]]]: ...
 
 
 class StudioService:
@@ -174,16 +196,16 @@ class StudioService:
         return self.backend.health().fault if self.backend is not None else None
 
     @contextlib.asynccontextmanager
-    async def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, client: str = "",
+    async def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, caller: Caller = NOBODY,
                     queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
                     ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
-        """The one way every door speaks a prepared request: `client`'s fair share (app/engine/fair_share.py;
+        """The one way every door speaks a prepared request: `caller.client`'s fair share (app/engine/fair_share.py;
         "" = not counted, e.g. a replica whose ingress counted it), then the process's one admission (a slot,
         or a place in its queue: `BusyError` when full), then `stream`. Yields (queue wait s: `queue_wait_s`
         spent before this door plus the admission's, the chunks); leaving the block closes the stream
         (aborting the LM request if it is still running) and frees the slot and the share's place."""
         async with contextlib.AsyncExitStack() as stack:
-            stack.enter_context(self.share.hold(client))  # before the queue: a client over its share waits nowhere
+            stack.enter_context(self.share.hold(caller.client))  # before the queue: over its share, it waits nowhere
             queue_s = queue_wait_s + await stack.enter_async_context(self.admission.admit())
             chunks = await stack.enter_async_context(contextlib.aclosing(
                 self.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop)))

@@ -9,15 +9,19 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import json
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import Config
-from app.engine.owners import ADMIN_STATE_KEY, CLIENT_STATE_KEY, OWNER_STATE_KEY, Owner
+from app.engine.owners import NOBODY, Caller, Owner
 
+CALLER_KEY = "studio_caller"  # the request's ASGI state key of its Caller
 VISITOR_COOKIE = "cosyvoice_visitor"
+SESSION_COOKIE, SESSION_MAX_AGE_S = "session", 14 * 24 * 3600  # Gradio's OAuth session (Starlette's defaults)
 COOKIE_MAX_AGE_S = 400 * 24 * 3600  # browsers cap a cookie's life at 400 days
 SECRET_FILE = ".visitor-secret"
 
@@ -65,6 +69,41 @@ def is_local(scope: dict) -> bool:
         return client[0] == "localhost"
 
 
+def caller_of(scope: dict) -> Caller:
+    """The Caller AccessLimits found for `scope` (nobody's where no gate ran: tools, tests)."""
+    return scope.get("state", {}).get(CALLER_KEY, NOBODY)
+
+
+def page_caller(scope: dict, hf_user: str | None, login_user: str | None) -> Caller:
+    """A page event's Caller: the Hugging Face user Gradio hands its handlers (the client is that user), the
+    page's login user (its share per address: one password is often a group's), else `caller_of(scope)`."""
+    found = caller_of(scope)
+    if hf_user:
+        return Caller(Owner(f"hf:{hf_user}"), f"hf:{hf_user}", found.admin)
+    if login_user:
+        return Caller(Owner(f"user:{login_user}"), found.client, found.admin)
+    return found
+
+
+def session_user(scope: dict) -> str | None:
+    """The Hugging Face user of Gradio's OAuth session cookie (a Space with hf_oauth), else None. Read as
+    gradio/oauth.py's SessionMiddleware writes it, so /studio (outside Gradio's app) knows who signed in."""
+    raw = cookie(scope, SESSION_COOKIE)
+    if not raw or not os.environ.get("OAUTH_CLIENT_ID"):
+        return None
+    from itsdangerous import BadSignature, TimestampSigner  # gradio[oauth]'s, present where OAuth is
+
+    key = hashlib.sha256((os.environ.get("OAUTH_CLIENT_SECRET", "") + "-v4").encode()).hexdigest()
+    try:
+        data = json.loads(base64.b64decode(TimestampSigner(key).unsign(raw.encode(), max_age=SESSION_MAX_AGE_S)))
+    except (BadSignature, ValueError):
+        return None
+    info = data.get("oauth_info") or {}
+    if info.get("expires_at") is not None and info["expires_at"] < time.time():
+        return None
+    return (info.get("userinfo") or {}).get("preferred_username") or None
+
+
 def load_secret(voices_dir: str) -> bytes:
     """COSYVOICE_SECRET, else the key kept beside the voices (made once, readable by this user only)."""
     if env := os.environ.get("COSYVOICE_SECRET"):
@@ -82,8 +121,7 @@ def load_secret(voices_dir: str) -> bytes:
 
 @dataclass(frozen=True)
 class Who:
-    owner: Owner
-    client: str
+    caller: Caller
     set_cookie: str | None = None  # a Set-Cookie value for the answer (a new visitor)
 
 
@@ -131,11 +169,11 @@ class Identity:
             owner, client = Owner(f"user:{basic_user}"), f"ip:{ip}"
         else:
             visitor, set_cookie = self._visitor(scope) if self.private else ("", None)
-            owner, client = Owner(f"visitor:{visitor}" if visitor else ""), f"ip:{ip}"
-        state = scope.setdefault("state", {})
-        state[OWNER_STATE_KEY], state[CLIENT_STATE_KEY] = owner, client
-        state[ADMIN_STATE_KEY] = self.is_admin(scope, owner)
-        return Who(owner, client, set_cookie)
+            hf_user = session_user(scope) if self.private else None  # as the page's profile: private scope only
+            owner = Owner(f"hf:{hf_user}" if hf_user else f"visitor:{visitor}" if visitor else "")
+            client = f"ip:{ip}"
+        caller = scope.setdefault("state", {})[CALLER_KEY] = Caller(owner, client, self.is_admin(scope, owner))
+        return Who(caller, set_cookie)
 
     def is_admin(self, scope: dict, owner: Owner) -> bool:
         """The admin key, or this machine itself: a loopback connection no proxy forwarded, unless a trusted

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request  # at module level: the routes' annotations are resolved by name
 
 from app.config import Config
+from app.server.identity import caller_of
 
 if TYPE_CHECKING:
     from app.engine.service import StudioService
@@ -70,9 +71,7 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
 
 def may_see_details(scope: dict) -> bool:
     """/health's and /metrics' details: for admins (the admin key, this machine: app/server/identity.py)."""
-    from app.engine.owners import ADMIN_STATE_KEY
-
-    return bool(scope.get("state", {}).get(ADMIN_STATE_KEY))
+    return caller_of(scope).admin
 
 
 def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tuple[Any, Any]:
@@ -83,12 +82,11 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from fastapi.responses import JSONResponse
 
     from app.server.errors import install_error_handlers
-    from app.server.limits import AccessLimits, Gate
+    from app.server.limits import AccessLimits, ArrivalStamp, Gate
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
     from app.server.studio_stream import add_studio_routes
     from app.ui.early_script import EarlyScript
-    from app.ui.handlers import ArrivalStamp
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")

@@ -14,14 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
 from app.engine.inputs import MAX_SEED, SPEED_RANGE
-from app.engine.owners import CLIENT_STATE_KEY
 from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
 from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError, error_response, error_responses
-from app.server.identity import Identity
+from app.server.identity import Identity, caller_of
 from app.server.limits import bearer_auth
 from app.server.speech import map_error, prepare_or_raise, speech_response
-from app.server.voices_api import NAME_MAX_CHARS, owner_of, voices_router
+from app.server.voices_api import NAME_MAX_CHARS, voices_router
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -152,7 +151,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             service.metrics.input_refused("unknown_model")
             raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
                            "loaded CosyVoice2 model)", param="model", code="model_not_found")
-        if body.fixed_tokens and not (cfg.server.bench_options_open or owner_of(request).admin):
+        if body.fixed_tokens and not (cfg.server.bench_options_open or caller_of(request.scope).owner.admin):
             service.metrics.input_refused("bench_option")
             raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
                            "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
@@ -170,7 +169,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
-            owner=owner_of(request), dialogue=body.dialogue), V1_PARAMS)
+            owner=caller_of(request.scope).owner, dialogue=body.dialogue), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
         async def gone() -> None:  # the body is read: the next message is the disconnect
@@ -178,7 +177,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
                 pass
 
         return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                     params=V1_PARAMS, client=request.scope["state"].get(CLIENT_STATE_KEY, ""),
+                                     params=V1_PARAMS, caller=caller_of(request.scope),
                                      gone=gone)
 
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
@@ -204,3 +203,4 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         raise ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
 
     return router
+

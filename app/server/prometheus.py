@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.metrics import OUTCOMES, Metrics, RequestRecord
-from app.engine.owners import ADMIN_STATE_KEY
 from app.engine.resources import MIB
+from app.server.identity import caller_of
 
 if TYPE_CHECKING:
     from app.engine.service import StudioService
@@ -195,6 +195,6 @@ def add_metrics_route(app: FastAPI, service: StudioService) -> None:
     def metrics(request: Request) -> Response:  # a worker thread: the memory snapshot may block (NVML, /proc)
         """Prometheus text exposition: requests, latency histograms, memory, KV cache, vLLM's vllm:* metrics
         (for everyone but admins without paths, engine arguments or versions)."""
-        admin = request.scope.get("state", {}).get(ADMIN_STATE_KEY)  # app/server/identity.py
+        admin = caller_of(request.scope).admin
         public_name = None if admin else service.model_name()
         return Response(exporter.render(public_name), media_type=prometheus_client.CONTENT_TYPE_LATEST)

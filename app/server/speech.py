@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.inputs import InputError
+from app.engine.owners import NOBODY, Caller
 from app.engine.prepare import Prepared, SpeechInputs, prepare
 from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk, SynthesisRequest
@@ -105,12 +106,12 @@ def sends_whole(req: SynthesisRequest, fmt: str) -> bool:
 
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
-                          prepared: Prepared | None = None, client: str = "",
+                          prepared: Prepared | None = None, caller: Caller = NOBODY,
                           stop: asyncio.Event | None = None, params: dict[str, str] | None = None,
                           gone: Callable[[], Awaitable[None]] | None = None) -> Response:
     """The response for `req` in format `fmt` (one of audio_formats.FORMATS, available: checked by the door),
     streamed or whole (`sends_whole`); `ApiError` before any audio (a whole one: before any byte). `prepared`
-    (what made `req`) goes into the request's metrics record; `client` (app/server/identity.py) holds one of
+    (what made `req`) goes into the request's metrics record; `caller`'s client (app/server/identity.py) holds one of
     its fair-share places until the body ends. `gone()` returns when the client disconnects: a whole response
     stops being made then (a streamed one stops when its body can no longer be sent)."""
     assert fmt in audio_formats.FORMATS, fmt
@@ -118,7 +119,7 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
-        queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, client=client,
+        queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, caller=caller,
                                                                         stop=stop))
         t_start = time.perf_counter()
         head = await (_unless_gone(_first_audio(chunks, True), gone) if whole else _first_audio(chunks, False))

@@ -14,12 +14,12 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine.owners import ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY
 from app.engine.prepare import SpeechInputs
 from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
+from app.server.identity import caller_of
+from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
-from app.ui.handlers import ARRIVAL_KEY
 from app.ui.player import upload_file
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
@@ -93,16 +93,16 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # ArrivalStamp
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
-        state = request.scope.get("state", {})
+        caller = caller_of(request.scope)
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
             mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True, dialogue=body.dialogue,
-            owner=state.get(OWNER_STATE_KEY, ANYONE)), STUDIO_PARAMS)
+            owner=caller.owner), STUDIO_PARAMS)
         stop = asyncio.Event()  # set by POST /studio/requests/{id}/stop: the player's Stop, before it hangs up
         stops[prepared.request.request_id] = stop
         response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
                                          headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
-                                         client=state.get(CLIENT_STATE_KEY, ""), stop=stop, params=STUDIO_PARAMS)
+                                         caller=caller, stop=stop, params=STUDIO_PARAMS)
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response

@@ -16,20 +16,15 @@ from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
 from app.engine import inputs
 from app.engine.inputs import InputError
-from app.engine.owners import ANYONE, OWNER_STATE_KEY, Owner
 from app.engine.prepare import reference_voice
 from app.engine.service import StudioService
 from app.engine.voice_file import MEDIA_TYPE, SUFFIX, VoiceFileError, export_voice, import_voice
 from app.engine.voices import VoiceError, VoiceInfo, check_name
 from app.server.errors import ApiError, error_responses
+from app.server.identity import caller_of
 
 TRANSCRIPT_HARD_CAP = 10_000  # characters a form field may carry at all; the configured limit is checked below
 NAME_MAX_CHARS = 64  # app/engine/voices.py NAME_RE's limit (a name field is checked by check_name too)
-
-
-def owner_of(request: Request) -> Owner:
-    """The request's owner, as AccessLimits found it (ANYONE where no gate ran)."""
-    return request.scope.get("state", {}).get(OWNER_STATE_KEY, ANYONE)
 
 
 def voice_json(info: VoiceInfo, admin: bool) -> dict:
@@ -77,7 +72,7 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
         """Compute and store a voice's features from a reference recording and its transcript (409 when the
         name is taken, unless `overwrite`)."""
         require_ready()
-        owner = owner_of(request)
+        owner = caller_of(request.scope).owner
         store = service.voices.of(owner)
         try:
             name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
@@ -103,7 +98,7 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
     @router.get("/voices")
     async def list_voices(request: Request) -> dict:
         """The caller's saved voices of the loaded model, newest first (the admin key: every owner's)."""
-        owner = owner_of(request)
+        owner = caller_of(request.scope).owner
         voices = await asyncio.to_thread(service.voices.visible, owner)
         return {"object": "list", "data": [voice_json(v, owner.admin) for v in voices]}
 
@@ -114,7 +109,7 @@ def add_item_routes(router: APIRouter, service: StudioService) -> None:
     @router.get("/voices/{voice_id}", responses=error_responses(404))
     async def get_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """One of the caller's voices (the admin key may name another `owner`)."""
-        caller = owner_of(request)
+        caller = caller_of(request.scope).owner
         try:
             info = await asyncio.to_thread(service.voices.of(caller, owner).info, voice_id)
         except VoiceError as e:
@@ -125,7 +120,7 @@ def add_item_routes(router: APIRouter, service: StudioService) -> None:
     async def delete_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """Delete one of the caller's voices (the admin key may name another `owner`)."""
         try:
-            await asyncio.to_thread(service.voices.of(owner_of(request), owner).delete, voice_id)
+            await asyncio.to_thread(service.voices.of(caller_of(request.scope).owner, owner).delete, voice_id)
         except VoiceError as e:
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return {"id": voice_id, "object": "voice", "deleted": True}
@@ -141,7 +136,8 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
     async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
         """One of the caller's voices as a `.cvvoice` file to import elsewhere (docs/api.md: the format)."""
         try:
-            info, data = await asyncio.to_thread(export_voice, service.voices.of(owner_of(request), owner), voice_id)
+            store = service.voices.of(caller_of(request.scope).owner, owner)
+            info, data = await asyncio.to_thread(export_voice, store, voice_id)
         except VoiceError as e:  # another owner's voice reads as unknown, as GET /v1/voices/{id}
             unknown = e.code in ("not_found", "invalid_name")
             raise ApiError(404 if unknown else 409, str(e), param="voice_id",
@@ -160,7 +156,7 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
         `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
         written unless every check passes."""
         require_ready()
-        owner = owner_of(request)
+        owner = caller_of(request.scope).owner
         try:
             name = check_name(name) if name else None
         except VoiceError as e:

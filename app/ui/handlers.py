@@ -22,18 +22,19 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine.inputs import MAX_SEED, InputError
-from app.engine.owners import ADMIN_STATE_KEY, ANYONE, CLIENT_STATE_KEY, OWNER_STATE_KEY, OwnedVoices, Owner
+from app.engine.owners import Caller
 from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
+from app.server.identity import caller_of, page_caller
+from app.server.limits import ARRIVAL_KEY
 from app.ui.i18n import lang_of, status_text, t, title_in, translate
 from app.ui.stop import StopSignal, until_stopped
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
 # segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
-ARRIVAL_KEY = "studio_arrived_at"  # request-state key set by ArrivalStamp (time.monotonic())
 NO_FFMPEG_NOTE = "ffmpeg is not installed: live playback is off, the final WAV plays when done"
 NAME_WORDS, NAME_CHARS = 6, 40  # the final WAV's file name: at most this many words / characters (player.js too)
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
@@ -57,58 +58,32 @@ def refused(e: Exception) -> gr.Error:
     return gr.Error(str(e), print_exception=False)
 
 
-class ArrivalStamp:
-    """ASGI middleware: stamps each request's arrival, so a handler can tell how long it queued."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
-        await self.app(scope, receive, send)
-
-
-def request_state(request: gr.Request | None) -> dict:
-    """The ASGI state the server's middlewares wrote for the HTTP request behind a page event ({} without one)."""
-    raw = getattr(request, "request", None) if request is not None else None
-    return getattr(raw, "scope", {}).get("state", {}) if raw is not None else {}
+def request_scope(request: gr.Request | None) -> dict:
+    """The ASGI scope of the HTTP request behind a page event ({} without one)."""
+    return getattr(getattr(request, "request", None), "scope", None) or {}
 
 
 def queue_wait_s(request: gr.Request | None, now: float) -> float:
     """Seconds between the queue-join HTTP request's arrival and `now` (0 where unknown)."""
-    arrived = request_state(request).get(ARRIVAL_KEY)
+    arrived = request_scope(request).get("state", {}).get(ARRIVAL_KEY)
     return max(0.0, now - arrived) if arrived is not None else 0.0
 
 
-def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None,
-           voices: OwnedVoices | None = None) -> tuple[Owner, str]:
-    """(owner, fair-share client) of a page event: the signed-in Hugging Face user (Gradio hands the profile
-    to handlers on a Space with hf_oauth), the page's login user, else what app/server/identity.py found
-    (an API key's owner, the visitor cookie; the client's address). `voices` learns which user the browser
-    signed in as, for its /studio/speech requests (`OwnedVoices.link`)."""
-    state = request_state(request)
-    visitor = state.get(OWNER_STATE_KEY, ANYONE)
-    user = Owner(f"hf:{profile.username}") if profile is not None else None
-    if voices is not None:
-        voices.link(visitor, user)
-    if user is not None:
-        return user, user.id
-    if request is not None and getattr(request, "username", None):  # the page's login: its share per address
-        return Owner(f"user:{request.username}"), state.get(CLIENT_STATE_KEY, "")
-    return visitor, state.get(CLIENT_STATE_KEY, "")
+def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> Caller:
+    """A page event's Caller (app/server/identity.py:page_caller): the Hugging Face profile Gradio hands the
+    handlers on a Space with hf_oauth, the page's login user, else what the server found for its request."""
+    return page_caller(request_scope(request), profile.username if profile is not None else None,
+                       getattr(request, "username", None))
 
 
 def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: frozenset[str]
            ) -> frozenset[str] | None:
     """Whose requests and facts a page event may show: None = everything (an admin: the admin key, this machine,
-    a user of `[server] admin_users`), else the caller's owner ids (the signed-in user and the browser's
-    cookie: its low-latency player's requests carry only the cookie)."""
-    state = request_state(request)
-    owner, _ = caller(request, profile)
-    if state.get(ADMIN_STATE_KEY) or owner.id in admins:
+    a user of `[server] admin_users`), else the caller's owner ids (the page's and its HTTP request's)."""
+    me = caller(request, profile)
+    if me.admin or me.owner.id in admins:
         return None
-    ids = {owner.id, state.get(OWNER_STATE_KEY, ANYONE).id} - {""}
+    ids = {me.owner.id, caller_of(request_scope(request)).owner.id} - {""}
     return frozenset(ids or {""})  # "": nobody is told apart (shared scope), so every request is everybody's
 
 
@@ -166,14 +141,14 @@ class Handlers:
         queue_s = queue_wait_s(request, time.monotonic())
         lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
         stream = bool(stream)
-        owner, client = caller(request, profile)
+        me = caller(request, profile)
         stop = stop if stop is not None else StopSignal()
         if stop.stopped:  # Stop while this request waited in the queue
             yield None, None, translate("Stopped before it started.", lang), None
             return
         prepared = await self._prepare(SpeechInputs(
             text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
-            instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=owner,
+            instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
             dialogue=bool(dialogue)), lang)
         live = stream and live_playback()
         if stream and not live:  # shown with the stats, so it goes into the request's record
@@ -182,7 +157,8 @@ class Handlers:
         folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
             try:
-                async with self.service.speak(prepared.request, prepared=prepared, client=client, queue_wait_s=queue_s,
+                async with self.service.speak(prepared.request, prepared=prepared, caller=me,
+                                              queue_wait_s=queue_s,
                                               stop=stop.event) as (_, chunks), \
                         contextlib.aclosing(until_stopped(chunks, stop)) as until:
                     async for chunk in until:
@@ -274,7 +250,7 @@ class Handlers:
             raise gr.Error(str(e), title="Not ready") from e
         if not prompt_audio:
             raise gr.Error("Upload or record the reference clip to save first.")
-        store = self.service.voices.of(caller(request, profile)[0])
+        store = self.service.voices.of(caller(request, profile).owner)
         try:
             features = await reference_voice(self.service, prompt_audio, prompt_text)
             info = store.save(name or "", features, overwrite=bool(overwrite))
@@ -294,7 +270,7 @@ class Handlers:
         if not voice:
             raise gr.Error("Pick a saved voice to delete.")
         try:
-            self.service.voices.of(caller(request, profile)[0]).delete(voice)
+            self.service.voices.of(caller(request, profile).owner).delete(voice)
         except VoiceError as e:
             raise gr.Error(str(e)) from e
         return f"Deleted voice **{voice}**.", ""
@@ -302,12 +278,12 @@ class Handlers:
     def list_voices(self, request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> list[dict]:
         """The caller's saved voices of the loaded model: name, transcript, length, creation time."""
         return [{k: v for k, v in info.to_dict().items() if k != "owner"}
-                for info in self.service.voices.visible(caller(request, profile)[0])]
+                for info in self.service.voices.visible(caller(request, profile).owner)]
 
     def voice_choices(self, current: str | None = "", request: gr.Request = None,
                       profile: gr.OAuthProfile | None = None) -> gr.Dropdown:
         """The dropdown's choices: the caller's voices (keeps `current` if it still exists)."""
-        names = self.service.voices.of(caller(request, profile, self.service.voices)[0]).names()  # each page load
+        names = self.service.voices.of(caller(request, profile).owner).names()  # each page load
         return gr.Dropdown(choices=[NO_VOICE, *names], value=current if current in names else "")
 
     # --- status --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pandas as pd
 
 from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
+from app.engine.service import Studio
 from app.ui.handlers import viewer
 from app.ui.i18n import lang_of, locale, status_text
 
@@ -67,9 +68,9 @@ class Panels:
                           api_visibility="private")
 
 
-def build_panels(service: Any, label: gr.I18n) -> Panels:
+def build_panels(service: Studio, label: gr.I18n) -> Panels:
     """Create the panel components and their timer inside the current `gr.Blocks` context.
-    `service`: the `StudioService` (`metrics`, `backend`: None until started, `status`, `facts()`)."""
+    `service`: a `Studio` (app/engine/service.py; its `backend` is None until started)."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
         memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
@@ -99,19 +100,18 @@ def build_panels(service: Any, label: gr.I18n) -> Panels:
     return Panels(timer, tick, outputs)
 
 
-def busy(service: Any) -> bool:
+def busy(service: Studio) -> bool:
     """A request streams now or ended within IDLE_AFTER_S (the panels tick fast then)."""
     m: Metrics = service.metrics
     recent = m.recent(1)
     return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
 
 
-def refresh(service: Any, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:
+def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:
     """One tick: sample memory once, then redraw every panel from the metrics (chart titles in `lang`). `owners`:
     the requests shown are theirs and the facts the public ones (None: an admin's view, everything)."""
     metrics: Metrics = service.metrics
-    backend = getattr(service, "backend", None)
-    snap = metrics.memory_snapshot(backend)
+    snap = metrics.memory_snapshot(service.backend)
     history = metrics.memory_history(WINDOW)
     recent = [r for r in metrics.recent() if owners is None or r["owner"] in owners][-N_REQUESTS:]
     now = time.time()
@@ -197,10 +197,10 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[word(c, lang) for c in TABLE_COLUMNS])
 
 
-def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
+def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
     m: Metrics = service.metrics
     w = catalog()["text"]["zh" if lang == "zh" else "en"]
-    parts = [f"**{status_text(getattr(service, 'status', '?'), lang)}**", w["active"].format(n=m.active_streams)]
+    parts = [f"**{status_text(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
         parts.append(w["gpu"].format(name=d["name"], used=d["used_mib"] / 1024, total=d["total_mib"] / 1024))
@@ -222,7 +222,7 @@ def headline_text(service: Any, snap: dict[str, Any], lang: str = "en") -> str:
     return " · ".join(parts)
 
 
-def facts_text(service: Any, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
+def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
     """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`).
     `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
     w = catalog()["text"]["zh" if lang == "zh" else "en"]
@@ -230,12 +230,10 @@ def facts_text(service: Any, snap: dict[str, Any], lang: str = "en", public: boo
         facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
         facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
-    backend = getattr(service, "backend", None)
-    live: dict[str, Any] = {"status": status_text(getattr(service, "status", "?"), lang),
+    live: dict[str, Any] = {"status": status_text(service.status, lang),
                             "active streams": service.metrics.active_streams}
-    n_unfinished = getattr(backend, "n_unfinished", None)
-    if callable(n_unfinished):
-        live["unfinished engine requests"] = n_unfinished()
+    if service.backend is not None:
+        live["unfinished engine requests"] = service.backend.health().unfinished
     for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):
         if snap[key] is not None:
             live[name] = int(snap[key])

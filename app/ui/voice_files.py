@@ -32,7 +32,7 @@ class VoiceFileEvents:
         if not voice:
             raise gr.Error("Pick a saved voice to export.")
         try:
-            info, data = await asyncio.to_thread(export_voice, self.service.voices.of(caller(request, profile)[0]),
+            info, data = await asyncio.to_thread(export_voice, self.service.voices.of(caller(request, profile).owner),
                                                  voice)
         except VoiceError as e:
             raise refused(e) from e
@@ -58,7 +58,7 @@ class VoiceFileEvents:
         try:
             if Path(file).stat().st_size > max_mb * MIB:  # Gradio's own cap is the same; read nothing larger
                 raise VoiceFileError(f"the voice file is larger than {max_mb} MB ([limits] max_upload_mb)")
-            info = import_voice(self.service.voices.of(caller(request, profile)[0]), Path(file).read_bytes(),
+            info = import_voice(self.service.voices.of(caller(request, profile).owner), Path(file).read_bytes(),
                                 max_bytes=max_mb * MIB, overwrite=bool(overwrite))
         except OSError as e:  # its message would name the server's upload folder
             raise gr.Error("the voice file could not be read; upload it again") from e
