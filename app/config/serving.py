@@ -39,7 +39,7 @@ class ServerConfig:
     port: int = 7860
     queue_max_size: int = 64  # requests waiting beyond the running ones; more get "queue is full"
     concurrency_limit: int = 16  # synthesis requests running at once; vLLM batches them (<= max_num_seqs)
-    voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.npz + .json), survive restarts
+    voices_dir: str = "~/.cache/cosyvoice2-studio/voices"  # saved voices (.safetensors), survive restarts
     api_key: str = ""  # bearer token the /v1 API requires ("" = open); COSYVOICE_API_KEY overrides it
     auth: str = ""  # "user:password[,user2:password2]" for the page and /studio ("" = open); COSYVOICE_AUTH
     api_keys: str = ""  # "owner:key[,owner2:key2]": more /v1 keys, each its owner's (COSYVOICE_API_KEYS)
