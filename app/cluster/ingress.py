@@ -57,13 +57,12 @@ def ingress_class(cfg: Config) -> type:
 def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
     from app.server.errors import install_error_handlers
-    from app.server.limits import AccessLimits, ArrivalStamp, Gate
+    from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
     from app.server.studio_stream import add_studio_routes
     from app.ui.early_script import EarlyScript
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
-    api.add_middleware(ArrivalStamp)  # the page's queue wait (as build_api)
     api.add_middleware(EarlyScript)
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here

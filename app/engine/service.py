@@ -95,10 +95,6 @@ class Studio(Protocol):
 
     def require_ready(self) -> Any: ...
 
-    def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, caller: Caller = NOBODY,
-              queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
-              ) -> contextlib.AbstractAsyncContextManager[tuple[float, AsyncIterator[AudioChunk]]]: ...
-
 
 class StudioService:
     """One per process: owns the model, the LM backend, the `Synthesizer`, `VoiceStore` and `Metrics`."""

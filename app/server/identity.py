@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import Config
@@ -119,12 +118,6 @@ def load_secret(voices_dir: str) -> bytes:
     return path.read_bytes()
 
 
-@dataclass(frozen=True)
-class Who:
-    caller: Caller
-    set_cookie: str | None = None  # a Set-Cookie value for the answer (a new visitor)
-
-
 class Identity:
     """The owner and client of each request (docs/design.md)."""
 
@@ -159,8 +152,9 @@ class Identity:
         scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
         return self.key_owner(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
 
-    def identify(self, scope: dict, basic_user: str | None) -> Who:
-        """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user); also written into its state."""
+    def identify(self, scope: dict, basic_user: str | None) -> tuple[Caller, str | None]:
+        """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user), also written into its state, and a
+        Set-Cookie value for the answer (a new visitor) or None."""
         ip = client_ip(scope, self.trust_proxy, self.trusted)
         set_cookie = None
         if (owner := self.bearer(scope)) is not None:
@@ -173,7 +167,7 @@ class Identity:
             owner = Owner(f"hf:{hf_user}" if hf_user else f"visitor:{visitor}" if visitor else "")
             client = f"ip:{ip}"
         caller = scope.setdefault("state", {})[CALLER_KEY] = Caller(owner, client, self.is_admin(scope, owner))
-        return Who(caller, set_cookie)
+        return caller, set_cookie
 
     def is_admin(self, scope: dict, owner: Owner) -> bool:
         """The admin key, or this machine itself: a loopback connection no proxy forwarded, unless a trusted

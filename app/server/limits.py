@@ -26,7 +26,7 @@ UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, and each low
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
 DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
-ARRIVAL_KEY = "studio_arrived_at"  # request-state key set by ArrivalStamp (time.monotonic())
+ARRIVAL_KEY = "studio_arrived_at"  # request-state key: its arrival (time.monotonic()), for queue waits
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
 MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
 
@@ -145,20 +145,9 @@ class Gate:
         return True
 
 
-class ArrivalStamp:
-    """ASGI middleware: stamps each request's arrival, so a handler can tell how long it queued."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
-        await self.app(scope, receive, send)
-
-
 class AccessLimits:
-    """ASGI middleware applying a `Gate` (identity, then the rate limit, then the login guard)."""
+    """ASGI middleware applying a `Gate` (identity, then the rate limit, then the login guard); it also stamps
+    each request's arrival (`ARRIVAL_KEY`), so a handler can tell how long it queued."""
 
     def __init__(self, app: Any, gate: Gate) -> None:
         self.app, self.gate = app, gate
@@ -166,10 +155,11 @@ class AccessLimits:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
         gate, path = self.gate, scope.get("path", "")
-        who = gate.identity.identify(scope, gate.basic_user(scope) if gate.users else None)
-        if who.set_cookie:
-            send = with_cookie(send, who.set_cookie)
+        caller, set_cookie = gate.identity.identify(scope, gate.basic_user(scope) if gate.users else None)
+        if set_cookie:
+            send = with_cookie(send, set_cookie)
         if gate.limiter is not None and scope.get("method") == "POST":
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
@@ -177,7 +167,7 @@ class AccessLimits:
                 limited = _fn_index(body) in gate.limited_fns
             bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
                 (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
-            if bucket is not None and (wait_s := bucket.acquire(who.caller.client)) > 0:
+            if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
                 gate.on_refused(reason)
                 retry_s = max(1, math.ceil(wait_s))
                 return await _json(send, 429, error_body(

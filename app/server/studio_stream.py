@@ -90,7 +90,7 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
         """Speak `text` in the reference voice; the body is raw PCM (s16le, mono, 24 kHz) as it is made."""
-        arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # ArrivalStamp
+        arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # AccessLimits
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
         caller = caller_of(request.scope)
