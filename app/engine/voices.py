@@ -82,10 +82,10 @@ def voice_bytes(info: VoiceInfo, voice: VoiceFeatures, *, with_owner: bool = Tru
 
 
 def info_from_meta(meta: dict[str, str]) -> VoiceInfo:
-    """The `VoiceInfo` in a voice's safetensors metadata; KeyError/ValueError if a field is missing or bad."""
-    return VoiceInfo(name=meta["name"], prompt_text=meta["prompt_text"], prompt_seconds=float(meta["prompt_seconds"]),
-                     created=float(meta["created"]), model_fingerprint=meta["model_fingerprint"],
-                     owner=meta.get("owner", ""))
+    """The `VoiceInfo` in a voice's metadata; KeyError/ValueError (VoiceError) if a field is missing or bad."""
+    return VoiceInfo(name=check_name(meta["name"]), prompt_text=str(meta["prompt_text"]),
+                     prompt_seconds=float(meta["prompt_seconds"]), created=float(meta["created"]),
+                     model_fingerprint=str(meta.get("model_fingerprint", "")), owner=str(meta.get("owner", "")))
 
 
 def check_name(name: str) -> str:
@@ -147,10 +147,7 @@ class VoiceStore:
         new one is in place. A damaged pair is left as it is (`load` then says so)."""
         npz, old = self.root / f"{name}.npz", self.root / f"{name}.json"
         try:
-            d = json.loads(old.read_text(encoding="utf-8"))
-            info = VoiceInfo(name=check_name(d["name"]), prompt_text=str(d["prompt_text"]),
-                             prompt_seconds=float(d["prompt_seconds"]), created=float(d["created"]),
-                             model_fingerprint=str(d.get("model_fingerprint", "")), owner=str(d.get("owner", "")))
+            info = info_from_meta(json.loads(old.read_text(encoding="utf-8")))
             with np.load(npz, allow_pickle=False) as z:
                 voice = VoiceFeatures.from_arrays({k: z[k] for k in z.files})
         except (OSError, ValueError, KeyError, TypeError, AssertionError):
@@ -186,7 +183,6 @@ class VoiceStore:
         try:  # the header only, not the arrays
             with safe_open(path, framework="np") as f:
                 info = info_from_meta(f.metadata() or {})
-            check_name(info.name)
         except (OSError, ValueError, KeyError, SafetensorError):
             return None  # a foreign or damaged file in the folder: not a voice
         return info if path.stem == info.name else None
