@@ -232,7 +232,7 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
         facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
     live: dict[str, Any] = {"status": status_text(service.status, lang),
                             "active streams": service.metrics.active_streams}
-    if service.backend is not None:
+    if service.backend is not None and service.backend.name == "vllm":  # the vLLM engine's own count
         live["unfinished engine requests"] = service.backend.health().unfinished
     for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):
         if snap[key] is not None:
