@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +118,71 @@ def voice(parity, parity_model_dir, manifest):
     return load_model(parity_model_dir, device="cpu").frontend.voice_from_audio(parity / e2e["prompt_wav"],
                                                                                e2e["prompt_text"])
 
+
+
+# --- `python app.py` servers shared across test files ------------------------------------------------------
+# A server start costs ~45 s of this 2-core box, so one server per configuration serves every file asking for
+# it: its fixture is started on first use, the files sharing it are run next to each other
+# (pytest_collection_modifyitems) and it stops after its last test (pytest_runtest_teardown), so at most one
+# shared server runs at a time. Tests on a shared server keep apart by their own voice names and log offsets.
+# Ask for these fixtures by argument (not request.getfixturevalue): the last-user check reads item.fixturenames.
+SHARED_SERVERS: dict[str, dict[str, str]] = {
+    # cpu.toml's queue (4 running), stated: engine-kill and disconnect drills count on it
+    "studio_cpu": {"server.concurrency_limit": "4"},
+    # the browser's config: bfloat16 as a user's CPU runs it, no Whisper download
+    "studio_bf16": {"vllm.dtype": '"bfloat16"', "model.download": "false"},
+    # a small queue (2 running, 1 waiting: the queue-full tests need four requests), 2 MB uploads
+    "studio_queue": {"server.concurrency_limit": "2", "server.queue_max_size": "1", "limits.max_upload_mb": "2"},
+}
+_running: dict[str, contextlib.ExitStack] = {}
+
+
+def _shared_server(name: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """(base_url, tmp) of the shared server `name`; tmp holds its voices/ and server.log."""
+    from studio import run_studio
+
+    stack = _running[name] = contextlib.ExitStack()
+    try:
+        yield stack.enter_context(run_studio(tiny_model_dir, tmp_path_factory.mktemp(name), SHARED_SERVERS[name]))
+    finally:
+        stack.close()
+        _running.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def studio_cpu(tiny_model_dir, tmp_path_factory):
+    yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def studio_bf16(tiny_model_dir, tmp_path_factory):
+    yield from _shared_server("studio_bf16", tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def studio_queue(tiny_model_dir, tmp_path_factory):
+    yield from _shared_server("studio_queue", tiny_model_dir, tmp_path_factory)
+
+
+def pytest_collection_modifyitems(items):
+    """Files sharing a server run next to each other, at the place of the first one; others keep their order."""
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    uses: dict[str, set[str]] = {f: set() for f in files}
+    for item in items:
+        uses[item.nodeid.split("::")[0]] |= SHARED_SERVERS.keys() & set(getattr(item, "fixturenames", ()))
+    first = {name: next(i for i, f in enumerate(files) if name in uses[f])
+             for name in SHARED_SERVERS if any(name in u for u in uses.values())}
+    anchor = {f: min([i, *(first[n] for n in uses[f])]) for i, f in enumerate(files)}
+    order = {f: (anchor[f], i) for i, f in enumerate(files)}
+    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
+@pytest.hookimpl(trylast=True)  # after the item's own fixtures (a page on the server) are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """Stop a shared server once no later test of this session asks for it (its fixture's finally is then a no-op)."""
+    if not _running:
+        return
+    later = item.session.items[item.session.items.index(item) + 1:]
+    for name in list(_running):
+        if not any(name in getattr(i, "fixturenames", ()) for i in later):
+            _running.pop(name).close()

@@ -15,12 +15,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from studio import run_studio
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -71,15 +69,13 @@ def _need(ok: bool, why: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def studio(tiny_model_dir, tmp_path_factory):
-    """(base URL, health JSON) of `python app.py` (tests/studio.py) on a free port."""
+def studio(studio_bf16):
+    """(base URL, health JSON) of the shared bfloat16 `python app.py` (conftest.py's studio_bf16)."""
     need_browser_stack()
-    tmp = tmp_path_factory.mktemp("studio")
-    t0 = time.perf_counter()
-    with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):
-        health = httpx.get(f"{url}/health", timeout=10).json()
-        print(f"\napp ready in {time.perf_counter() - t0:.1f} s: backend {health['facts'].get('backend')}")
-        yield url, health
+    url, _ = studio_bf16
+    health = httpx.get(f"{url}/health", timeout=10).json()
+    print(f"\napp ready: backend {health['facts'].get('backend')}")
+    return url, health
 
 
 @pytest.mark.slow

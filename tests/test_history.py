@@ -19,7 +19,7 @@ import time
 
 import httpx
 import pytest
-from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, run_studio
+from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack
 
 from app.ui import ui_text
@@ -72,13 +72,12 @@ def test_history_words_exist_in_both_languages_with_the_same_fields():
 
 
 @pytest.fixture(scope="module")
-def studio(tiny_model_dir, tmp_path_factory):
-    """The base URL of `python app.py` (tests/studio.py) on a free port."""
+def studio(studio_bf16):
+    """The base URL of the shared bfloat16 `python app.py` (conftest.py's studio_bf16)."""
     need_browser_stack()
-    tmp = tmp_path_factory.mktemp("history")
-    with run_studio(tiny_model_dir, tmp, {"vllm.dtype": '"bfloat16"', "model.download": "false"}) as (url, _):
-        assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
-        yield url
+    url, _ = studio_bf16
+    assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
+    return url
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,6 @@ from studio import (
     REPO,
     fill_take,
     free_port,
-    run_studio,
     save_voice,
     studio_command,
 )
@@ -49,7 +48,7 @@ TEXT = "Hello there, how are you today?"
 LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
 SEED = 11
 TIMEOUT_MS = 180_000
-SETS = {"vllm.dtype": '"bfloat16"', "model.download": "false"}
+SETS = {"vllm.dtype": '"bfloat16"', "model.download": "false"}  # conftest.py's studio_bf16 runs these
 LAST = "window.studioPlayer.last"
 ERROR_BADGES = ("() => [...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null && "
                 "/error/i.test(e.innerText)).length")
@@ -77,11 +76,13 @@ def server_pcm(url: str, text: str, seed: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def studio(tiny_model_dir, tmp_path_factory):
+def studio(studio_bf16):
+    """(base URL, tmp with server.log) of the shared `python app.py` on SETS (conftest.py's studio_bf16)."""
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
-    tmp = tmp_path_factory.mktemp("ux")
-    with run_studio(tiny_model_dir, tmp, SETS) as (url, tmp):
-        yield url, tmp
+    from conftest import SHARED_SERVERS
+
+    assert SHARED_SERVERS["studio_bf16"] == SETS
+    return studio_bf16
 
 
 @pytest.fixture(scope="module")
