@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
+import time
 
 import pytest
 import torch
@@ -87,3 +89,88 @@ def test_vllm_bistream_equals_reference_loop(tiny_model_dir, tmp_path):
             assert backend.n_unfinished() == 0
         finally:
             r.run(backend.aclose())
+
+
+# --- the WebSocket door on a real `python app.py` (vLLM-CPU engine) ------------------------------------------
+
+TEXT = "Hello there, how are you today? A second sentence, a little longer than the first one."
+
+
+@pytest.fixture(scope="module")
+def ws_voice(studio_cpu):
+    from studio import save_voice
+
+    return save_voice(studio_cpu[0], "ws-voice")["id"]
+
+
+async def talk(base: str, messages: list, *, stop_after_audio: bool = False) -> tuple[list, bytes, int, str]:
+    """(JSON messages received, audio bytes, close code, reason) of one session sending `messages`."""
+    import websockets
+
+    got, audio = [], bytearray()
+    async with websockets.connect(base.replace("http", "ws", 1) + "/v1/audio/speech/stream") as ws:
+        for m in messages:
+            await ws.send(m if isinstance(m, str) else json.dumps(m))
+        try:
+            async for frame in ws:
+                if isinstance(frame, bytes):
+                    audio += frame
+                    if stop_after_audio:
+                        return got, bytes(audio), 0, "client left"
+                else:
+                    got.append(json.loads(frame))
+        except websockets.ConnectionClosed:
+            pass
+    return got, bytes(audio), ws.close_code, ws.close_reason
+
+
+def deltas(kind: str) -> list[str]:
+    return list(TEXT) if kind == "char" else TEXT.split(" ") if kind == "word" else [TEXT]
+
+
+def test_ws_take_is_the_same_however_the_text_arrives(studio_cpu, ws_voice):
+    """Deltas of one character, one word, the whole text: started, segments, audio, done, a normal close;
+    the same speech (same seed) each time, since sentences are tokenised whole."""
+    takes = []
+    for kind in ("char", "word", "whole"):
+        parts = deltas(kind)
+        parts = [p + (" " if kind == "word" and i < len(parts) - 1 else "") for i, p in enumerate(parts)]
+        msgs = [{"type": "start", "voice": ws_voice, "response_format": "pcm", "seed": 7},
+                *({"type": "text", "text": p} for p in parts), {"type": "close"}]
+        got, audio, code, _ = asyncio.run(talk(studio_cpu[0], msgs))
+        assert code == 1000 and got[0]["type"] == "started" and got[-1]["type"] == "done", got
+        assert [m["type"] for m in got[1:-1]] == ["segment", "segment"]
+        assert len(audio) > 24000 and len(audio) % 2 == 0  # s16le, over half a second
+        takes.append(audio)
+    assert takes[0] == takes[1] == takes[2]
+
+
+@pytest.mark.parametrize(("messages", "code", "reason"), [
+    (["not json"], 4400, "not JSON"),
+    ([{"type": "text", "text": "hi"}], 4400, "first message must be start"),
+    ([{"type": "start", "voice": "no-such-voice"}], 4400, "no-such-voice"),
+    ([{"type": "start", "voice": "ws-voice"}, {"type": "dance"}], 4400, "unexpected message type"),
+    ([{"type": "start", "voice": "ws-voice"}, {"type": "text", "text": "a" * 100_000}], 4400, "max_text_chars"),
+    ([{"type": "start", "voice": "ws-voice", "response_format": "mp3"}], 4400, "pcm or wav"),
+])
+def test_ws_bad_input_closes_with_a_reason(studio_cpu, ws_voice, messages, code, reason):
+    got, _, got_code, got_reason = asyncio.run(talk(studio_cpu[0], messages))
+    assert (got_code, got[-1]["type"]) == (code, "error") and reason in got_reason, (got_code, got_reason)
+
+
+def test_ws_idle_client_and_disconnect_leave_nothing_behind(studio_cpu, ws_voice):
+    """A client silent past [server] ws_idle_timeout_s is closed (4408); one leaving mid-speech has its LM request
+    aborted; the server then serves the next session as before."""
+    import httpx
+
+    start = {"type": "start", "voice": ws_voice, "seed": 1}
+    _, _, code, reason = asyncio.run(talk(studio_cpu[0], [start, {"type": "text", "text": "Hello there, "}]))
+    assert code == 4408 and "ws_idle_timeout_s" in reason
+    asyncio.run(talk(studio_cpu[0], [start, {"type": "text", "text": TEXT * 3}], stop_after_audio=True))
+    deadline = time.monotonic() + 10
+    while (left := httpx.get(studio_cpu[0] + "/health").json()["lm_unfinished"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == 0  # the LM request of the session that left was aborted
+    got, audio, code, _ = asyncio.run(talk(studio_cpu[0], [start, {"type": "text", "text": TEXT},
+                                                            {"type": "close"}]))
+    assert code == 1000 and audio and got[-1]["type"] == "done"

@@ -56,6 +56,7 @@ class ServerConfig:
     # bench-only request options (/v1's `fixed_tokens`): "auto" = on for a local bind, off on a public one
     # (there they cost GPU time out of proportion to the text); the admin key may always use them
     bench_options: bool | str = "auto"
+    ws_idle_timeout_s: float = 30.0  # /v1/audio/speech/stream: a client silent this long is closed (4408)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -73,6 +74,8 @@ class ServerConfig:
             raise ConfigError('server.admin_users must be "hf:<name>" or "user:<name>" entries separated by commas')
         auth_pairs(self.api_keys, "server.api_keys", "owner:key")
         _ = self.proxy_networks  # raises ConfigError on a malformed trusted_proxies
+        if self.ws_idle_timeout_s <= 0:
+            raise ConfigError("server.ws_idle_timeout_s must be > 0")
         if self.bench_options not in ("auto", True, False):
             raise ConfigError('server.bench_options must be "auto", true or false')
 

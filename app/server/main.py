@@ -86,6 +86,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
     from app.server.studio_stream import add_studio_routes
+    from app.server.ws_speech import ws_router
     from app.ui.early_script import EarlyScript
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
@@ -104,6 +105,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
 
     add_metrics_route(api, service)
 
+    api.include_router(ws_router(service, gate.identity))  # before api_router's catch-all /v1 route
     api.include_router(api_router(service, gate.identity))
     add_studio_routes(api, service)
     return api, gate

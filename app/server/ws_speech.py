@@ -1,0 +1,172 @@
+"""`/v1/audio/speech/stream`: text that streams in over a WebSocket, speech that streams out (docs/api.md).
+
+In: JSON `start` (the /v1/audio/speech body less `input`), `text` deltas, `flush`, `close`. Out: binary audio,
+JSON `started`/`segment`/`done`/`error`, then a close (1000, or a 44xx/1011 code with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from app import audio_formats
+from app.audio import OUTPUT_SAMPLE_RATE_HZ
+from app.engine import bistream
+from app.engine.inputs import ENDOFPROMPT
+from app.engine.lm_backend import LMRequest
+from app.engine.prepare import SpeechInputs
+from app.engine.service import StudioService
+from app.server.errors import ApiError
+from app.server.identity import Identity, caller_of
+from app.server.openai_api import V1_PARAMS
+from app.server.speech import pcm_bytes, prepare_or_raise, wav_stream_header
+
+log = logging.getLogger(__name__)
+START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
+BAD, UNAUTHORIZED, IDLE, BUSY, FAILED = 4400, 4401, 4408, 4429, 1011  # close codes (44xx: HTTP's, +4000)
+
+
+class Refused(Exception):
+    """Close the socket with `code` and `reason` (also sent first as an `error` message)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+def ws_router(service: StudioService, identity: Identity) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    srv, lim = service.cfg.server, service.cfg.limits
+
+    async def message(ws: WebSocket) -> dict:
+        """The next JSON message; `Refused` on silence past the idle timeout or anything but a JSON object."""
+        try:
+            raw = await asyncio.wait_for(ws.receive_text(), srv.ws_idle_timeout_s)
+        except TimeoutError:
+            raise Refused(IDLE, f"no message for {srv.ws_idle_timeout_s:g} s ([server] ws_idle_timeout_s)") from None
+        except KeyError:  # a binary frame: Starlette's receive_text finds no "text"
+            raise Refused(BAD, "send JSON text frames, not binary") from None
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            raise Refused(BAD, "a message is not JSON: send {\"type\": ...} objects") from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            raise Refused(BAD, "a message must be a JSON object with a \"type\"")
+        return msg
+
+    @router.websocket("/audio/speech/stream")
+    async def speech_stream(ws: WebSocket) -> None:
+        await ws.accept()
+        tasks: list[asyncio.Task] = []
+        try:
+            identity.identify(ws.scope, None)  # the Caller, as AccessLimits finds it for /v1/audio/speech
+            if identity.any_key and identity.bearer(ws.scope) is None:
+                raise Refused(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+            await session(ws, tasks)
+            await ws.close(1000)
+        except Refused as e:
+            await _close(ws, e.code, e.reason)
+        except WebSocketDisconnect:
+            pass
+        except Exception as e:  # a refusal of prepare/admission (ApiError) or a failure: said, then closed
+            code = BUSY if getattr(e, "status", 0) in (429, 503) else BAD if isinstance(e, ApiError) else FAILED
+            if code == FAILED:
+                log.exception("speech stream failed")
+            await _close(ws, code, str(getattr(e, "message", "") or e) or type(e).__name__)
+        finally:  # the reader and the synthesis (its LM request aborted) end here, whatever happened
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def session(ws: WebSocket, tasks: list[asyncio.Task]) -> None:
+        start = await message(ws)
+        if start["type"] != "start":
+            raise Refused(BAD, f"the first message must be start, not {start['type'][:20]!r}")
+        if extra := sorted(set(start) - START_FIELDS):
+            raise Refused(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
+        fmt = start.get("response_format", "pcm")
+        if fmt not in ("pcm", "wav"):
+            raise Refused(BAD, "response_format must be pcm or wav")
+        caller = caller_of(ws.scope)
+        instruct = start.get("instructions") or ""
+        prepared = await prepare_or_raise(service, SpeechInputs(
+            text="start", voice=start.get("voice"), instruct_text=instruct,
+            seed=start.get("seed"), speed=start.get("speed", 1.0), stream=True, owner=caller.owner), V1_PARAMS)
+        req = prepared.request
+        synth = service.require_ready()
+        feed, queue = bistream.TextFeed(synth.model.frontend), asyncio.Queue()
+
+        async def reader() -> None:
+            n_segments = 0
+            while True:
+                msg = await message(ws)
+                kind = msg["type"]
+                if kind == "text":
+                    if not isinstance(msg.get("text"), str):
+                        raise Refused(BAD, "a text message needs a string \"text\"")
+                    if feed.n_chars + len(msg["text"]) > lim.max_text_chars:
+                        raise Refused(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
+                                      "max_text_chars)")
+                    ids = feed.add(msg["text"])
+                elif kind in ("flush", "close"):
+                    ids = feed.flush()
+                else:
+                    raise Refused(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
+                for piece in ids:
+                    await ws.send_json({"type": "segment", "index": n_segments, "n_tokens": len(piece)})
+                    n_segments += 1
+                    queue.put_nowait(piece)
+                if kind == "close":
+                    queue.put_nowait(None)
+                    return
+
+        async def arriving() -> AsyncIterator[list[int]]:
+            while (ids := await queue.get()) is not None:
+                yield ids
+
+        async def produce() -> None:
+            v, s = req.voice, synth.sampling
+            base = LMRequest(req.request_id, (), 0, s.length_limits(lim.max_text_chars)[1], req.seed, s)
+            prompt = (v.prompt_text_ids.reshape(-1).tolist(), v.speech_tokens[0].reshape(-1).tolist()) \
+                if req.mode == "zero_shot" else ([], [])  # cross-lingual: the text alone
+            if req.mode == "instruct":  # the instruction in place of the transcript, as Synthesizer.lm_request
+                text = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
+                prompt = (synth.model.frontend.text_ids(text).tolist(), [])
+            with service.share.hold(caller.client):  # the speech route's fair share and admission
+                async with service.admission.admit():
+                    tokens = bistream.decode(synth.lm, arriving(), base, *prompt,
+                                             mix_ratio=synth.model.llm.dims.mix_ratio)
+                    if fmt == "wav":
+                        await ws.send_bytes(wav_stream_header())
+                    async with contextlib.aclosing(bistream.speak(synth, req, tokens)) as chunks:
+                        async for chunk in chunks:
+                            if chunk.samples.size:
+                                await ws.send_bytes(pcm_bytes(chunk))
+                            if chunk.is_final:
+                                stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
+                                await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
+
+        await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
+                            "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
+        tasks += [asyncio.create_task(reader()), asyncio.create_task(produce())]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()
+        await tasks[1]  # the reader returned (close): the rest of the speech
+
+    return router
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await ws.send_json({"type": "error", "code": code, "message": reason})
+        await ws.close(code, reason.encode()[:120].decode(errors="ignore"))
