@@ -174,3 +174,20 @@ def test_ws_idle_client_and_disconnect_leave_nothing_behind(studio_cpu, ws_voice
     got, audio, code, _ = asyncio.run(talk(studio_cpu[0], [start, {"type": "text", "text": TEXT},
                                                             {"type": "close"}]))
     assert code == 1000 and audio and got[-1]["type"] == "done"
+
+
+def test_docs_client_example_runs_as_written(studio_cpu, ws_voice, tmp_path):
+    """docs/api.md's WebSocket client, as written (its URL and voice from the environment it reads)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    section = doc[doc.index("## Text that streams in"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    env = {**os.environ, "STUDIO_WS": studio_cpu[0].replace("http", "ws", 1), "VOICE": ws_voice}
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "'type': 'done'" in run.stdout and (tmp_path / "answer.pcm").stat().st_size > 24000
