@@ -3,8 +3,8 @@ with advice, a killed engine is reported and restarted; plus the login and rate-
 
 Three tiers: pure units and in-process FastAPI (no engine); an in-process `StudioService` on the
 torch LM backend (out-of-memory injected into the real token2wav worker and LM stream); and `python app.py`
-with the real vLLM CPU engine (100 disconnects, then kill -9 of its EngineCore). One server for the
-module (~30 s to start on 2 cores).
+with the real vLLM CPU engine (100 disconnects, then kill -9 of its EngineCore), the server shared with
+test_formats and test_prometheus (conftest.py's studio_cpu), which then meet the restarted engine.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from studio import run_studio, save_voice
+from studio import save_voice
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -248,10 +248,9 @@ def test_out_of_memory_is_refused_with_advice_and_next_request_works(tiny_model_
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("faults")
-    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "4"}) as (base, _):
-        yield base, tmp
+def server(studio_cpu):
+    """(base_url, tmp with server.log) of the shared `python app.py` on cpu.toml, 4 running (conftest.py)."""
+    return studio_cpu
 
 
 @pytest.fixture(scope="module")

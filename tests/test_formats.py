@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import run_studio, save_voice
+from studio import save_voice
 
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
@@ -83,9 +83,9 @@ def test_whole_files_state_their_length():
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    with run_studio(tiny_model_dir, tmp_path_factory.mktemp("formats")) as (base, _):
-        yield base
+def server(studio_cpu):
+    """The shared `python app.py` on cpu.toml (conftest.py's studio_cpu)."""
+    return studio_cpu[0]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from studio import run_studio
 
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats
@@ -187,10 +186,9 @@ def test_gpu_and_service_gauges(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("prometheus")
-    with run_studio(tiny_model_dir, tmp) as (base, _):
-        yield base
+def server(studio_cpu):
+    """The shared `python app.py` on cpu.toml (conftest.py's studio_cpu)."""
+    return studio_cpu[0]
 
 
 def scrape(base: str) -> tuple[str, dict[str, str], dict]:
