@@ -1,8 +1,8 @@
-"""The official bi-streaming LM decode (`Qwen2LM.inference_bistream`), kept as a test reference.
+"""The official bi-streaming LM decode (`Qwen2LM.inference_bistream`) on `SpeechLM`'s KV cache.
 
-The studio does not serve bi-streaming text input; `test_llm.test_bistream_matches_official` runs this
-loop on `SpeechLM`'s pieces (`_feed`, `embed_text`, `embed_speech`, `llm_embedding`, `llm_decoder`), so
-the goldens still check those pieces in the interleaved feeding order.
+The interleaving is the served one (`app.engine.bistream.Interleave`); `test_llm.test_bistream_matches_official`
+runs it here on `SpeechLM`'s pieces (`_feed`, `embed_lm_ids`, `llm_decoder`), so the goldens check the plan
+the server runs (fed chunks, logits per call, tokens) in the interleaved feeding order.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from app.model.llm import EOS_TOKEN, FILL_TOKEN, SOS_ROW, SPEECH_TOKEN_SIZE, TASK_ID_ROW, SpeechLM
+from app.engine.bistream import Interleave
+from app.model.llm import EOS_TOKEN, FILL_TOKEN, SPEECH_TOKEN_SIZE, SpeechLM
 from app.model.sampling import Sampler
 
 
@@ -29,43 +30,36 @@ def decode_bistream(lm: SpeechLM, text_pieces: Iterable[Tensor | Sequence[int]],
                     max_len: int | None = None) -> Iterator[int]:
     """Official bi-streaming decode: text arrives piece by piece, speech tokens leave as made.
 
-    Each item of `text_pieces` is handled as one arrival (upstream feeds one id at a time).
-    Prompt text/speech are interleaved 5 text : 15 speech (`mix_ratio`); then each 5 new
-    text tokens let the LM speak until it emits (or is forced to emit, every 16th output)
-    the fill token 6563, which is never fed back. After the last piece, leftover text +
-    task_id are fed and decoding runs to eos with no length limits. Upstream quirks kept:
-    after a fill, the last fed chunk is fed again in front of the final text; prompt speech
-    still pending when the text ends is dropped. Fill tokens are not yielded.
+    Each item of `text_pieces` is one arrival (upstream feeds one id at a time). `Interleave` says what to
+    feed; each block speaks until the fill token 6563 (sampled, or forced every 16th output; never fed
+    back), the final one until eos with no length limits. Fill tokens are not yielded.
     `max_len` (not upstream, which has no limit) stops after that many yielded tokens.
     """
     sampler = sampler or lm.ras_sampler()
-    n_text, n_speech = lm.dims.mix_ratio
+    plan = Interleave(torch.as_tensor(prompt_text_ids).reshape(-1).tolist(),
+                      torch.as_tensor(prompt_speech_tokens).reshape(-1).tolist(), lm.dims.mix_ratio)
     cache, out, n_yielded = lm.new_cache(), [], 0  # out: every output incl. fills (RAS window)
-    pending = lm._special(SOS_ROW)  # [1, T, D]; stays as-is after it is fed (see quirks)
-    text_cache = lm.embed_text(prompt_text_ids)  # [1, Lt, D] text waiting to be fed
-    speech_prompt = lm.embed_speech(prompt_speech_tokens)  # [1, Ls, D]
-    n_prompt = speech_prompt.shape[1]
-    next_fill = (n_prompt // n_speech + 1) * n_speech - n_prompt  # output index of a forced fill
 
-    def step(logp: Tensor) -> int:
-        if len(out) == next_fill:
-            return FILL_TOKEN
-        logp[EOS_TOKEN] = -float("inf")
-        return sampler(logp, out, generator)
-
-    def speak(pick, end: int) -> Iterator[int]:
-        """Feed `pending` and `pick` tokens until `end` (the fill token mid-text, eos at the end) or `max_len`;
-        yields the speech tokens (each fed back), raises on any other token."""
-        nonlocal pending, n_yielded, next_fill
+    def speak(feed: list[int], final: bool, max_new: int) -> Iterator[int]:
+        """Feed `feed`, then each speech token made, until the fill (eos at the end) or `max_len`."""
+        nonlocal n_yielded
+        pending, made, end = lm.embed_lm_ids(feed), [], EOS_TOKEN if final else FILL_TOKEN
         while True:
-            token = pick(lm._feed(pending, cache))
+            logp = lm._feed(pending, cache)
+            if not final and len(made) == max_new:
+                token = FILL_TOKEN  # forced: this call's logits go unused
+            else:
+                if not final:
+                    logp[EOS_TOKEN] = -float("inf")
+                token = sampler(logp, out, generator)
             out.append(token)
             if token == end:
-                if end == FILL_TOKEN:
-                    next_fill = len(out) + n_speech  # the next forced fill, counted in outputs
+                if not final:
+                    plan.spoke(made)
                 return
             if token >= SPEECH_TOKEN_SIZE:
                 raise RuntimeError(f"bistream decode produced {token} where only speech or {end} may come")
+            made.append(token)
             yield token
             n_yielded += 1
             if max_len is not None and n_yielded >= max_len:
@@ -73,21 +67,9 @@ def decode_bistream(lm: SpeechLM, text_pieces: Iterable[Tensor | Sequence[int]],
             pending = lm.embed_speech(token)
 
     for piece in text_pieces:
-        text_cache = torch.cat([text_cache, lm.embed_text(piece)], dim=1)
-        while speech_prompt.shape[1] and text_cache.shape[1] >= n_text:
-            pending = torch.cat([pending, text_cache[:, :n_text], speech_prompt[:, :n_speech]], dim=1)
-            text_cache, speech_prompt = text_cache[:, n_text:], speech_prompt[:, n_speech:]
-        if speech_prompt.shape[1]:
-            continue
-        after_fill = bool(out) and out[-1] == FILL_TOKEN
-        if after_fill or (not out and pending.shape[1] == 1):
-            if text_cache.shape[1] < n_text:
-                continue  # wait for more text
-            chunk, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
-            pending = chunk if after_fill else torch.cat([pending, chunk], dim=1)
-        yield from speak(step, FILL_TOKEN)
-        if max_len is not None and n_yielded >= max_len:
-            return
-
-    pending = torch.cat([pending, text_cache, lm._special(TASK_ID_ROW)], dim=1)
-    yield from speak(lambda logp: sampler(logp, out, generator), EOS_TOKEN)
+        if (block := plan.push(torch.as_tensor(piece).reshape(-1).tolist())) is not None:
+            yield from speak(block.feed, False, block.max_new)
+            if max_len is not None and n_yielded >= max_len:
+                return
+    block = plan.finish()
+    yield from speak(block.feed, True, 0)

@@ -45,9 +45,9 @@ class Interleave:
         n = len(self.speech)
         self.next_fill = (n // self.n_speech + 1) * self.n_speech - n  # output index of a forced fill
 
-    def push(self, text_id: int) -> Block | None:
-        """One arriving text id (upstream feeds one at a time); the block to decode now, if any."""
-        self.text.append(TEXT_ID_OFFSET + int(text_id))
+    def push(self, text_ids: Sequence[int]) -> Block | None:
+        """One arrival of text ids (upstream: one id each); the block to decode now, if any."""
+        self.text += [TEXT_ID_OFFSET + int(t) for t in text_ids]
         nt, ns = self.n_text, self.n_speech
         while self.speech and len(self.text) >= nt:
             self.pending = self.pending + self.text[:nt] + self.speech[:ns]
@@ -105,7 +105,7 @@ async def _blocks(plan: Interleave, text_ids: AsyncIterator[list[int]]) -> Async
     # the plan's blocks as text arrives (a block is taken only after the previous one was spoken)
     async for ids in text_ids:
         for t in ids:
-            if (block := plan.push(t)) is not None:
+            if (block := plan.push([t])) is not None:  # one id per arrival, as upstream
                 yield block
     yield plan.finish()
 
