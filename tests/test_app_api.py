@@ -1,7 +1,7 @@
 """The studio end to end: `python app.py` in a subprocess (tiny model, real vLLM CPU engine), driven
 through its documented Gradio API with `gradio_client`, plus the saved-voice store on its own.
 
-One server for the module (~40 s to start on 2 cores). Its queue is small on purpose
+One server, shared with test_openai_api.py (conftest.py's studio_queue). Its queue is small on purpose
 (2 running, 1 waiting) so the queue-full test needs only four requests.
 """
 
@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from studio import run_studio
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
 from app.engine.voices import VoiceError, VoiceStore, check_name
@@ -144,11 +143,15 @@ def test_service_start_failure_is_reported_not_raised(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    """`python app.py` on a free port; yields (base_url, voices_dir). Queue: 2 running, 1 waiting."""
-    tmp = tmp_path_factory.mktemp("studio")
-    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "2", "server.queue_max_size": "1"}) as (base, _):
-        yield base, tmp / "voices"
+def server(studio_queue):
+    """(base_url, voices_dir) of the shared `python app.py` (conftest.py). Queue: 2 running, 1 waiting."""
+    base, tmp = studio_queue
+    return base, tmp / "voices"
+
+
+def _files(folder: Path) -> set[str]:
+    """The names in a voices folder (the server shares it with other files' tests)."""
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
 @pytest.fixture(scope="module")
@@ -223,17 +226,21 @@ def test_instruct(client):
 def test_saved_voice_by_name(client, server):
     from gradio_client.exceptions import AppError
 
+    files, names = _files(server[1]), {v["name"] for v in client.predict(api_name="/list_voices")}
     msg, value = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
                                 api_name="/save_voice")
     assert "test-voice_1" in msg and value == "test-voice_1"
-    assert {p.name for p in server[1].iterdir()} == {"test-voice_1.safetensors"}
-    (listed,) = client.predict(api_name="/list_voices")
-    assert listed["name"] == "test-voice_1" and listed["prompt_text"]
+    assert _files(server[1]) == files | {"test-voice_1.safetensors"}
+    voices = client.predict(api_name="/list_voices")
+    assert {v["name"] for v in voices} == names | {"test-voice_1"}
+    (listed,) = [v for v in voices if v["name"] == "test-voice_1"]
+    assert listed["prompt_text"]
     d = check_wav(synth(client, prompt_audio=None, prompt_text="", voice="test-voice_1"))
     assert d["voice"] == "test-voice_1" and d["mode"] == "zero_shot"  # the stored transcript is used
     with pytest.raises(AppError, match=r"exists already.*Replace"):  # a taken name is not overwritten silently
         client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
-    assert client.predict(api_name="/list_voices")[0]["prompt_text"]  # still the first one's transcript
+    listed = next(v for v in client.predict(api_name="/list_voices") if v["name"] == "test-voice_1")
+    assert listed["prompt_text"]  # still the first one's transcript
     msg, _ = client.predict(name="test-voice_1", prompt_audio=_handle(EN_WAV), prompt_text=EN_TRANSCRIPT,
                             overwrite=True, api_name="/save_voice")
     assert "Saved voice" in msg
@@ -241,7 +248,7 @@ def test_saved_voice_by_name(client, server):
         client.predict(name="../evil", prompt_audio=_handle(EN_WAV), prompt_text="", api_name="/save_voice")
     assert not list(server[1].parent.glob("evil*"))
     msg, value = client.predict(voice="test-voice_1", api_name="/delete_voice")
-    assert "Deleted" in msg and value == "" and not list(server[1].iterdir())
+    assert "Deleted" in msg and value == "" and _files(server[1]) == files
     with pytest.raises(AppError, match="no saved voice"):
         synth(client, prompt_audio=None, voice="test-voice_1")
 

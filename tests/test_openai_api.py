@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from studio import run_studio, save_voice
+from studio import save_voice
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
 
@@ -76,11 +76,10 @@ def test_auth_and_error_shapes_without_engine(app_not_ready):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("openai")
-    with run_studio(tiny_model_dir, tmp, {"server.concurrency_limit": "2", "server.queue_max_size": "1",
-                                          "limits.max_upload_mb": "2"}) as (base, _):
-        yield base, tmp / "voices"
+def server(studio_queue):
+    """(base_url, voices_dir) of the shared `python app.py` (conftest.py): 2 running, 1 waiting, 2 MB uploads."""
+    base, tmp = studio_queue
+    return base, tmp / "voices"
 
 
 @pytest.fixture(scope="module")
