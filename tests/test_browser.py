@@ -84,13 +84,11 @@ def test_generate_plays_and_panels_update(studio):
 
     url, health = studio
     assert health["ready"] and health["facts"]["backend"] == "vllm"
-    # the token->wave stage as configured; CUDA graphs exist only on a GPU; the paged O(chunk) path is the
-    # default's, its pool sized from engine.flow_state_gib on a CPU
+    # the token->wave stage as configured; CUDA graphs exist only on a GPU; cpu.toml re-solves
     t2w = health["facts"]["token2wav"]
-    work, inc = t2w.pop("flow_work"), t2w.pop("flow_incremental")
+    work = t2w.pop("flow_work")
     assert work["calls"] > 0 and 0 < work["frames_needed"] <= work["frames_computed"]  # the warm-up's flow calls
-    assert t2w == {"workers": 1, "flow_batch": 16, "flow_path": "paged incremental", "flow_cuda_graphs": None}
-    assert inc["pool_blocks"] > 0 and inc["paged_graphs"] is None and inc["refused_streams"] == 0
+    assert t2w == {"workers": 1, "flow_batch": 16, "flow_path": "re-solve", "flow_cuda_graphs": None}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
