@@ -155,6 +155,11 @@ def test_gpu_snapshot_with_a_fake_nvml(monkeypatch):
             nvmlDeviceGetComputeRunningProcesses=lambda h: procs)
         monkeypatch.setitem(sys.modules, "pynvml", fake)
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+        # the real tree walk, limited to this process and its fake engine: servers and browsers that earlier
+        # tests of the session started are children of this process too, and would add an "other" series
+        tree = metrics_mod._process_tree
+        monkeypatch.setattr(metrics_mod, "_process_tree", lambda root: {
+            pid: info for pid, info in tree(root).items() if pid in (os.getpid(), engine.pid)})
         snap = Metrics().memory_snapshot()
     finally:
         engine.kill()
