@@ -70,7 +70,6 @@ def test_bistream_equals_official_golden(parity_model_dir, golden, tmp_path):
 def test_vllm_bistream_equals_reference_loop(tiny_model_dir, tmp_path):
     """On the one vLLM-CPU engine (prefix caching on): the reference loop's tokens, argmax, however the text
     arrives; nothing left in the engine afterwards."""
-    pytest.importorskip("vllm")
     cfg = config(tmp_path)
     ref = load_model(tiny_model_dir, device="cpu", nsf_noise=False)  # keeps its layers: the reference
     voice = ref.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
