@@ -268,12 +268,11 @@ def engine(sharp_lm, tmp_path_factory):
     from vllm import LLM
 
     from app.engine import vllm_model
-    from app.model.llm import SPEECH_ID_ROWS
     from app.model.vllm_export import export_lm_for_vllm
 
     folder = export_lm_for_vllm(sharp_lm[0], tmp_path_factory.mktemp("export"), dtype="float32")
     vllm_model.register()
-    overrides = vllm_model.hf_overrides(json.loads((folder / "config.json").read_text()), SPEECH_ID_ROWS)
+    overrides = vllm_model.hf_overrides(json.loads((folder / "config.json").read_text()))
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():

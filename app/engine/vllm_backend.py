@@ -33,7 +33,6 @@ from app.model.llm import (
     EOS_TOKEN,
     N_SPEECH_ROWS,
     SOS_ID,
-    SPEECH_ID_ROWS,
     SPEECH_TOKEN_SIZE,
     STOP_TOKENS,
     TASK_ID_ID,
@@ -114,7 +113,7 @@ class VLLMBackend:
                                    "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
         vllm_model.register()  # the engine's view of the export: the id space's table, a speech-sized head
         kwargs = (engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
-                  | {"hf_overrides": vllm_model.hf_overrides(export, SPEECH_ID_ROWS)} | extra)
+                  | {"hf_overrides": vllm_model.hf_overrides(export)} | extra)
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:

@@ -9,14 +9,17 @@ from typing import Any
 
 import torch
 
+from app.model.llm import SPEECH_ID_ROWS
+
 ARCHITECTURE = "CosyVoice2ForCausalLM"  # named by the engine's hf_overrides, never by the export's config.json
 EMBED_ROWS_KEY = "cosyvoice2_embed_rows"  # hf_overrides: rows of the id space's table (the export's vocab)
 
 
-def hf_overrides(export_config: dict[str, Any], head_rows: int) -> dict[str, Any]:
-    """The engine's view of a stock export: this architecture, a `head_rows` vocabulary (what is sampled),
-    and the export's whole table for the prompt's ids."""
-    return {"architectures": [ARCHITECTURE], "vocab_size": head_rows, EMBED_ROWS_KEY: export_config["vocab_size"]}
+def hf_overrides(export_config: dict[str, Any]) -> dict[str, Any]:
+    """The engine's view of a stock export: this architecture, a vocabulary of the speech rows (what is
+    sampled), and the export's whole table for the prompt's ids."""
+    return {"architectures": [ARCHITECTURE], "vocab_size": SPEECH_ID_ROWS,
+            EMBED_ROWS_KEY: export_config["vocab_size"]}
 
 
 def register() -> None:

@@ -88,16 +88,9 @@ class SpeechLM(nn.Module):
     def device(self) -> torch.device:
         return self.llm_decoder.weight.device
 
-    def embed_text(self, text_ids: Tensor | Sequence[int]) -> Tensor:
-        """Qwen text embeddings `[1, L, D]` of text token ids."""
-        return self.llm.model.model.embed_tokens(_ids(text_ids, self.device))
-
     def embed_speech(self, token_ids: Tensor | Sequence[int] | int) -> Tensor:
         """Speech-token embeddings `[1, L, D]` (an int gives `[1, 1, D]`)."""
         return self.speech_embedding(_ids(token_ids, self.device))
-
-    def _special(self, row: int) -> Tensor:
-        return self.llm_embedding.weight[row].reshape(1, 1, -1)  # [1, 1, D]
 
     @torch.inference_mode()
     def build_lm_input(self, text_ids: Tensor | Sequence[int], prompt_text_ids: Tensor | Sequence[int] = (),
@@ -107,13 +100,11 @@ class SpeechLM(nn.Module):
         zero_shot: prompt text + prompt speech; cross_lingual: neither; instruct: the instruct
         text (ending in `<|endofprompt|>`) as `prompt_text_ids` and no prompt speech.
         """
-        text = torch.cat([_ids(prompt_text_ids, self.device), _ids(text_ids, self.device)], dim=1)
-        return torch.cat([self._special(SOS_ROW), self.embed_text(text), self._special(TASK_ID_ROW),
-                          self.embed_speech(prompt_speech_tokens)], dim=1)
+        return self.embed_lm_ids(build_lm_ids(text_ids, prompt_text_ids, prompt_speech_tokens))
 
     @torch.inference_mode()
     def embed_lm_ids(self, ids: Sequence[int]) -> Tensor:
-        """`[1, T, D]` embeddings of a `build_lm_ids` prompt: the same rows `build_lm_input` takes."""
+        """`[1, T, D]` embeddings of a `build_lm_ids` prompt (speech, sos/task_id and text rows)."""
         t = _ids(ids, self.device)[0]
         out = torch.empty(len(t), self.dims.llm_input_size, dtype=self.speech_embedding.weight.dtype,
                           device=self.device)
@@ -197,6 +188,8 @@ class SpeechLM(nn.Module):
 def build_lm_ids(text_ids: Tensor | Sequence[int], prompt_text_ids: Tensor | Sequence[int] = (),
                  prompt_speech_tokens: Tensor | Sequence[int] = ()) -> list[int]:
     """`build_lm_input`'s sequence as ids of the one table (see TEXT_ID_OFFSET)."""
-    text = [*torch.as_tensor(prompt_text_ids).reshape(-1).tolist(), *torch.as_tensor(text_ids).reshape(-1).tolist()]
-    return [SOS_ID, *(TEXT_ID_OFFSET + int(t) for t in text), TASK_ID_ID,
-            *(int(s) for s in torch.as_tensor(prompt_speech_tokens).reshape(-1).tolist())]
+    def flat(x: Tensor | Sequence[int]) -> list[int]:
+        return torch.as_tensor(x, dtype=torch.long).reshape(-1).tolist()
+
+    return [SOS_ID, *(TEXT_ID_OFFSET + t for t in flat(prompt_text_ids) + flat(text_ids)), TASK_ID_ID,
+            *flat(prompt_speech_tokens)]
