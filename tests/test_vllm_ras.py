@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -109,13 +110,37 @@ def test_placeholders_and_window() -> None:
     assert RASParams(win_size=10, tau_r=0.15).min_count == 2
 
 
+def test_history_starts_the_window() -> None:
+    """A request's window reaches back into `history` (earlier bi-streaming blocks, fills incl.) until its
+    own outputs fill it; the eos ban counts its own outputs only; the distribution is the reference's on
+    history + outputs."""
+    params = [RASParams(win_size=4, min_tokens=2, history=(9, 8, 7, 6, 5)), RASParams(win_size=3, history=(1,))]
+    batch = RASBatch.build(params)
+    hist, ban = batch.history([[4], [2, 3, 4, 5]], "cpu")
+    assert hist.tolist() == [[7, 6, 5, 4], [-1, 3, 4, 5]] and ban.flatten().tolist() == [True, False]
+    logits = _logp_rows(3, seed=11)
+    top = [logits[r, :N_VALID].topk(3).indices.tolist() for r in range(3)]
+    history = [(top[0][0], top[0][1], 6563), (top[1][0],) * 3, tuple(top[2])]  # block edge: outputs, the fill
+    outs = [[top[0][0]], [], [top[2][1], 17]]
+    params = [RASParams(min_tokens=m, history=h) for m, h in zip((0, 5, 1), history, strict=True)]
+    batch = RASBatch.build(params)
+    got = ras_log_probs(logits, batch, *batch.history(outs, "cpu"), torch.float64).exp()
+    alone = RASBatch.build([replace(p, history=()) for p in params])
+    without = ras_log_probs(logits, alone, *alone.history(outs, "cpu"), torch.float64).exp()
+    for r, (p, out) in enumerate(zip(params, outs, strict=True)):  # (min_tokens: the same ban either way)
+        ref = _reference(logits[r], [*p.history, *out], p)
+        torch.testing.assert_close(got[r], ref, atol=1e-15, rtol=1e-13)
+        assert not torch.allclose(without[r], got[r]), f"row {r}: the history changed nothing"
+
+
 def test_params_from_extra_args() -> None:
     assert RASParams.from_extra_args(None) is None
     assert RASParams.from_extra_args({"other": 1}) is None
-    p = RASParams.from_extra_args({EXTRA_ARGS_KEY: {"top_p": 0.7, "top_k": 20, "min_tokens": 3}})
-    assert p == RASParams(top_p=0.7, top_k=20, min_tokens=3)
+    p = RASParams.from_extra_args({EXTRA_ARGS_KEY: {"top_p": 0.7, "top_k": 20, "min_tokens": 3, "history": [5, 6563]}})
+    assert p == RASParams(top_p=0.7, top_k=20, min_tokens=3, history=(5, 6563))
     bad_args = ({"top_p": 0.0}, {"top_k": 0}, {"win": 3}, {"top_k": 2.5}, {"eos": 7000}, {"top_p": "0.8"},
-                {"top_k": True})
+                {"top_k": True}, {"history": 5}, {"history": "12"}, {"history": [1.5]}, {"history": [7000]},
+                {"history": [-1]})
     for bad in bad_args:
         with pytest.raises(ValueError):
             RASParams.from_extra_args({EXTRA_ARGS_KEY: bad})
@@ -353,6 +378,25 @@ def test_engine_logits_equal_the_reference(engine, sharp_lm) -> None:
         worst = max(worst, (diff - diff.mean()).abs().max().item())
     print(f"\nlogits vs SpeechLM, {len(prompts)} rows: max |diff| {worst:.2e} (up to each row's constant)")
     assert worst < LOGIT_ATOL, f"max |logit_vllm - logit_ref| (up to the row constant) = {worst:.2e}"
+
+
+def test_engine_window_starts_in_the_history(engine, sharp_lm) -> None:
+    """`history` in the request's extra_args reaches the engine's processor: step 0's distribution is the
+    reference's with the history as the decoded tokens (bi-streaming's earlier blocks), not a fresh one's."""
+    from vllm import SamplingParams
+
+    lm = sharp_lm[1]
+    prefix = _prompts(lm, 1)[0]
+    with torch.inference_mode():
+        logp = _reference_logp(lm, prefix, [0])[0]
+    history = [*logp.topk(2).indices.tolist(), 6563]  # the likeliest ids, then a block's fill
+    ras = RASParams(**RAS_ARGS, history=tuple(history))
+    params = SamplingParams(seed=0, max_tokens=1, stop_token_ids=STOPS, detokenize=False, temperature=1.0,
+                            logprobs=-1, extra_args={EXTRA_ARGS_KEY: {**RAS_ARGS, "history": history}})
+    got = _dense(_run(engine, [prefix], [params])[0][1][0])
+    want, fresh = _reference(logp, history, ras), _reference(logp, [], ras)
+    assert (got[:N_VALID] - want).abs().max().item() < PROB_ATOL
+    assert (want - fresh).abs().max().item() > 100 * PROB_ATOL  # the history matters here
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from app.config import load_config
 from app.engine.backends import make_backend
 from app.engine.bistream import decode
 from app.engine.lm_backend import LMRequest, TorchLMBackend
+from app.model.llm import FILL_TOKEN, build_lm_ids
 from app.model.loader import load_model
 from tests.bistream import decode_bistream, greedy_sample
 
@@ -45,6 +47,10 @@ async def take(lm, pieces, cfg, prompt_text, prompt_speech, max_final) -> list[i
             for t in new]
 
 
+async def collect(tokens) -> list[int]:
+    return [t async for new in tokens for t in new]
+
+
 def splits(ids: list[int], lens: list[int]) -> list[list[list[int]]]:
     """One id at a time, the given pieces, all at once."""
     cut = [0, *itertools.accumulate(lens)]
@@ -67,9 +73,38 @@ def test_bistream_equals_official_golden(parity_model_dir, golden, tmp_path):
         asyncio.run(lm.aclose())
 
 
+def test_bistream_ras_window_spans_blocks(tiny_model_dir, tmp_path, monkeypatch):
+    """Each block is a new backend request, yet every draw sees the official RAS window: the last win_size
+    outputs of the whole take (earlier blocks and their fills incl.), as the reference loop's sampler does."""
+    from app.engine import lm_backend
+
+    cfg, model = config(tmp_path), load_model(tiny_model_dir, device="cpu", nsf_noise=False)
+    voice = model.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
+    prompt = voice.prompt_text_ids.reshape(-1).tolist(), voice.speech_tokens[0].reshape(-1).tolist()
+    ids = model.frontend.text_ids("A window of ten tokens looks back across the edge of every block.").tolist()
+    win, limit = model.llm.dims.win_size, 80
+
+    def recorder(windows: list):
+        def sample(logp, decoded, generator, **_):  # argmax, so both loops make the same tokens
+            windows.append(list(decoded)[-win:])
+            return greedy_sample(logp, decoded, generator)
+        return sample
+
+    want, got = [], []
+    list(decode_bistream(model.llm, [[i] for i in ids], *prompt, torch.Generator(), recorder(want), max_len=limit))
+    monkeypatch.setattr(lm_backend, "ras_sample", recorder(got))
+    lm = TorchLMBackend(model.llm)
+    try:
+        asyncio.run(take(lm, [[i] for i in ids], cfg, *prompt, limit))
+    finally:
+        asyncio.run(lm.aclose())
+    assert any(FILL_TOKEN in w[:-1] for w in want)  # windows that span a block edge were drawn
+    assert got[:len(want)] == want
+
+
 def test_vllm_bistream_equals_reference_loop(tiny_model_dir, tmp_path):
     """On the one vLLM-CPU engine (prefix caching on): the reference loop's tokens, argmax, however the text
-    arrives; nothing left in the engine afterwards."""
+    arrives; a request's history reaches the engine's RAS window; nothing left in the engine afterwards."""
     cfg = config(tmp_path)
     ref = load_model(tiny_model_dir, device="cpu", nsf_noise=False)  # keeps its layers: the reference
     voice = ref.frontend.voice_from_audio("assets/prompt_en.wav", EN_PROMPT)
@@ -85,6 +120,10 @@ def test_vllm_bistream_equals_reference_loop(tiny_model_dir, tmp_path):
             for pieces in splits(ids, [3] * (len(ids) // 3) + [len(ids) % 3]):
                 got = r.run(take(backend, pieces, cfg, *prompt, limit))
                 assert got[:len(want)] == want and (len(want) == limit or len(got) == len(want))
+            # a block's history reaches the engine's RAS window: top_k 1 draws the argmax unless it repeats
+            ask = LMRequest("window", tuple(build_lm_ids(ids, *prompt)), 1, 1, 0, replace(cfg.sampling, tau_r=0.1))
+            first = r.run(collect(backend.stream(ask)))
+            assert first and r.run(collect(backend.stream(replace(ask, history=(first[0],))))) != first
             assert backend.n_unfinished() == 0
         finally:
             r.run(backend.aclose())

@@ -17,7 +17,7 @@ import torch
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, SynthesisRequest, Turn
 from app.engine.utterance import Utterance
-from app.model.llm import SOS_ID, TASK_ID_ID, TEXT_ID_OFFSET
+from app.model.llm import FILL_TOKEN, SOS_ID, TASK_ID_ID, TEXT_ID_OFFSET
 
 _END = re.compile(r"[.!?;。！？；…]+[\"')\]]*\s+")  # a sentence ends at terminal punctuation before a space
 
@@ -82,13 +82,15 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
     (`min_tokens`); the final block to eos, at most `max_final` (default `base.max_tokens`) tokens.
     Closing this iterator closes the running request (vLLM aborts it)."""
     plan, seq = Interleave(prompt_text_ids, prompt_speech, mix_ratio), []
+    out: list[int] = []  # every output so far incl. fills: the official RAS window runs over it
     blocks = _blocks(plan, text_ids)
     try:
         async for i, block in _enumerate(blocks):
             seq += block.feed
             n = block.max_new if not block.final else (max_final or base.max_tokens)
             req = replace(base, request_id=f"{base.request_id}-b{i}", prompt_ids=tuple(seq),
-                          min_tokens=0 if block.final else n, max_tokens=n, seed=base.seed + i)
+                          min_tokens=0 if block.final else n, max_tokens=n, seed=base.seed + i,
+                          history=tuple(out))
             made: list[int] = []
             async with contextlib.aclosing(lm.stream(req)) as tokens:
                 async for new in tokens:
@@ -97,6 +99,7 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
             seq += made
             if not block.final:
                 plan.spoke(made)
+                out += [*made, FILL_TOKEN]  # the fill (sampled, or forced at max_new) ends the block
     finally:
         await blocks.aclose()
 

@@ -30,6 +30,8 @@ class LMRequest:
     seed: int
     sampling: SamplingConfig
     ignore_eos: bool = False  # fixed-length mode (benchmarks on random weights): no stop id ends it
+    # outputs of earlier requests of one decode (bi-streaming's blocks, fills incl.): the RAS window starts there
+    history: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ def _without_stop_tokens(sampler, logp: Tensor, decoded, generator: torch.Genera
     return sampler(logp, decoded, generator)
 
 
+def _after(sampler, history: list[int], logp: Tensor, decoded, generator: torch.Generator) -> int:
+    """Sample with `history` in front of this request's tokens (the RAS window)."""
+    return sampler(logp, history + list(decoded), generator)
+
+
 class TorchLMBackend:
     """Reference backend: the PyTorch `SpeechLM`, one worker thread per active request."""
 
@@ -101,6 +108,8 @@ class TorchLMBackend:
     def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
         s = req.sampling.resolved(self.llm.dims)  # the pipeline resolves; direct callers get the yaml's too
         sampler = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
+        if req.history:  # the window spans the earlier requests' outputs
+            sampler = partial(_after, sampler, list(req.history[-s.win_size:]))
         if req.ignore_eos:
             sampler = partial(_without_stop_tokens, sampler)
         generator = torch.Generator(device="cpu").manual_seed(req.seed)

@@ -143,6 +143,8 @@ class VLLMBackend:
             ras = {k: v for k, v in (("top_p", s.top_p), ("top_k", s.top_k), ("win_size", s.win_size),
                                      ("tau_r", s.tau_r)) if v is not None}
             ras.update(min_tokens=req.min_tokens, eos=EOS_TOKEN, n_valid=N_SPEECH_ROWS)
+            if req.history:  # only the window's tail travels to the engine
+                ras["history"] = list(req.history[-s.win_size:] if s.win_size else req.history)
             return SamplingParams(**common, extra_args={"cosyvoice_ras": ras})
         # fallback without RAS: vLLM's nucleus; min_tokens bans all three stop ids, not only eos
         return SamplingParams(**common, top_p=s.top_p, top_k=s.top_k, min_tokens=min(req.min_tokens, max_tokens))

@@ -8,7 +8,8 @@ of logits it returns log P, where P is the exact distribution of the official dr
         before it is < top_p and i < top_k),   q_x = p_x / sum_K p
     P(y) = q_y [y in K, y not repeated] + sum_{x in K repeated} q_x * p_y / (S - p_x) * [y != x]
 
-"repeated": x occurs at least win_size * tau_r times in the row's last win_size output tokens;
+"repeated": x occurs at least win_size * tau_r times in the row's last win_size output tokens
+(preceded by `history`: the outputs of earlier requests of one decode, e.g. bi-streaming's blocks);
 S = sum(p). Sampling softmax(log P) = P (temperature 1, no top-k/top-p) is the official draw. Ids >=
 n_valid (the export pads the vocabulary) get -inf. `app.engine.vllm_ras` runs this inside vLLM as a
 logits processor; a request asks for it with `extra_args[EXTRA_ARGS_KEY]` (the `RASParams` fields).
@@ -39,6 +40,9 @@ class RASParams:
     min_tokens: int = 0  # eos is banned while fewer output tokens exist (official min_len)
     eos: int = 6561
     n_valid: int = 6564  # ids >= n_valid are padding rows of the exported lm_head
+    # outputs made before this request (incl. fills) that start its repetition window (bi-streaming
+    # re-submits each block: the official window spans them); only the last win_size count
+    history: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:
@@ -47,6 +51,8 @@ class RASParams:
             raise ValueError(f"cosyvoice_ras needs top_k >= 1, win_size >= 1, tau_r > 0; got {self}")
         if self.min_tokens < 0 or not 0 <= self.eos < self.n_valid:
             raise ValueError(f"cosyvoice_ras needs min_tokens >= 0 and 0 <= eos < n_valid; got {self}")
+        if not all(0 <= t < self.n_valid for t in self.history):
+            raise ValueError(f"cosyvoice_ras.history needs ids in [0, {self.n_valid}), got {self.history[:8]}...")
 
     @property
     def min_count(self) -> int:
@@ -66,6 +72,12 @@ class RASParams:
             raise ValueError(f"unknown {EXTRA_ARGS_KEY} keys {sorted(unknown)}; known: {sorted(known)}")
         kw: dict[str, Any] = {}
         for key, value in raw.items():
+            if key == "history":
+                if not isinstance(value, Sequence) or isinstance(value, str) or not all(
+                        isinstance(t, int) and not isinstance(t, bool) for t in value):
+                    raise ValueError(f"{EXTRA_ARGS_KEY}.history must be a list of token ids, got {value!r:.60}")
+                kw[key] = tuple(value)
+                continue
             want_int = known[key] == "int"
             if isinstance(value, bool) or not isinstance(value, int | float) or (want_int and value != int(value)):
                 raise ValueError(f"{EXTRA_ARGS_KEY}.{key} must be {'an integer' if want_int else 'a number'}, "
@@ -85,6 +97,7 @@ class RASBatch:
     n_valid: Tensor | None  # [R, 1] long; None when every row has n_valid == n_cols
     win_size: tuple[int, ...]
     min_tokens: tuple[int, ...]
+    before: tuple[tuple[int, ...], ...]  # each row's last win_size history ids (RASParams.history)
     n_cols: int  # max n_valid: the columns that take part
     k_max: int  # max top_k (capped at n_cols)
     w_max: int  # max win_size
@@ -109,20 +122,24 @@ class RASBatch:
                    n_valid=None if all(p.n_valid == n_cols for p in params)
                    else col([p.n_valid for p in params], torch.long),
                    win_size=tuple(p.win_size for p in params), min_tokens=tuple(p.min_tokens for p in params),
+                   before=tuple(p.history[-p.win_size:] for p in params),
                    n_cols=n_cols, k_max=k_max, w_max=max(p.win_size for p in params), pin=pin,
                    tie_break=tie_break_scale(n_cols, device))
 
     def history(self, outputs: Sequence[Sequence[int]], device: torch.device | str) -> tuple[Tensor, Tensor]:
-        """(last win_size output tokens `[R, w_max]` left-padded with -1, eos-ban flags `[R, 1]` bool).
+        """(last win_size tokens of history + outputs `[R, w_max]` left-padded with -1, eos-ban flags
+        `[R, 1]` bool: fewer than min_tokens outputs, history not counted).
 
         One host->device copy: column w_max carries the ban flag.
         """
         rows = []
-        for out, w, m in zip(outputs, self.win_size, self.min_tokens, strict=True):
+        for out, w, m, before in zip(outputs, self.win_size, self.min_tokens, self.before, strict=True):
             n = len(out)
             while n and out[n - 1] < 0:  # async-scheduling placeholders not yet filled in
                 n -= 1
             tail = list(out[max(0, n - w):n])
+            if len(tail) < w and before:  # the window reaches back into the history
+                tail = (list(before) + tail)[-w:]
             rows.append([-1] * (self.w_max - len(tail)) + tail + [int(n < m)])
         both = torch.tensor(rows, dtype=torch.long, pin_memory=self.pin).to(device, non_blocking=True)
         return both[:, :-1], both[:, -1:].bool()
