@@ -2,7 +2,7 @@
 
 `Interleave` is the official loop as ids of the one table (sans-IO); `decode` runs its blocks on the
 backend (vLLM: each block re-submits the grown prompt, prefix caching reuses its KV); `TextFeed`
-normalises and tokenises arriving text sentence by sentence; `speak` vocodes through the normal path.
+normalises and tokenises arriving text sentence by sentence; `Synthesizer.stream(tokens=...)` vocodes.
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
-import torch
-
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
-from app.engine.requests import AudioChunk, SynthesisRequest, Turn
-from app.engine.utterance import Utterance
 from app.model.llm import FILL_TOKEN, SOS_ID, TASK_ID_ID, TEXT_ID_OFFSET
 
 _END = re.compile(r"[.!?;。！？；…]+[\"')\]]*\s+")  # a sentence ends at terminal punctuation before a space
@@ -147,18 +143,3 @@ class TextFeed:
             return []
         text = self.frontend.normalize_prompt_text(sentence.strip())  # the official normaliser, split=False
         return self.frontend.text_ids(text).tolist()
-
-
-async def speak(synth, req: SynthesisRequest, tokens: AsyncIterator[list[int]]) -> AsyncIterator[AudioChunk]:
-    """`tokens` (one LM stream for the whole text) through the normal token->wave path, as one segment."""
-    u = Utterance(req, [Turn(req.text, req.voice)])
-    device = synth.model.device
-    hift_gen = torch.Generator(device=device).manual_seed(req.seed)
-    u.start_next_lm(tokens)
-    try:
-        async with contextlib.aclosing(synth._segment(u, 0, u.segments[0], req.voice.flow_prompt(device),
-                                                      hift_gen)) as chunks:
-            async for chunk in chunks:
-                yield chunk
-    finally:
-        await u.drop_next_lm()

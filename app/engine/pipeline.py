@@ -193,15 +193,19 @@ class Synthesizer:
             return self.prompt_cache.start(voice_key, self.model.flow, p.tokens, p.mel, p.embedding, begin)
         return t2w.flow_state
 
-    async def stream(self, req: SynthesisRequest,
-                     on_end: Callable[[RequestStats], None] | None = None) -> AsyncIterator[AudioChunk]:
+    async def stream(self, req: SynthesisRequest, on_end: Callable[[RequestStats], None] | None = None,
+                     tokens: AsyncIterator[list[int]] | None = None) -> AsyncIterator[AudioChunk]:
         """Audio chunks of `req` in order; the last one has `is_final=True` and the stats. `on_end` gets the
-        stats so far when the stream ends, however it ends (a stopped request's are on no chunk)."""
-        u = Utterance(req, self.segments(req))
+        stats so far when the stream ends, however it ends (a stopped request's are on no chunk). `tokens`:
+        the speech tokens of the whole text from elsewhere (bi-streaming's decode), spoken as one segment in
+        place of the request's own LM requests; closing this stream closes it."""
+        u = Utterance(req, self.segments(req) if tokens is None else [Turn(req.text, req.voice)])
         device = self.model.device
         prompts = {id(t.voice): t.voice.flow_prompt(device) for t in req.parts}  # the flow's view of each voice
         hift_gen = torch.Generator(device=device).manual_seed(req.seed)  # NSF noise, per request
         try:
+            if tokens is not None:
+                u.start_next_lm(tokens)  # the first segment takes it as its LM stream
             for seg_i, seg in enumerate(u.segments):
                 async with contextlib.aclosing(self._segment(u, seg_i, seg, prompts[id(seg.voice)],
                                                              hift_gen)) as chunks:

@@ -146,7 +146,7 @@ def ws_router(service: StudioService, identity: Identity) -> APIRouter:
                                              mix_ratio=synth.model.llm.dims.mix_ratio)
                     if fmt == "wav":
                         await ws.send_bytes(wav_stream_header())
-                    async with contextlib.aclosing(bistream.speak(synth, req, tokens)) as chunks:
+                    async with contextlib.aclosing(synth.stream(req, tokens=tokens)) as chunks:
                         async for chunk in chunks:
                             if chunk.samples.size:
                                 await ws.send_bytes(pcm_bytes(chunk))
