@@ -248,8 +248,8 @@ def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
 def test_flow_work_counts_the_shapes_computed(flow, prompt, tokens):
     """`FlowWork` (the bench's achieved TFLOP/s and padding waste): per frame 2 FLOPs per per-frame
     weight (CosyVoice2-0.5B: 132.2 MFLOP, the research's count) and 4 x 512 x 56 per visible key; two
-    streams' first paged hops in one eager call count rows x the longer one's frames over its key
-    blocks, the frames needed apart; a one-row re-solve computes only what it needs."""
+    streams' first paged hops in one packed call count exactly their own frames (no padding) and each
+    chunk's queries over its visible keys; a one-row re-solve computes only what it needs."""
     from app.model.flow.estimator import CausalConditionalDecoder
     from app.model.flow.work import FlowWork, flop_rates
     from app.model.hparams import EstimatorDims
@@ -270,9 +270,9 @@ def test_flow_work_counts_the_shapes_computed(flow, prompt, tokens):
              for s, (_, t, _), p in zip(streams, jobs, plans, strict=True)]
     outs = flow_batch(flow, items, work=work)
     n = [p.mel.shape[1] + o.shape[2] for (p, _, _), o in zip(jobs, outs, strict=True)]  # from frame 0: the prompt's too
-    N, keys = max(n), -(-max(n) // block) * block
-    assert (work.calls, work.frames_computed, work.frames_needed) == (1, 2 * N, sum(n))
-    assert work.flop == pytest.approx(2 * flow.dims.n_timesteps * 2 * N * (lin + keys * att))
+    pairs = sum(min(block, m - c) * min(m, c + block) for m in n for c in range(0, m, block))  # block-causal
+    assert (work.calls, work.frames_computed, work.frames_needed) == (1, sum(n), sum(n))
+    assert work.flop == pytest.approx(2 * flow.dims.n_timesteps * (sum(n) * lin + pairs * att))
     flow_batch(flow, [streams[0].flow_item(tokens, plans[0])], work=ref)
     assert ref.frames_needed == ref.frames_computed == n[0] and ref.snapshot()["tflop"] > 0
     for s in streams:

@@ -26,13 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.model.flow.cache import StageCall
-from app.model.flow.estimator import MASK_BIAS
+from app.model.flow.estimator import MASK_BIAS, DenseCall
 from app.model.flow.flow import CausalFlow
 from app.model.flow.incremental import CFG_ROWS, FlowState, _solve_new, prepare_hop
-from app.model.flow.paged_solve import cfg_solve, solve_calls
+from app.model.flow.packed import cfg_solve
+from app.model.flow.paged_solve import solve_calls
 
 
-class BatchCall:
+class BatchCall(DenseCall):
     """The `StageCall` interface (begin / left_context / keys_values / bias) over B streams'
     estimator calls, for `CausalConditionalDecoder.forward_cached` on 2B stream-major rows.
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from app.model.flow.encoder import position_rows
-from app.model.flow.estimator import MASK_BIAS
+from app.model.flow.estimator import MASK_BIAS, DenseCall
 
 GROWTH = 0.25  # a full buffer grows by a quarter of its capacity (at least what the call needs)
 
@@ -111,7 +111,7 @@ def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype
     return StageState(kv, pos)
 
 
-class StageCall:
+class StageCall(DenseCall):
     """One call's view of a `StageState`: positions start..end-1 are new, start..commit-1 get committed.
 
     The layers call, in their fixed order: `left_context` (each causal conv), `keys_values` (each

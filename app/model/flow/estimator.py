@@ -14,7 +14,6 @@ parameters (`_Fused`); the modules' own forwards are the official structure (tes
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +21,6 @@ from torch import nn
 
 from app.model.flow.encoder import attention_mask
 from app.model.hparams import EstimatorDims
-
-if TYPE_CHECKING:  # annotations only: cache.py imports this module
-    from app.model.flow.cache import StageCall
 
 TIME_SCALE = 1000.0  # t in [0, 1] is scaled before the sinusoidal embedding
 MASK_BIAS = -1.0e10  # additive attention bias at hidden keys
@@ -203,8 +199,8 @@ class CausalConditionalDecoder(nn.Module):
         t_emb = self.time_mlp(time_embedding(t, self.dims.in_channels).to(t.dtype))  # [B or 1, 4C]
         t_res = F.linear(F.mish(t_emb), fz.t_weight, fz.t_bias).unflatten(1, (-1, 1, fz.channels))
         T = x.shape[2]
-        h = torch.cat([x.transpose(1, 2), mu.transpose(1, 2), spks[:, None, :].expand(-1, T, -1),
-                       cond.transpose(1, 2)], dim=2)
+        spks = spks if spks.dim() == 3 else spks[:, None, :].expand(-1, T, -1)  # per frame [B, T, 80] (packed)
+        h = torch.cat([x.transpose(1, 2), mu.transpose(1, 2), spks, cond.transpose(1, 2)], dim=2)
         return t_res, h
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
@@ -247,20 +243,19 @@ class CausalConditionalDecoder(nn.Module):
         return (F.linear(h, *fz.proj) * m).transpose(1, 2)
 
     def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                       cond: torch.Tensor, cache: StageCall) -> torch.Tensor:
+                       cond: torch.Tensor, cache: DenseCall) -> torch.Tensor:
         """`forward(streaming=True)` for new frames only, all valid (no mask).
 
         x, mu, cond: [B, 80, n], frames start..end-1 of `cache` (a `StageCall` at one Euler
         evaluation: the B rows' attention keys/values and conv left context of the earlier frames);
-        t: [B]; spks: [B, 80]. Returns the velocity of the new frames [B, 80, n] (a view). The same
-        restructured computation as `forward`; the cache sees [B, C, n] conv inputs as before.
+        t: [B]; spks: [B, 80] (or per frame [B, n, 80]). Returns the velocity of the new frames
+        [B, 80, n] (a view). The same restructured computation as `forward`; each causal conv is
+        `cache.conv3` and each attention `cache.attend` (`DenseCall` for the padded calls).
         """
         fz = self.fused()
         t_res, h = self._inputs(fz, x, mu, t, spks, cond)
         qkv = iter(fz.qkv)
-
-        def conv(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return _gemm3(cache.left_context(h.transpose(1, 2), 2).transpose(1, 2), w, b)
+        conv = cache.conv3
 
         def stack(h: torch.Tensor, i: int, blocks: nn.ModuleList) -> torch.Tensor:
             a, r = conv(h, *fz.block1[i]).split(fz.channels, dim=2)
@@ -304,16 +299,29 @@ def _norm_mish(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 
 
 def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
-           cache: StageCall | None = None) -> torch.Tensor:
+           cache: DenseCall | None = None) -> torch.Tensor:
     """`TransformerBlock.forward` (or `forward_cached` with `cache`) with q/k/v as one GEMM: x [B, T, C]."""
     attn, (B, T, _) = block.attn1, x.shape
     qkv = F.linear(block.norm1(x), w_qkv).view(B, T, 3, attn.n_heads, attn.d_head)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, d_head]
-    if cache is not None:  # keys/values of the earlier frames: [B, H, end, d_head]
-        (k, v), bias = cache.keys_values(k, v), cache.bias(B, x.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    # with a cache: over the earlier frames' keys/values too
+    out = cache.attend(q, k, v) if cache is not None else F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     x = x + attn.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
     return x + block.ff(block.norm3(x))
+
+
+class DenseCall:
+    """`conv3` / `attend` for `forward_cached` over a call's `left_context`, `keys_values` and `bias`
+    (the per-stream and padded calls; the packed call implements both itself)."""
+
+    def conv3(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Causal k=3 conv of the new frames h [rows, n, C] -> [rows, n, out], left context from the state."""
+        return _gemm3(self.left_context(h.transpose(1, 2), 2).transpose(1, 2), w, b)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v [rows, H, n, d] of the new frames -> attention output [rows, H, n, d]."""
+        keys, values = self.keys_values(k, v)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.bias(q.shape[0], q.dtype))
 
 
 class _Fused:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from app.model.flow.estimator import MASK_BIAS
-from app.model.flow.flow import CausalFlow, cosine_time_grid
+from app.model.flow.estimator import MASK_BIAS, DenseCall
+from app.model.flow.flow import CausalFlow
+from app.model.flow.packed import cfg_solve, solve_packed
 from app.model.flow.paged import CFG_ROWS, PAD_TAIL, SINK_BLOCK, KVPool, PagedEstCall, table_tensor
 
 
@@ -99,7 +100,7 @@ def make_inputs(pool: KVPool, calls: list[PagedEstCall], mus: list[Tensor], cond
     return PagedInputs(pad(mus), pad(conds), spk, ix.to(device, non_blocking=True), N, nb)
 
 
-class PagedCall:
+class PagedCall(DenseCall):
     """The `StageCall` interface (begin / left_context / keys_values / bias) over a `PagedInputs`, for
     `CausalConditionalDecoder.forward_cached` on 2B stream-major rows; static shapes only."""
 
@@ -183,45 +184,14 @@ def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], 
                 conds: list[Tensor], graphs=None, work=None) -> list[Tensor]:
     """`incremental._solve_new` for B paged streams in one call: mus, conds [1, 80, n_i], spks [1, 80]
     -> fp32 [1, 80, n_i] each. `graphs`: a `PagedGraphs` (app/model/flow/paged_graphs.py) replays a
-    captured bucket when one fits, else this runs eagerly at the tight shape. `work`: a `FlowWork`
-    (app/model/flow/work.py) told the shape computed."""
+    captured bucket when one fits, else the packed call (app/model/flow/packed.py) runs eagerly.
+    `work`: a `FlowWork` (app/model/flow/work.py) told the shape computed."""
     pool = calls[0].state.pool
-    needed = sum(c.end - c.start for c in calls)
     if graphs is not None:
         x = graphs.run(calls, mus, conds, spks)
         if x is not None:
             if work is not None:  # the bucket's rows x new frames, over its key blocks
-                work.add(x.shape[0], x.shape[2], graphs.bucket(calls)[2] * pool.block_frames, needed)
+                work.add(x.shape[0], x.shape[2], graphs.bucket(calls)[2] * pool.block_frames,
+                         sum(c.end - c.start for c in calls))
             return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
-    inp = make_inputs(pool, calls, mus, conds, spks)
-    if work is not None:
-        work.add(len(calls), inp.n_frames, inp.n_blocks * pool.block_frames, needed)
-    x = paged_solve(flow, pool, inp)
-    return [x[i : i + 1, :, : c.end - c.start].float() for i, c in enumerate(calls)]
-
-
-def cfg_solve(flow: CausalFlow, x: Tensor, mu: Tensor, spk: Tensor, cond: Tensor, call) -> Tensor:
-    """The flow's 10-step Euler solve with classifier-free guidance over cached estimator state, for B
-    padded streams at once: x, mu, cond [B, 80, N] (x the frames' noise), spk [B, 80]; `call` (a
-    batched or paged cached-attention view) gets `begin(evaluation)` per step and `flush()` at the end.
-    Returns x [B, 80, N] in x's dtype."""
-    B, w = x.shape[0], flow.dims.inference_cfg_rate
-
-    def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair
-        return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
-
-    mu2, spks2, cond2 = pair(mu), pair(spk), pair(cond)
-    estimator = flow.decoder["estimator"]
-    t_grid = cosine_time_grid(flow.dims.n_timesteps, x.dtype, x.device)
-    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
-    for step in range(1, len(t_grid)):
-        call.begin(step - 1)
-        v = estimator.forward_cached(x.repeat_interleave(CFG_ROWS, dim=0), mu2, t.expand(CFG_ROWS * B), spks2,
-                                     cond2, call)
-        v = v.view(B, CFG_ROWS, *v.shape[1:])  # [B, (cond, uncond), 80, N]
-        x = x + dt * ((1.0 + w) * v[:, 0] - w * v[:, 1])
-        t = t + dt
-        if step < len(t_grid) - 1:
-            dt = t_grid[step + 1] - t
-    call.flush()
-    return x
+    return solve_packed(flow, calls, mus, spks, conds, work)
