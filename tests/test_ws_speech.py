@@ -183,6 +183,25 @@ def test_ws_take_is_the_same_however_the_text_arrives(studio_cpu, ws_voice):
     assert takes[0] == takes[1] == takes[2]
 
 
+def test_ws_take_is_recorded_like_any_other(studio_cpu, ws_voice):
+    """A WebSocket take goes through the speech route's one way to speak: it is counted and its request
+    record (the panels' latest requests) holds its audio and tokens, as a /v1/audio/speech take's does."""
+    import httpx
+
+    def counters() -> dict:
+        return httpx.get(studio_cpu[0] + "/health", timeout=60).json()["requests"]
+
+    before = counters()
+    msgs = [{"type": "start", "voice": ws_voice, "seed": 3}, {"type": "text", "text": TEXT}, {"type": "close"}]
+    got, audio, code, _ = asyncio.run(talk(studio_cpu[0], msgs))
+    after = counters()
+    assert code == 1000 and got[-1]["type"] == "done"
+    assert after["started"] == before["started"] + 1 and after["active_streams"] == 0
+    assert after["outcomes"]["ok"] == before["outcomes"]["ok"] + 1
+    assert after["audio_s_total"] - before["audio_s_total"] == pytest.approx(len(audio) / 2 / 24000, abs=1e-3)
+    assert after["tokens_total"] - before["tokens_total"] == got[-1]["stats"]["n_tokens"] > 0
+
+
 @pytest.mark.parametrize(("messages", "code", "reason"), [
     (["not json"], 4400, "not JSON"),
     ([{"type": "text", "text": "hi"}], 4400, "first message must be start"),

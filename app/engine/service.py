@@ -193,22 +193,25 @@ class StudioService:
 
     @contextlib.asynccontextmanager
     async def speak(self, req: SynthesisRequest, *, prepared: Prepared | None = None, caller: Caller = NOBODY,
-                    queue_wait_s: float = 0.0, stop: asyncio.Event | None = None
+                    queue_wait_s: float = 0.0, stop: asyncio.Event | None = None,
+                    tokens: AsyncIterator[list[int]] | None = None
                     ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
         """The one way every door speaks a prepared request: `caller.client`'s fair share (app/engine/fair_share.py;
         "" = not counted, e.g. a replica whose ingress counted it), then the process's one admission (a slot,
         or a place in its queue: `BusyError` when full), then `stream`. Yields (queue wait s: `queue_wait_s`
         spent before this door plus the admission's, the chunks); leaving the block closes the stream
-        (aborting the LM request if it is still running) and frees the slot and the share's place."""
+        (aborting the LM request if it is still running) and frees the slot and the share's place. `tokens`:
+        see `Synthesizer.stream` (the WebSocket door's bi-streaming decode)."""
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(self.share.hold(caller.client))  # before the queue: over its share, it waits nowhere
             queue_s = queue_wait_s + await stack.enter_async_context(self.admission.admit())
             chunks = await stack.enter_async_context(contextlib.aclosing(
-                self.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop)))
+                self.stream(req, queue_wait_s=queue_s, prepared=prepared, stop=stop, tokens=tokens)))
             yield queue_s, chunks
 
     async def stream(self, req: SynthesisRequest, *, queue_wait_s: float = 0.0, prepared: Prepared | None = None,
-                     stop: asyncio.Event | None = None) -> AsyncIterator[AudioChunk]:
+                     stop: asyncio.Event | None = None, tokens: AsyncIterator[list[int]] | None = None
+                     ) -> AsyncIterator[AudioChunk]:
         """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request); its
         `RequestRecord` also keeps `prepared`'s voice name, notes and reference time. Raises `EngineDeadError`
         at once while the engine is down, `GpuOutOfMemoryError` when the request runs out of memory. A request
@@ -220,7 +223,7 @@ class StudioService:
         stats, outcome, n_samples = None, "error", 0
         so_far: list[RequestStats] = []  # the synthesizer's stats at its end (the only ones of an early end)
         try:
-            async with contextlib.aclosing(synth.stream(req, on_end=so_far.append)) as chunks:
+            async with contextlib.aclosing(synth.stream(req, on_end=so_far.append, tokens=tokens)) as chunks:
                 async for chunk in chunks:
                     stats = chunk.stats or stats
                     n_samples += chunk.samples.size

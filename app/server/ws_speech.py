@@ -140,19 +140,17 @@ def ws_router(service: StudioService, identity: Identity) -> APIRouter:
             if req.mode == "instruct":  # the instruction in place of the transcript, as Synthesizer.lm_request
                 text = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
                 prompt = (synth.model.frontend.text_ids(text).tolist(), [])
-            with service.share.hold(caller.client):  # the speech route's fair share and admission
-                async with service.admission.admit():
-                    tokens = bistream.decode(synth.lm, arriving(), base, *prompt,
-                                             mix_ratio=synth.model.llm.dims.mix_ratio)
-                    if fmt == "wav":
-                        await ws.send_bytes(wav_stream_header())
-                    async with contextlib.aclosing(synth.stream(req, tokens=tokens)) as chunks:
-                        async for chunk in chunks:
-                            if chunk.samples.size:
-                                await ws.send_bytes(pcm_bytes(chunk))
-                            if chunk.is_final:
-                                stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
-                                await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
+            tokens = bistream.decode(synth.lm, arriving(), base, *prompt, mix_ratio=synth.model.llm.dims.mix_ratio)
+            # the speech route's fair share, admission and request record (metrics, the page's panels)
+            async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens) as (_, chunks):
+                if fmt == "wav":
+                    await ws.send_bytes(wav_stream_header())
+                async for chunk in chunks:
+                    if chunk.samples.size:
+                        await ws.send_bytes(pcm_bytes(chunk))
+                    if chunk.is_final:
+                        stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
+                        await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
 
         await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
                             "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
