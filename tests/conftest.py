@@ -133,6 +133,14 @@ SHARED_SERVERS: dict[str, dict[str, str]] = {
     "studio_bf16": {"vllm.dtype": '"bfloat16"', "model.download": "false"},
     # a small queue (2 running, 1 waiting: the queue-full tests need four requests), 2 MB uploads
     "studio_queue": {"server.concurrency_limit": "2", "server.queue_max_size": "1", "limits.max_upload_mb": "2"},
+    # 1 MB uploads (an oversized case stays small) and short takes (fuzzed text answers within seconds)
+    "studio_small": {"limits.max_upload_mb": "1", "sampling.max_len_ratio": "4"},
+    # a public page behind a proxy (127.0.0.1 trusted): private voices, one stream per client, raised input
+    # limits, Gradio's cache cleaned every 2 s, no Whisper download (test_owners.py, test_examples.py)
+    "studio_public": {"voices.scope": '"private"', "server.concurrency_limit": "4",
+                      "server.max_streams_per_client": "1", "limits.max_text_chars": "2400",
+                      "limits.max_transcript_chars": "1200", "limits.max_instruct_chars": "600",
+                      "server.trusted_proxies": '"127.0.0.1"', "ui.cache_cleanup_s": "2", "model.download": "false"},
 }
 _running: dict[str, contextlib.ExitStack] = {}
 
@@ -162,6 +170,16 @@ def studio_bf16(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def studio_queue(tiny_model_dir, tmp_path_factory):
     yield from _shared_server("studio_queue", tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def studio_small(tiny_model_dir, tmp_path_factory):
+    yield from _shared_server("studio_small", tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def studio_public(tiny_model_dir, tmp_path_factory):
+    yield from _shared_server("studio_public", tiny_model_dir, tmp_path_factory)
 
 
 def pytest_collection_modifyitems(items):

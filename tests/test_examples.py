@@ -4,8 +4,8 @@ has shut down, each example loads its reference clip and plays, on a page opened
 opened after. Its live panels show a visitor the public facts and their own requests only.
 
 One `python app.py` behind a stand-in proxy (127.0.0.1 trusted: each browser context sends its own
-X-Forwarded-For, as nginx or a Space's proxy would), tiny model, real vLLM CPU engine; a second instance on
-the torch backend; real Chromium.
+X-Forwarded-For, as nginx or a Space's proxy would), tiny model, real vLLM CPU engine (conftest.py's
+studio_public); a second instance on the torch backend; real Chromium.
 """
 
 from __future__ import annotations
@@ -27,18 +27,20 @@ CLEANUP_S = 2  # [ui] cache_cleanup_s: every 2 s, Gradio deletes its cached file
 TIMEOUT_MS = 120_000
 LAST = "window.studioPlayer.last"
 FINISHED = f"() => {LAST} && {LAST}.seq === %d && ['done', 'error', 'stopped'].includes({LAST}.state)"
+SETS = {"ui.cache_cleanup_s": str(CLEANUP_S), "model.download": "false", "server.trusted_proxies": '"127.0.0.1"'}
 
 
 @pytest.fixture(scope="module")
-def studio(tiny_model_dir, tmp_path_factory):
+def studio(studio_public):
+    """conftest.py's studio_public (shared with test_owners.py): SETS among its keys."""
+    from conftest import SHARED_SERVERS
+
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(subprocess.run(["which", "ffmpeg"], capture_output=True).returncode == 0, "ffmpeg is missing")
     _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
     _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (bash scripts/setup_cpu.sh)")
-    tmp = tmp_path_factory.mktemp("examples")
-    sets = {"ui.cache_cleanup_s": str(CLEANUP_S), "model.download": "false", "server.trusted_proxies": '"127.0.0.1"'}
-    with run_studio(tiny_model_dir, tmp, sets) as run:
-        yield run
+    assert {**SHARED_SERVERS["studio_public"], **SETS} == SHARED_SERVERS["studio_public"]
+    return studio_public
 
 
 def _open(browser, url: str, address: str = "198.51.100.1"):

@@ -1,8 +1,9 @@
 """Fuzzing the HTTP API from its own OpenAPI schema (schemathesis): no operation ever answers 5xx.
 
-One `python app.py` (tiny model, real vLLM CPU engine). Every operation of `/v1/openapi.json`
-(the /v1 API, /health, /metrics) gets up to MAX_EXAMPLES generated requests valid by the schema and
-as many invalid ones (schemathesis' positive and negative modes); no answer may be a server error.
+One `python app.py` (tiny model, real vLLM CPU engine; conftest.py's studio_small, shared with
+test_inputs.py). Every operation of `/v1/openapi.json` (the /v1 API, /health, /metrics) gets up to
+MAX_EXAMPLES generated requests valid by the schema and as many invalid ones (schemathesis' positive
+and negative modes); no answer may be a server error.
 Half of the speech bodies get a real saved voice, so random text, seeds, speeds, modes and
 instructions reach the synthesis itself; those are bounded (fixed_tokens <= MAX_FUZZ_TOKENS, and the
 server's sampling.max_len_ratio is low) so every request answers within seconds. The last test
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from studio import run_studio, save_voice
+from studio import save_voice
 
 MAX_EXAMPLES = 30
 MAX_FUZZ_TOKENS = 50  # speech tokens (2 s of audio) at most per fuzzed synthesis
@@ -33,12 +34,11 @@ STATUS: dict[str, collections.Counter] = collections.defaultdict(collections.Cou
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fuzz")
-    sets = {"limits.max_upload_mb": "1", "sampling.max_len_ratio": "4"}
-    with run_studio(tiny_model_dir, tmp, sets) as (base, _):
-        save_voice(base, VOICE, "The quick brown fox jumps over the lazy dog.")
-        yield base
+def server(studio_small):
+    """conftest.py's studio_small: 1 MB uploads and a low sampling.max_len_ratio (shared with test_inputs.py)."""
+    base, _ = studio_small
+    save_voice(base, VOICE, "The quick brown fox jumps over the lazy dog.")
+    return base
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from studio import run_studio, save_voice
+from studio import save_voice
 
 from app.audio import MAX_DECODE_SECONDS, AudioError, decode_audio, load_audio
 from app.config import LimitsConfig
@@ -302,10 +302,13 @@ def test_special_tokens_never_reach_the_lm_input(model, audio, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("inputs")
-    with (run_studio(tiny_model_dir, tmp, {"limits.max_upload_mb": str(UPLOAD_MB)}) as (base, _),
-          httpx.Client(base_url=base, timeout=120) as http):
+def server(studio_small):
+    """conftest.py's studio_small ([limits] max_upload_mb = UPLOAD_MB; shared with test_fuzz.py)."""
+    from conftest import SHARED_SERVERS
+
+    assert SHARED_SERVERS["studio_small"]["limits.max_upload_mb"] == str(UPLOAD_MB)
+    base, _ = studio_small
+    with httpx.Client(base_url=base, timeout=120) as http:
         save_voice(base, "ref", "The quick brown fox jumps over the lazy dog.")
         yield base, http
 
