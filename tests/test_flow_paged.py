@@ -16,9 +16,9 @@ from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import build_voice_prefix, prepare_hop, state_bytes
+from app.model.flow.packed import pack, packed_solve
 from app.model.flow.paged import KVPool, PoolFull, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
-from app.model.flow.paged_solve import make_inputs, paged_solve
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -152,7 +152,7 @@ def test_pool_exhaustion_falls_back_to_resolve(flow, prompt, tokens):
 
 @torch.inference_mode()
 def test_bucketed_static_solve_equals_tight(flow, prompt, tokens):
-    """The padded shapes a CUDA graph captures (more streams, frames and key blocks than the call
+    """The padded shapes a CUDA graph captures (more streams, frames, keys and segments than the call
     needs) give the tight call's frames (the eager path graphs replay; on CPU no capture is made)."""
     pool = KVPool(flow, n_blocks=64)
     outs = []
@@ -163,16 +163,16 @@ def test_bucketed_static_solve_equals_tight(flow, prompt, tokens):
             hop = prepare_hop(flow, s.flow_state, tokens[:, : plan.n_tokens], finalize=False,
                               token_offset=plan.token_offset)
             c = hop.est_call
-            kw = {"rows": 4, "n_frames": c.end - c.start + 50, "n_blocks": -(-c.end // 50) + 3} if pad else {}
-            inp = make_inputs(pool, [c], [hop.mu], [hop.cond], [s.flow_state.spks], **kw)
-            x = paged_solve(flow, pool, inp)
+            kw = {"streams": 4, "frames": c.end - c.start + 120, "keys": c.end + 150} if pad else {}
+            inp = pack(flow, pool, [c], [hop.mu], [hop.cond], [s.flow_state.spks], **kw)
+            x = packed_solve(flow, pool, inp)
             assert torch.isfinite(x).all()
-            mels.append(hop.commit(x[:1, :, : c.end - c.start].float()))
+            mels.append(hop.commit(x[:, :, : c.end - c.start].float()))
             s.advance(plan)
         s.drop_flow_state()
         outs.append(mels)
     d = max(err(a, b) for a, b in zip(*outs, strict=True))
-    print(f"bucketed (4 rows, +50 frames, +3 blocks) vs tight: {d:.2e}")
+    print(f"bucketed (4 streams, +120 frames, +150 keys) vs tight: {d:.2e}")
     assert within(d, TOL, "bucketed vs tight") and pool.used_blocks == 0
     assert PagedGraphs.available(pool) == torch.cuda.is_available()
 

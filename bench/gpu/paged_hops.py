@@ -1,10 +1,10 @@
-"""Paged incremental hops on a GPU (app/model/flow/paged*.py), next to the growable path and the
+"""Paged incremental hops on a GPU (app/model/flow/packed.py, paged*.py), next to the growable path and the
 graphed re-solve measured by bench/gpu/incremental_graphs.py (whose flow builder this reuses).
 
 Per dtype (fp32, fp16), hop (the first hop from a voice prefix: 100 new frames; a mid hop: the 3rd,
 200 new frames) and stream count (1 / 4 / 16, each stream its own voice and tokens): ms per call of
-the paged solve alone (streams one after another, eager), batched (one eager call), graphed (the
-bucket's CUDA graph, captured before timing, replayed), the growable eager hop alone (1 stream) and
+the packed solve alone (streams one after another, eager), batched (one eager packed call), graphed
+(the packed bucket's CUDA graph, captured before timing, replayed), the growable eager hop alone (1 stream) and
 the re-solve of the same calls with the estimator's CUDA graphs; max |diff| graphed vs eager and
 eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); pool bytes
 per frame and per stream; the shared prefix's reference counts.
@@ -101,9 +101,9 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                 Bf = pool.block_frames
                 N = max(c.end - c.start for c in calls)
                 Nb = next(n for n in graphs.frames if n >= N)
-                nb = next(k for k in graphs.key_blocks if k >= max(max(-(-c.end // Bf), -(-(c.start + Nb) // Bf))
-                                                                 for c in calls))
-                key = (next(r for r in graphs.rows if r >= B), Nb, nb)
+                nb = next(k for k in graphs.key_blocks if k * Bf >= max(c.end for c in calls))
+                r = next(r for r in graphs.rows if r >= B)
+                key = (r, r * Nb, r * nb * Bf)  # the packed bucket the engine's warm-up captures for these
                 t_cap, capture_error = time.perf_counter(), None
                 try:
                     graphs.capture([key])  # before any timed call: what the engine does at start-up

@@ -163,6 +163,7 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
   local inc="engine.flow_incremental=true engine.flow_state_max_gib=${INC_GIB:-0}" step dt
   local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
   local res="engine.flow_incremental=false"  # the re-solve, for A/B runs against the shipped path
+  local pk="engine.flow_paged_graphs=false engine.flow_batch=64 engine.token2wav_workers=1"  # every hop packed
   local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved "RPS=${RPS:-2}" "WARMUP=${WARMUP:-1}"
                "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
   local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved "RPS=${LONG_RPS:-2}" "WARMUP=${LONG_WARMUP:-0}"
@@ -184,6 +185,10 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
       long_inc) env TAG="$step" "${long[@]}" SETS="$inc" bash "$ME" serve ;;
       inc_pg) env TAG="$step" "${short[@]}" SETS="$inc $pg" bash "$ME" serve ;;
       fast_inc_pg) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
+      packed) env TAG="$step" "${short[@]}" SETS="$pk" bash "$ME" serve ;;
+      fast_packed) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $pk" bash "$ME" serve ;;
+      long_packed) env TAG="$step" "${long[@]}" SETS="$pk" bash "$ME" serve ;;
+      long_fast_packed) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $pk" bash "$ME" serve ;;
       long_inc_pg) env TAG="$step" "${long[@]}" SETS="$inc $pg" bash "$ME" serve ;;
       long_fast_inc_pg) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
       paged_hops) timeout "${HOPS_TIMEOUT:-330}" python3 -m bench.gpu.paged_hops "$OUT/paged_hops.json" 2>&1 \

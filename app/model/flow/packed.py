@@ -1,75 +1,136 @@
-"""The estimator solve of S streams' incremental hops over a `KVPool` with their new frames packed in
-one row: no row padding, no frame padding, each query over exactly its own visible keys.
+"""The estimator solve of S streams' incremental hops over a `KVPool` (app/model/flow/paged.py) with
+their new frames packed in one row: no row padding, no frame padding, each query over exactly its
+own visible keys. Static shapes, so a (streams, frames, keys) bucket replays as a CUDA graph
+(app/model/flow/paged_graphs.py).
 
 Layout: the M = Σ n_s new frames, stream after stream, are one row [1, 80, M] (two with the CFG
 pair). A causal k=3 conv reads, per frame, [x(t-2), x(t-1), x(t)] of its own stream: the streams'
 committed tails (2 frames each) sit in front of the packed frames, and one index gather builds the
-conv's im2col columns [rows, M, 3C] for one GEMM. Attention: each stream's new frames split at chunk
-edges into *segments*; a segment's queries see keys [lo, min(end, chunk end)) of its stream (block-
-causal as `chunk_mask`), gathered from the pool into one packed key row, and one variable-length
-attention call covers every segment (CUDA: the memory-efficient kernel with cumulative lengths, any
-dtype; CPU: one SDPA per segment). CFG rows ride as heads: q [M, 2H, d], keys [ΣK, 2H, d].
+conv's im2col columns [rows, M, 3C] for one GEMM. Each stream's keys [0, end) are gathered from the
+pool once per layer into one packed key row; its new frames split at chunk edges into *segments*
+whose queries see keys [lo, min(end, chunk end)) (block-causal as `chunk_mask`): one variable-length
+attention call covers every segment (CUDA: the memory-efficient kernel with query offsets, key
+offsets and key lengths; CPU: one SDPA per segment). CFG rows ride as heads: q [M, 2H, d].
+
+Padding to a bucket changes no valid frame: padded frames write the sink block and read their own
+segments (one zero key each), padded streams use the padding tail slot, padded segments are empty.
 """
 
 from __future__ import annotations
 
-from itertools import pairwise
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow, cosine_time_grid
-from app.model.flow.paged import CFG_ROWS, KVPool, PagedEstCall
+from app.model.flow.paged import CFG_ROWS, PAD_BLOCK, PAD_TAIL, SINK_BLOCK, KVPool, PagedEstCall
+
+
+@dataclass
+class PackedInputs:
+    """The static inputs of one packed solve (device tensors; S, M, K, G fix the shapes)."""
+
+    x: Tensor  # [1, 80, M] each frame's noise (by its absolute index), flow dtype
+    mu: Tensor  # [1, 80, M]
+    cond: Tensor  # [1, 80, M]
+    spk: Tensor  # [1, M, 80] each frame's stream's speaker vector
+    index: Tensor  # int64: w_block, w_off (M each) | cols (3M) | tail_at (2S) | k_block, k_off (K each) | tail (S)
+    seg: Tensor  # int32 [3, G + 1]: query starts | key starts | key lengths (each segment; the last column closes)
+    S: int
+    M: int
+    K: int
+    max_q: int  # the longest segment's queries: one chunk (CUDA launch bound)
+
+    def parts(self) -> list[Tensor]:
+        M, S, K = self.M, self.S, self.K
+        return list(self.index.split([M, M, 3 * M, 2 * S, K, K, S]))
+
+    def copy_(self, other: PackedInputs) -> None:
+        for a, b in ((self.x, other.x), (self.mu, other.mu), (self.cond, other.cond), (self.spk, other.spk),
+                     (self.index, other.index), (self.seg, other.seg)):
+            a.copy_(b, non_blocking=True)
+
+
+def segments_bound(streams: int, frames: int, chunk: int) -> int:
+    """Segments a bucket provides: each stream's chunks (one more where a hop starts mid-chunk) and
+    the padding frames' own (at most one chunk each)."""
+    return 2 * streams + 2 * -(-frames // chunk) + 2
+
+
+def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Tensor], conds: list[Tensor],
+         spks: list[Tensor], *, streams: int | None = None, frames: int | None = None,
+         keys: int | None = None) -> PackedInputs:
+    """The static inputs of `calls` (mus, conds [1, 80, n_i], spks [1, 80]), padded to a bucket of
+    (streams, frames, keys); None: the tightest."""
+    e = flow.dims.estimator
+    chunk, left, Bf = e.static_chunk_size, e.num_decoding_left_chunks, pool.block_frames
+    S = streams or len(calls)
+    n = [c.end - c.start for c in calls]
+    M, K = frames or sum(n), keys or sum(c.end for c in calls)
+    assert len(calls) <= S and sum(n) <= M and sum(c.end for c in calls) <= K, (S, M, K)
+    G = segments_bound(S, M, chunk)
+    w_block = torch.full((M,), SINK_BLOCK, dtype=torch.long)
+    w_off, cols = torch.zeros(M, dtype=torch.long), torch.zeros(M, 3, dtype=torch.long)
+    tail_at, tail = torch.zeros(S, 2, dtype=torch.long), torch.full((S,), PAD_TAIL, dtype=torch.long)
+    k_block, k_off = torch.full((K,), PAD_BLOCK, dtype=torch.long), torch.zeros(K, dtype=torch.long)
+    seg_q, seg_k, seg_n = [], [], []
+    q, k = 0, 0  # packed offsets of the next stream's frames and keys
+    for s, c in enumerate(calls):
+        table = torch.tensor(c.state.table, dtype=torch.long)
+
+        def ext(p: Tensor, s: int = s, q: int = q) -> Tensor:  # local position (-2, -1: tail) -> row in tails + frames
+            return torch.where(p >= 0, 2 * S + q + p, 2 * s + 2 + p)
+
+        pos = torch.arange(c.start, c.end)
+        w_block[q : q + n[s]], w_off[q : q + n[s]] = table[pos // Bf], pos % Bf
+        cols[q : q + n[s]] = ext(torch.arange(n[s])[:, None] + torch.arange(-2, 1))  # taps t-2, t-1, t
+        tail_at[s] = ext(torch.arange(-2, 0) + (c.commit - c.start))  # the 2 frames before the commit
+        tail[s] = c.state.tail_slot
+        keys_s = torch.arange(c.end)
+        k_block[k : k + c.end], k_off[k : k + c.end] = table[keys_s // Bf], keys_s % Bf
+        for ch in range(c.start // chunk, (c.end - 1) // chunk + 1):
+            q0, q1 = max(c.start, ch * chunk), min(c.end, (ch + 1) * chunk)
+            k0 = 0 if left < 0 else max(0, (ch - left) * chunk)
+            seg_q.append(q + q0 - c.start)
+            seg_k.append(k + k0)
+            seg_n.append(q1 - k0)
+        q, k = q + n[s], k + c.end
+    pad_key = k if k < K else 0  # a zero key (PAD_BLOCK) when the bucket has one spare
+    for p0 in range(q, M, chunk):  # padding frames: their own segments of one key each
+        seg_q.append(p0)
+        seg_k.append(pad_key)
+        seg_n.append(1)
+    assert len(seg_q) <= G, (len(seg_q), G)
+    seg_q += [M] * (G + 1 - len(seg_q))  # empty segments up to the bucket's count; the last closes
+    seg_k += [pad_key] * (G + 1 - len(seg_k))
+    seg_n += [1] * (G + 1 - len(seg_n))
+    dev, dt = pool.device, pool.dtype
+    ix = torch.cat([w_block, w_off, cols.flatten(), tail_at.flatten(), k_block, k_off, tail]).to(dev, non_blocking=True)
+    seg = torch.tensor([seg_q, seg_k, seg_n], dtype=torch.int32).to(dev, non_blocking=True)
+
+    def row(xs: list[Tensor]) -> Tensor:  # [1, 80, n_i] each -> [1, 80, M], zeros past the frames
+        out = torch.zeros(1, 80, M, dtype=dt, device=dev)
+        if xs:
+            out[..., : sum(n)] = torch.cat([x.to(dt) for x in xs], dim=2)
+        return out
+
+    noise = flow.noise(max((c.end for c in calls), default=1), dev, dt)[0]  # [80, end]
+    x = row([noise[:, c.start : c.end][None] for c in calls])
+    spk = torch.zeros(1, M, 80, dtype=dt, device=dev)
+    if calls:
+        spk[0, : sum(n)] = torch.cat([sp.to(dt).expand(m, -1) for sp, m in zip(spks, n, strict=True)])
+    return PackedInputs(x, row(mus), row(conds), spk, ix, seg, S, M, K, chunk)
 
 
 class PackedCall:
-    """`conv3` / `attend` (estimator `DenseCall`'s interface) for `forward_cached` on the packed row
-    [2, M, C]; `begin(evaluation)` per Euler step, `flush()` at the end (as the padded calls)."""
+    """`conv3` / `attend` (the estimator `DenseCall`'s interface) for `forward_cached` on the packed
+    row [2, M, C]; `begin(evaluation)` per Euler step, `flush()` at the end. Static shapes only."""
 
-    def __init__(self, pool: KVPool, calls: list[PagedEstCall], chunk: int, num_left_chunks: int = -1) -> None:
-        Bf, S = pool.block_frames, len(calls)
-        self.pool, self.S = pool, S
-        self.n = [c.end - c.start for c in calls]
-        self.M = sum(self.n)
-        w_block, w_off, q_pos, cols, tail_at, k_block, k_off = [], [], [], [], [], [], []
-        cu_q, cu_k, self._segments = [0], [0], []
-        off = 0
-
-        def ext(s: int, p: Tensor) -> Tensor:  # local positions (may be -2, -1: the tail) -> packed-with-tails row
-            return torch.where(p >= 0, 2 * S + off + p, 2 * s + 2 + p)
-
-        for s, c in enumerate(calls):
-            table = torch.tensor(c.state.table, dtype=torch.long)
-            pos = torch.arange(c.start, c.end)
-            w_block.append(table[pos // Bf])
-            w_off.append(pos % Bf)
-            q_pos.append(pos)
-            p = torch.arange(c.end - c.start)
-            cols.append(ext(s, p[:, None] + torch.arange(-2, 1)))  # [n, 3]: taps t-2, t-1, t
-            tail_at.append(ext(s, torch.arange(-2, 0) + (c.commit - c.start)))  # the 2 frames before commit
-            for ch in range(c.start // chunk, (c.end - 1) // chunk + 1):
-                q0, q1 = max(c.start, ch * chunk), min(c.end, (ch + 1) * chunk)
-                k0 = 0 if num_left_chunks < 0 else max(0, (ch - num_left_chunks) * chunk)
-                keys = torch.arange(k0, q1)
-                k_block.append(table[keys // Bf])
-                k_off.append(keys % Bf)
-                cu_q.append(cu_q[-1] + q1 - q0)
-                cu_k.append(cu_k[-1] + q1 - k0)
-            off += c.end - c.start
-        dev = pool.device
-        ix = torch.cat([torch.cat(w_block), torch.cat(w_off), torch.cat(q_pos), torch.cat(cols).flatten(),
-                        torch.cat(tail_at), torch.cat(k_block), torch.cat(k_off),
-                        torch.tensor([c.state.tail_slot for c in calls])]).to(dev, non_blocking=True)
-        M, K = self.M, cu_k[-1]
-        self.w_block, self.w_off, self.q_pos, self.cols, self.tail_at, self.k_block, self.k_off, self.tail = \
-            ix.split([M, M, M, 3 * M, 2 * S, K, K, S])
-        self.cu_q, self.cu_k = cu_q, cu_k  # host ints: segment boundaries in the packed queries / keys
-        self._cu = torch.tensor([cu_q, cu_k], dtype=torch.int32).to(dev, non_blocking=True)  # [2, segments + 1]
-        self.max_q = max(b - a for a, b in pairwise(cu_q))
-        self.max_k = max(b - a for a, b in pairwise(cu_k))
-        self.pairs = sum((q1 - q0) * (k1 - k0)  # visible (query, key) pairs
-                         for (q0, q1), (k0, k1) in zip(pairwise(cu_q), pairwise(cu_k), strict=True))
+    def __init__(self, pool: KVPool, inp: PackedInputs) -> None:
+        self.pool, self.inp = pool, inp
+        self.w_block, self.w_off, self.cols, self.tail_at, self.k_block, self.k_off, self.tail = inp.parts()
         self._slot: int | None = None
 
     def begin(self, slot: int) -> None:
@@ -89,12 +150,12 @@ class PackedCall:
         i = self._conv
         self._conv += 1
         o, C = self.pool.tail_offsets[i], self.pool.tail_channels[i]
-        assert h.shape[2] == C, (h.shape, C)
-        rows = h.shape[0]
-        tails = self._tails[:, :, o : o + C].permute(1, 0, 3, 2).reshape(rows, 2 * self.S, C)
+        rows, S, M = h.shape[0], self.inp.S, self.inp.M
+        assert h.shape[1:] == (M, C), (h.shape, M, C)
+        tails = self._tails[:, :, o : o + C].permute(1, 0, 3, 2).reshape(rows, 2 * S, C)
         xx = torch.cat([tails, h], dim=1)  # [rows, 2S + M, C]: every stream's tail, then the packed frames
-        self._new_tails[:, :, o : o + C] = xx.index_select(1, self.tail_at).view(rows, self.S, 2, C).permute(1, 0, 3, 2)
-        return F.linear(xx.index_select(1, self.cols).view(rows, self.M, 3 * C), w, b)
+        self._new_tails[:, :, o : o + C] = xx.index_select(1, self.tail_at).view(rows, S, 2, C).permute(1, 0, 3, 2)
+        return F.linear(xx.index_select(1, self.cols).view(rows, M, 3 * C), w, b)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v [rows, H, M, d] of the packed frames -> [rows, H, M, d]; writes k, v into the pool."""
@@ -103,44 +164,39 @@ class PackedCall:
         rows, H, M, d = q.shape
         pool = self.pool.kv[:, self._slot, layer].permute(0, 4, 1, 2, 3, 5)  # [blocks, Bf, K/V, rows, H, d], a view
         pool[self.w_block, self.w_off] = torch.stack([k, v]).permute(3, 0, 1, 2, 4)
-        kv = pool[self.k_block, self.k_off]  # [ΣK, K/V, rows, H, d]: each segment's visible keys, packed
+        kv = pool[self.k_block, self.k_off]  # [K, K/V, rows, H, d]: every stream's keys, packed
         keys, values = (kv[:, i].reshape(-1, rows * H, d) for i in (0, 1))
-        qq = q.permute(2, 0, 1, 3).reshape(M, rows * H, d)
-        out = _varlen(qq, keys, values, self)
+        out = _varlen(q.permute(2, 0, 1, 3).reshape(M, rows * H, d), keys, values, self.inp)
         return out.view(M, rows, H, d).permute(1, 2, 0, 3)
 
 
-def _varlen(q: Tensor, k: Tensor, v: Tensor, call: PackedCall) -> Tensor:
-    """Attention of each segment's queries over its keys: q [M, heads, d], k/v [ΣK, heads, d] -> [M, heads, d]."""
-    if q.is_cuda:  # one kernel over every segment (the SDPA memory-efficient kernel, cumulative lengths)
-        cu = call._cu
+def _varlen(q: Tensor, k: Tensor, v: Tensor, inp: PackedInputs) -> Tensor:
+    """Each segment's queries over its keys: q [M, heads, d], k/v [K, heads, d] -> [M, heads, d]."""
+    seg = inp.seg
+    if q.is_cuda:  # one kernel for every segment: the SDPA memory-efficient kernel with offsets and lengths
         return torch.ops.aten._efficient_attention_forward(
-            q[None], k.contiguous()[None], v.contiguous()[None], None, cu[0], cu[1], call.max_q, call.max_k,
-            0.0, 0, False)[0][0]
-    out = torch.empty_like(q)
-    for (q0, q1), (k0, k1) in zip(pairwise(call.cu_q), pairwise(call.cu_k), strict=True):
-        out[q0:q1] = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1),
-                                                    v[k0:k1].transpose(0, 1)).transpose(0, 1)
+            q[None], k.contiguous()[None], v.contiguous()[None], None, seg[0], seg[1], inp.max_q, None, 0.0, 0,
+            False, seqlen_k=seg[2, :-1])[0][0]
+    out = torch.zeros_like(q)
+    (sq, sk, sn) = seg.tolist()
+    for g in range(len(sq) - 1):
+        q0, q1, k0, k1 = sq[g], sq[g + 1], sk[g], sk[g] + sn[g]
+        if q1 > q0:
+            out[q0:q1] = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1),
+                                                        v[k0:k1].transpose(0, 1)).transpose(0, 1)
     return out
 
 
-def solve_packed(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], spks: list[Tensor],
-                 conds: list[Tensor], work=None) -> list[Tensor]:
-    """`incremental._solve_new` for S paged streams in one packed call: mus, conds [1, 80, n_i], spks
-    [1, 80] -> fp32 [1, 80, n_i] each. `work`: a `FlowWork` told the frames and visible keys computed."""
-    pool = calls[0].state.pool
-    e = flow.dims.estimator
-    call = PackedCall(pool, calls, e.static_chunk_size, e.num_decoding_left_chunks)
-    dtype = pool.dtype
-    noise = flow.noise(max(c.end for c in calls), pool.device, dtype)[0]  # [80, K]: by absolute frame
-    x = noise[:, call.q_pos][None]  # [1, 80, M]
-    mu = torch.cat([m.to(dtype) for m in mus], dim=2)
-    cond = torch.cat([c.to(dtype) for c in conds], dim=2)
-    spk = torch.cat([s.to(dtype).expand(n, -1) for s, n in zip(spks, call.n, strict=True)])[None]  # [1, M, 80]
-    if work is not None:  # one row of M frames; attention counted by its visible (query, key) pairs
-        work.add(1, call.M, call.pairs / call.M, call.M)
-    x = cfg_solve(flow, x, mu, spk, cond, call)[0].float()  # [80, M]
-    return [m[None] for m in x.split(call.n, dim=1)]
+def packed_solve(flow: CausalFlow, pool: KVPool, inp: PackedInputs) -> Tensor:
+    """The 10-step CFG solve of the packed frames -> x [1, 80, M] (flow dtype); writes their keys/values
+    and conv tails into the pool. Static shapes, no host sync on CUDA (capturable)."""
+    return cfg_solve(flow, inp.x, inp.mu, inp.spk, inp.cond, PackedCall(pool, inp))
+
+
+def visible_pairs(calls: list[PagedEstCall], chunk: int) -> int:
+    """(query, key) pairs the calls' block-causal attention computes (full left context)."""
+    return sum((min(c.end, (ch + 1) * chunk) - max(c.start, ch * chunk)) * min(c.end, (ch + 1) * chunk)
+               for c in calls for ch in range(c.start // chunk, (c.end - 1) // chunk + 1))
 
 
 def cfg_solve(flow: CausalFlow, x: Tensor, mu: Tensor, spk: Tensor, cond: Tensor, call) -> Tensor:
