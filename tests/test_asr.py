@@ -140,61 +140,70 @@ def _post_voice(base: str, name: str, transcript: str = "") -> dict:
     return r.json()
 
 
-@pytest.mark.slow
-def test_blank_transcript_transcribed_through_both_apis(tiny_model_dir, rigged, tmp_path):
-    from gradio_client import Client, handle_file
-
+@pytest.fixture(scope="module")
+def transcribing(tiny_model_dir, rigged, tmp_path_factory):
+    """(base_url, tmp) of a `python app.py` with the rigged Whisper to transcribe (its own: no shared one has it)."""
     sets = {"asr.model_id": json.dumps(str(rigged)), "asr.device": '"cpu"', "model.download": "false"}
-    with run_studio(tiny_model_dir, tmp_path, sets) as (base, _):
-        v = _post_voice(base, "auto")
-        assert RIGGED_WORD in v["prompt_text"], v  # the transcript used
-        assert any(w.startswith(f"transcribed the reference ({RIGGED_LANGUAGE})") for w in v["warnings"]), v
-        typed = _post_voice(base, "typed", "Words I typed.")  # a typed transcript is kept
-        assert RIGGED_WORD not in typed["prompt_text"] and not typed["warnings"]
-        client = Client(base, verbose=False)
-        assert set(client.predict(prompt_audio=handle_file(str(EXAMPLE_WAV)), api_name="/transcribe").split(
-            RIGGED_WORD)) == {""}
-        _, _, _, details = client.predict(
-            text=TEXT, prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="", mode="zero_shot",
-            instruct_text="", voice="", seed=1, speed=1.0, stream=False, api_name="/synthesize")
-        assert details["mode"] == "zero_shot", details  # not cross-lingual: it was transcribed
-        assert any(n.startswith("transcribed the reference") for n in details["notes"]), details
-        msg, _ = client.predict(name="saved", prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="",
-                                overwrite=False, api_name="/save_voice")
-        assert "transcribed the reference" in msg and "cross-lingual" not in msg, msg
+    with run_studio(tiny_model_dir, tmp_path_factory.mktemp("asr"), sets) as run:
+        yield run
 
 
 @pytest.mark.slow
-def test_blank_transcript_offline_falls_back_to_cross_lingual(tiny_model_dir, tmp_path):
-    """No model folder and no Hub (HF_HUB_OFFLINE=1, as in every studio test): what it says, and today's mode."""
+def test_blank_transcript_transcribed_through_both_apis(transcribing):
     from gradio_client import Client, handle_file
 
-    with run_studio(tiny_model_dir, tmp_path, {"model.download": "false"}) as (base, _):
-        v = _post_voice(base, "offline")
-        assert v["prompt_text"] == "" and any("automatic transcription is unavailable" in w for w in v["warnings"])
-        client = Client(base, verbose=False)
-        _, _, _, details = client.predict(
-            text=TEXT, prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="", mode="zero_shot",
-            instruct_text="", voice="", seed=1, speed=1.0, stream=False, api_name="/synthesize")
-        assert details["mode"] == "cross_lingual", details
-        assert any("automatic transcription is unavailable: cannot download" in n for n in details["notes"])
-        assert "no transcript: used cross-lingual mode (the voice without its words)" in details["notes"]
-        from gradio_client.exceptions import AppError
-        with pytest.raises(AppError, match="automatic transcription is unavailable"):
-            client.predict(prompt_audio=handle_file(str(EXAMPLE_WAV)), api_name="/transcribe")
-        assert httpx.get(f"{base}/health", timeout=10).json()["ready"]  # still serving
+    base, _ = transcribing
+    v = _post_voice(base, "auto")
+    assert RIGGED_WORD in v["prompt_text"], v  # the transcript used
+    assert any(w.startswith(f"transcribed the reference ({RIGGED_LANGUAGE})") for w in v["warnings"]), v
+    typed = _post_voice(base, "typed", "Words I typed.")  # a typed transcript is kept
+    assert RIGGED_WORD not in typed["prompt_text"] and not typed["warnings"]
+    client = Client(base, verbose=False)
+    assert set(client.predict(prompt_audio=handle_file(str(EXAMPLE_WAV)), api_name="/transcribe").split(
+        RIGGED_WORD)) == {""}
+    _, _, _, details = client.predict(
+        text=TEXT, prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="", mode="zero_shot",
+        instruct_text="", voice="", seed=1, speed=1.0, stream=False, api_name="/synthesize")
+    assert details["mode"] == "zero_shot", details  # not cross-lingual: it was transcribed
+    assert any(n.startswith("transcribed the reference") for n in details["notes"]), details
+    msg, _ = client.predict(name="saved", prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="",
+                            overwrite=False, api_name="/save_voice")
+    assert "transcribed the reference" in msg and "cross-lingual" not in msg, msg
 
 
 @pytest.mark.slow
-def test_readme_gradio_client_example_runs_as_written(tiny_model_dir, rigged, tmp_path, monkeypatch):
+def test_blank_transcript_offline_falls_back_to_cross_lingual(studio_bf16):
+    """No model folder and no Hub (HF_HUB_OFFLINE=1, as in every studio test): what it says, and today's mode.
+    On conftest.py's studio_bf16 (model.download = false); the voice saved here is deleted at the end."""
+    from gradio_client import Client, handle_file
+
+    base, _ = studio_bf16
+    v = _post_voice(base, "asr-offline")
+    assert v["prompt_text"] == "" and any("automatic transcription is unavailable" in w for w in v["warnings"])
+    client = Client(base, verbose=False)
+    _, _, _, details = client.predict(
+        text=TEXT, prompt_audio=handle_file(str(EXAMPLE_WAV)), prompt_text="", mode="zero_shot",
+        instruct_text="", voice="", seed=1, speed=1.0, stream=False, api_name="/synthesize")
+    assert details["mode"] == "cross_lingual", details
+    assert any("automatic transcription is unavailable: cannot download" in n for n in details["notes"])
+    assert "no transcript: used cross-lingual mode (the voice without its words)" in details["notes"]
+    from gradio_client.exceptions import AppError
+    with pytest.raises(AppError, match="automatic transcription is unavailable"):
+        client.predict(prompt_audio=handle_file(str(EXAMPLE_WAV)), api_name="/transcribe")
+    assert httpx.get(f"{base}/health", timeout=10).json()["ready"]  # still serving
+    assert httpx.delete(f"{base}/v1/voices/asr-offline", timeout=30).status_code == 200
+
+
+@pytest.mark.slow
+def test_readme_gradio_client_example_runs_as_written(transcribing, monkeypatch):
     """README's Gradio API example, as written, against `python app.py` with a Whisper to transcribe (a local
     random one here; the Hub's for a user); it ends by deleting the voice it saved."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     code = readme.split("## Gradio API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert 'Client("http://127.0.0.1:7860/")' in code and "/transcribe" in code
-    sets = {"asr.model_id": json.dumps(str(rigged)), "asr.device": '"cpu"', "model.download": "false"}
-    with run_studio(tiny_model_dir, tmp_path, sets) as (base, _):
-        monkeypatch.chdir(REPO)  # the example's paths are relative to the repository
-        exec(compile(code.replace("http://127.0.0.1:7860/", base + "/"), "README.md", "exec"), {})
-    assert not list((tmp_path / "voices").iterdir())  # the example deleted the voice it saved
-
+    base, tmp = transcribing
+    before = sorted((tmp / "voices").iterdir()) if (tmp / "voices").is_dir() else []
+    monkeypatch.chdir(REPO)  # the example's paths are relative to the repository
+    exec(compile(code.replace("http://127.0.0.1:7860/", base + "/"), "README.md", "exec"), {})
+    after = sorted((tmp / "voices").iterdir()) if (tmp / "voices").is_dir() else []
+    assert after == before  # the example deleted the voice it saved (the other test's voices stay)
