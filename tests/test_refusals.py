@@ -15,6 +15,9 @@ from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
 from app.engine.refusals import ENGINE_RETRY_AFTER_S, RETRY_AFTER_S, refusal
 from app.engine.service import OOM_ADVICE, EngineDeadError, GpuOutOfMemoryError, NotReadyError
+from app.engine.voice_file import VoiceFileError
+from app.engine.voices import VoiceError
+from app.server.errors import ApiError
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error
 from app.server.studio_stream import STUDIO_PARAMS
@@ -67,3 +70,31 @@ def test_a_bug_is_no_refusal_and_propagates_from_every_door():
         map_error(bug)
     with pytest.raises(KeyError):
         page_error(bug)
+
+
+VOICE_CASES = [  # the voice door's refusals (app/engine/voice_door.py): raised, (status, code, title, field)
+    (VoiceError("a voice named 'fox' exists already; delete it first or choose another name", code="exists"),
+     (409, "voice_exists", "Name taken", "name")),
+    (VoiceError("no saved voice named 'fox'", code="not_found"), (404, "voice_not_found", "Error", "voice")),
+    (VoiceError("voice 'fox' is damaged; delete it and save it again", code="damaged"),
+     (409, "voice_unusable", "Error", "voice")),
+    (VoiceError("invalid voice name '../x'", code="invalid_name"), (400, "invalid_value", "Error", "name")),
+    (VoiceFileError("the voice file was made with another model", code="other_model"),
+     (400, "other_model", "Error", "file")),
+    (VoiceFileError("the voice file is larger than 1 MB", code="file_too_large"),
+     (413, "file_too_large", "Error", "file")),
+]
+
+
+@pytest.mark.parametrize("error, want", VOICE_CASES, ids=[c for _, (_, c, _, _) in VOICE_CASES])
+def test_the_voice_doors_read_the_same_table(error, want):
+    from app.server.voices_api import VOICE_PARAMS, refused
+
+    r = refusal(error)
+    assert (r.status, r.code, r.title, r.param) == want and r.message == str(error)
+    with pytest.raises(ApiError) as api, refused():  # the /v1 voice routes
+        raise error
+    assert (api.value.status, api.value.code, api.value.param) == (r.status, r.code, VOICE_PARAMS.get(r.param, r.param))
+    page = page_error(error)  # the page: the same message under the same title; a taken name says how to replace it
+    assert page.title == r.title and page.message.startswith(r.message)
+    assert ("overwrite=True" in page.message) == ("overwrite=true" in api.value.message) == (r.code == "voice_exists")

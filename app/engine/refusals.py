@@ -12,9 +12,16 @@ from app.engine.fair_share import ShareError
 from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
 from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError
+from app.engine.voice_file import VoiceFileError
+from app.engine.voices import VoiceError
 
 RETRY_AFTER_S = 2  # busy / not ready / out of memory: worth retrying at once
 ENGINE_RETRY_AFTER_S = 30  # a dead engine restarts in 15-60 s
+# a saved voice's VoiceError.code -> (status, code, title, field); any other (invalid_name): 400 on the name
+VOICE_REFUSALS = {"exists": (409, "voice_exists", "Name taken", "name"),
+                  "not_found": (404, "voice_not_found", "Error", "voice"),
+                  **dict.fromkeys(("damaged", "other_model"), (409, "voice_unusable", "Error", "voice")),
+                  "invalid_transcript": (400, "invalid_value", "Error", "prompt_text")}
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,11 @@ def refusal(e: BaseException) -> Refusal | None:
     msg = str(e)
     if isinstance(e, InputError):
         return Refusal(400, e.code, msg, param=e.param)
+    if isinstance(e, VoiceFileError):  # a .cvvoice file: its own code (other_model, file_too_large, ...)
+        return Refusal(413 if e.code == "file_too_large" else 400, e.code, msg, param="file")
+    if isinstance(e, VoiceError):
+        status, code, title, param = VOICE_REFUSALS.get(e.code, (400, "invalid_value", "Error", "name"))
+        return Refusal(status, code, msg, title, param=param)
     if isinstance(e, EmptyTextError):
         return Refusal(400, "empty_text", msg, param="text")
     if isinstance(e, ShareError):

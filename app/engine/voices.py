@@ -229,14 +229,18 @@ class VoiceStore:
                          model_fingerprint=self.model_fingerprint, owner=self.owner)
         data = voice_bytes(info, voice)
         with self._lock:
-            if (path.exists() or (self.root / f"{name}.json").exists()) and not overwrite:
-                raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name",
-                                 code="exists")
+            self.refuse_taken(name, overwrite)
             self.root.mkdir(parents=True, exist_ok=True)
             self._atomic_write(path, data)
             for old in (self.root / f"{name}.json", self.root / f"{name}.npz"):
                 old.unlink(missing_ok=True)
         return info
+
+    def refuse_taken(self, name: str, overwrite: bool = False) -> None:
+        name = check_name(name)  # (not _path: save calls this under the lock that an old pair's conversion takes)
+        if not overwrite and ((self.root / f"{name}{SUFFIX}").exists() or (self.root / f"{name}.json").exists()):
+            raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name",
+                             code="exists")
 
     def delete(self, name: str) -> None:
         """Remove `name`; `VoiceError` if there is no such voice."""

@@ -139,12 +139,6 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(identity))], tags=["v1"],
                        route_class=capped_route(cfg.limits.max_upload_mb), responses=error_responses(401, 405))
 
-    def require_ready() -> None:
-        try:
-            service.require_ready()
-        except NotReadyError as e:
-            raise map_error(e) from e
-
     async def create_speech(body: SpeechRequest, request: Request):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
         if body.model.casefold() not in {m.casefold() for m in models}:
@@ -156,7 +150,10 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
                            "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
                            code="bench_option_refused")
-        require_ready()
+        try:
+            service.require_ready()
+        except NotReadyError as e:
+            raise map_error(e) from e
         if body.stream_format != "audio":
             raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
                            "itself as the body)", param="stream_format", code="unsupported_value")
@@ -184,7 +181,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
     router.post("/audio/speech", response_class=Response, responses={
         200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
               "description": "the speech"}, **error_responses(400, 403, 413, 429, 503)})(create_speech)
-    router.include_router(voices_router(service, require_ready, capped_route(cfg.limits.max_upload_mb)))
+    router.include_router(voices_router(service, capped_route(cfg.limits.max_upload_mb)))
 
     @router.get("/models")
     async def list_models() -> dict:

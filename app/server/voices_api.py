@@ -6,25 +6,27 @@ Design notes: docs/design.md.
 # no `from __future__ import annotations`: the form fields' annotations use the configured limit (a local)
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Iterator
 from functools import partial
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
-from app.engine import inputs
+from app.engine import voice_door
 from app.engine.inputs import InputError
-from app.engine.prepare import reference_voice
-from app.engine.service import StudioService
-from app.engine.voice_file import MEDIA_TYPE, SUFFIX, VoiceFileError, export_voice, import_voice
-from app.engine.voices import VoiceError, VoiceInfo, check_name
+from app.engine.service import NotReadyError, StudioService
+from app.engine.voice_file import MEDIA_TYPE, SUFFIX
+from app.engine.voices import VoiceError, VoiceInfo
 from app.server.errors import ApiError, error_responses
 from app.server.identity import caller_of
+from app.server.speech import map_error
 
 TRANSCRIPT_HARD_CAP = 10_000  # characters a form field may carry at all; the configured limit is checked below
 NAME_MAX_CHARS = 64  # app/engine/voices.py NAME_RE's limit (a name field is checked by check_name too)
+VOICE_PARAMS = {"voice": "voice_id", "reference": "audio", "prompt_text": "transcript"}  # the engine's -> ours
 
 
 def voice_json(info: VoiceInfo, admin: bool) -> dict:
@@ -35,20 +37,32 @@ def voice_json(info: VoiceInfo, admin: bool) -> dict:
     return {"id": info.name, "object": "voice", **d}
 
 
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """The voice door's refusals (app/engine/refusals.py) as /v1 errors; a taken name says how to replace it."""
+    try:
+        yield
+    except (InputError, VoiceError, NotReadyError) as e:
+        err = map_error(e, VOICE_PARAMS)
+        if err.code == "voice_exists":
+            err.message += "; or send overwrite=true"
+        raise err from e
+
+
 # form fields shared by the routes below (those with a configured limit are built in their routes)
 Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
 
-def voices_router(service: StudioService, require_ready: Callable[[], None], route_class: type) -> APIRouter:
-    """The routes above for `service`; `require_ready` refuses a new voice while the model is not ready."""
+def voices_router(service: StudioService, route_class: type) -> APIRouter:
+    """The routes above for `service`; a new voice is refused while the model is not ready."""
     router = APIRouter(route_class=route_class)
-    add_collection_routes(router, service, require_ready)
+    add_collection_routes(router, service)
     add_item_routes(router, service)
-    add_file_routes(router, service, require_ready)
+    add_file_routes(router, service)
     return router
 
 
-def add_collection_routes(router: APIRouter, service: StudioService, require_ready: Callable[[], None]) -> None:
+def add_collection_routes(router: APIRouter, service: StudioService) -> None:
     """POST and GET /voices."""
     cfg = service.cfg
     limit = cfg.limits.max_transcript_chars
@@ -71,29 +85,13 @@ def add_collection_routes(router: APIRouter, service: StudioService, require_rea
                            ) -> dict:
         """Compute and store a voice's features from a reference recording and its transcript (409 when the
         name is taken, unless `overwrite`)."""
-        require_ready()
         owner = caller_of(request.scope).owner
-        store = service.voices.of(owner)
-        try:
-            name = check_name(name) if name else f"voice-{secrets.token_hex(4)}"
-            transcript = inputs.check_transcript(transcript, limit)  # before the upload is read
-        except VoiceError as e:
-            raise ApiError(400, str(e), param="name", code="invalid_value") from e
-        except InputError as e:
-            raise ApiError(400, str(e), param="transcript", code="invalid_value") from e
-        if name in store.names() and not overwrite:
-            raise ApiError(409, f"a voice named {name!r} exists already; delete it first, choose another name, or "
-                           "send overwrite=true", param="name", code="voice_exists")
-        data = await _read_upload(audio, cfg.limits.max_upload_mb)
-        try:
-            features = await reference_voice(service, data, transcript)
-            info = await asyncio.to_thread(partial(store.save, overwrite=overwrite), name, features)
-        except InputError as e:
-            raise ApiError(400, str(e), param="audio", code=e.code) from e
-        except VoiceError as e:
-            raise ApiError(409 if e.code == "exists" else 400, str(e), param="name", code="invalid_voice") from e
+        with refused():  # the upload is read once the name and transcript have passed
+            info, notes = await voice_door.save(service, owner, name or f"voice-{secrets.token_hex(4)}",
+                                                partial(_read_upload, audio, cfg.limits.max_upload_mb), transcript,
+                                                overwrite=overwrite)
         # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well
-        return {**voice_json(info, owner.admin), "warnings": list(features.notes)}
+        return {**voice_json(info, owner.admin), "warnings": list(notes)}
 
     @router.get("/voices")
     async def list_voices(request: Request) -> dict:
@@ -119,14 +117,12 @@ def add_item_routes(router: APIRouter, service: StudioService) -> None:
     @router.delete("/voices/{voice_id}", responses=error_responses(404))
     async def delete_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """Delete one of the caller's voices (the admin key may name another `owner`)."""
-        try:
-            await asyncio.to_thread(service.voices.of(caller_of(request.scope).owner, owner).delete, voice_id)
-        except VoiceError as e:
-            raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
+        with refused():
+            await asyncio.to_thread(voice_door.delete, service, caller_of(request.scope).owner, voice_id, owner)
         return {"id": voice_id, "object": "voice", "deleted": True}
 
 
-def add_file_routes(router: APIRouter, service: StudioService, require_ready: Callable[[], None]) -> None:
+def add_file_routes(router: APIRouter, service: StudioService) -> None:
     """GET /voices/{id}/export and POST /voices/import: a voice as a `.cvvoice` file."""
     max_mb = service.cfg.limits.max_upload_mb
 
@@ -135,13 +131,9 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
                            **error_responses(404, 409)})
     async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
         """One of the caller's voices as a `.cvvoice` file to import elsewhere (docs/api.md: the format)."""
-        try:
-            store = service.voices.of(caller_of(request.scope).owner, owner)
-            info, data = await asyncio.to_thread(export_voice, store, voice_id)
-        except VoiceError as e:  # another owner's voice reads as unknown, as GET /v1/voices/{id}
-            unknown = e.code in ("not_found", "invalid_name")
-            raise ApiError(404 if unknown else 409, str(e), param="voice_id",
-                           code="voice_not_found" if unknown else "voice_unusable") from e
+        with refused():  # another owner's voice reads as unknown, as GET /v1/voices/{id}
+            info, data = await asyncio.to_thread(voice_door.export, service, caller_of(request.scope).owner,
+                                                 voice_id, owner)
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
 
     @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503))
@@ -155,22 +147,11 @@ def add_file_routes(router: APIRouter, service: StudioService, require_ready: Ca
         """Add the voice in a `.cvvoice` file to the caller's voices (400 for a damaged or hostile file, 400
         `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
         written unless every check passes."""
-        require_ready()
         owner = caller_of(request.scope).owner
-        try:
-            name = check_name(name) if name else None
-        except VoiceError as e:
-            raise ApiError(400, str(e), param="name", code="invalid_value") from e
-        data = await _read_upload(file, max_mb, param="file", what="the voice file", advice="a real one is under 1 MB")
-        try:
-            info = await asyncio.to_thread(partial(import_voice, service.voices.of(owner), data, name=name,
-                                                   overwrite=overwrite, max_bytes=max_mb * 1024 * 1024))
-        except VoiceFileError as e:
-            raise ApiError(413 if e.code == "file_too_large" else 400, str(e), param="file", code=e.code) from e
-        except VoiceError as e:
-            if e.code == "exists":
-                raise ApiError(409, f"{e}; or send overwrite=true", param="name", code="voice_exists") from e
-            raise ApiError(400, str(e), param="name", code="invalid_value") from e
+        upload = partial(_read_upload, file, max_mb, param="file", what="the voice file",
+                         advice="a real one is under 1 MB")
+        with refused():
+            info = await voice_door.import_file(service, owner, upload, name, overwrite=overwrite)
         return {**voice_json(info, owner.admin), "warnings": []}
 
 

@@ -21,9 +21,10 @@ import gradio as gr
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
+from app.engine import voice_door
 from app.engine.inputs import MAX_SEED, InputError
 from app.engine.owners import Caller
-from app.engine.prepare import Prepared, SpeechInputs, prepare, reference_voice
+from app.engine.prepare import Prepared, SpeechInputs, prepare
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
@@ -39,6 +40,8 @@ NO_FFMPEG_NOTE = "ffmpeg is not installed: live playback is off, the final WAV p
 NAME_WORDS, NAME_CHARS = 6, 40  # the final WAV's file name: at most this many words / characters (player.js too)
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
 WORD_RE = re.compile(r"[^\W_]+")
+PAGE_ADVICE = {"voice_exists": ". Replace it: tick \"Replace a saved voice of that name\" on the page, or pass "
+               "overwrite=True through the API."}  # a refusal's code -> what the page adds to its message
 log = logging.getLogger(__name__)
 
 
@@ -50,12 +53,6 @@ def wav_name(text: str, voice: str | None = None) -> str:
     stem = "-".join(words(text)[:NAME_WORDS])[:NAME_CHARS].rstrip("-") or "speech"
     prefix = "-".join(words(voice or ""))[:NAME_CHARS // 2].rstrip("-")
     return f"{prefix}-{stem}.wav" if prefix else f"{stem}.wav"
-
-
-def refused(e: Exception) -> gr.Error:
-    """The gr.Error for a refused input: one log line, no traceback (the page shows the message)."""
-    log.info("refused input: %s", e)
-    return gr.Error(str(e), print_exception=False)
 
 
 def request_scope(request: gr.Request | None) -> dict:
@@ -104,7 +101,7 @@ def page_error(e: Exception) -> gr.Error:
         raise e
     if r.status == 400:
         log.info("refused input: %s", r.message)
-    return gr.Error(r.message, title=r.title, print_exception=False)
+    return gr.Error(r.message + PAGE_ADVICE.get(r.code, ""), title=r.title, print_exception=False)
 
 
 def stopped_take(request_id: str, seed: int | None, n_samples: int, mode: str | None = None) -> tuple[str, dict]:
@@ -244,24 +241,18 @@ class Handlers:
         """Compute the reference's features and store them under `name` among the caller's voices; returns
         (message, the saved name). A voice of that name is replaced only with `overwrite` (the page's
         "Replace a saved voice..." box), else refused."""
-        try:
-            self.service.require_ready()
-        except NotReadyError as e:
-            raise gr.Error(str(e), title="Not ready") from e
         if not prompt_audio:
             raise gr.Error("Upload or record the reference clip to save first.")
-        store = self.service.voices.of(caller(request, profile).owner)
         try:
-            features = await reference_voice(self.service, prompt_audio, prompt_text)
-            info = store.save(name or "", features, overwrite=bool(overwrite))
-        except (VoiceError, InputError, OSError) as e:
-            if isinstance(e, VoiceError) and e.code == "exists":
-                raise gr.Error(f"{e}. Replace it: tick \"Replace a saved voice of that name\" on the page, or "
-                               "pass overwrite=True through the API.", title="Name taken") from e
+            info, found = await voice_door.save(self.service, caller(request, profile).owner, name or "",
+                                                prompt_audio, prompt_text, overwrite=bool(overwrite))
+        except OSError as e:
             raise _error(e, prompt_audio) from e
+        except (VoiceError, InputError, NotReadyError) as e:
+            raise page_error(e) from e
         lang = lang_of(request)  # the message and each note (features.notes) in the page's language
         note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
-        notes = "".join(f"\n\n- {translate(n, lang)}" for n in features.notes)
+        notes = "".join(f"\n\n- {translate(n, lang)}" for n in found)
         return translate(f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", lang) + notes, info.name
 
     def delete_voice(self, voice: str | None, request: gr.Request = None,
@@ -270,9 +261,9 @@ class Handlers:
         if not voice:
             raise gr.Error("Pick a saved voice to delete.")
         try:
-            self.service.voices.of(caller(request, profile).owner).delete(voice)
+            voice_door.delete(self.service, caller(request, profile).owner, voice)
         except VoiceError as e:
-            raise gr.Error(str(e)) from e
+            raise page_error(e) from e
         return f"Deleted voice **{voice}**.", ""
 
     def list_voices(self, request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> list[dict]:
