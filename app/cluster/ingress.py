@@ -56,11 +56,11 @@ def ingress_class(cfg: Config) -> type:
 
 def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
+    from app.server.early_script import EarlyScript
     from app.server.errors import install_error_handlers
     from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
     from app.server.studio_stream import add_studio_routes
-    from app.ui.early_script import EarlyScript
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(EarlyScript)

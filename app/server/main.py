@@ -81,17 +81,17 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
+    from app.server.early_script import EarlyScript
     from app.server.errors import install_error_handlers
     from app.server.limits import AccessLimits, Gate
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
     from app.server.studio_stream import add_studio_routes
     from app.server.ws_speech import ws_router
-    from app.ui.early_script import EarlyScript
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
-    api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/ui/early_script.py)
+    api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/server/early_script.py)
     gate = Gate.from_config(cfg, service.metrics.share_refused)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)

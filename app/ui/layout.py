@@ -18,7 +18,6 @@ from app.engine.service import ASSETS_DIR, StudioService
 from app.engine.voice_file import SUFFIX
 from app.ui import history, panels, ui_text
 from app.ui.download import build_download
-from app.ui.early_script import APP_LOADED_JS
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js
@@ -30,6 +29,7 @@ from app.ui.voice_files import VoiceFileEvents
 
 log = logging.getLogger(__name__)
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
+APP_LOADED_JS = "() => { if (window.studioAppLoaded) window.studioAppLoaded(); }"  # app/ui/early_script.js
 
 
 class StudioBlocks(gr.Blocks):

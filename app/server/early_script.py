@@ -1,4 +1,5 @@
-"""A script the page runs before Gradio's own code, put into its HTML by the `EarlyScript` middleware.
+"""A script the page runs before Gradio's own code (app/ui/early_script.js), put into its HTML by the
+`EarlyScript` middleware.
 
 Design notes: docs/design.md.
 """
@@ -9,8 +10,6 @@ import functools
 from typing import Any
 
 from app.ui import ui_text
-
-APP_LOADED_JS = "() => { if (window.studioAppLoaded) window.studioAppLoaded(); }"  # a demo.load (layout.py)
 
 
 @functools.cache
