@@ -209,6 +209,7 @@ def test_ws_take_is_recorded_like_any_other(studio_cpu, ws_voice):
     ([{"type": "start", "voice": "ws-voice"}, {"type": "dance"}], 4400, "unexpected message type"),
     ([{"type": "start", "voice": "ws-voice"}, {"type": "text", "text": "a" * 100_000}], 4400, "max_text_chars"),
     ([{"type": "start", "voice": "ws-voice", "response_format": "mp3"}], 4400, "pcm or wav"),
+    ([{"type": "start", "prompt_audio": "/etc/hostname", "prompt_text": "hi"}], 4400, "unknown reference"),
 ])
 def test_ws_bad_input_closes_with_a_reason(studio_cpu, ws_voice, messages, code, reason):
     got, _, got_code, got_reason = asyncio.run(talk(studio_cpu[0], messages))
@@ -248,3 +249,57 @@ def test_docs_client_example_runs_as_written(studio_cpu, ws_voice, tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr
     assert "'type': 'done'" in run.stdout and (tmp_path / "answer.pcm").stat().st_size > 24000
+
+
+# --- the page's "Text streams in" switch, in headless Debian Chromium ---------------------------------------
+
+PAGE_TEXT, TYPED = "Hello from a page whose text streams in.", " These words are typed while it speaks."
+LAST = "window.studioPlayer.last"
+STORED = "async () => (await window.studioHistory.list()).map(({wav, details, ...t}) => ({...t, wavSize: wav.size, " \
+         "requestId: details && details.request_id}))"
+
+
+@pytest.mark.slow
+def test_page_text_streams_in(studio_bf16):
+    """With the switch on, Generate feeds the text box's words to the WebSocket door at the chosen rate, words
+    typed meanwhile too: the take sounds through the page's player and lands in the history like any other."""
+    from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, PROMPT_TEXT, PROMPT_WAV, need_browser_stack
+
+    need_browser_stack()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(studio_bf16[0])
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready') && "
+                                   "window.studioHistory?.state === 'ready'", timeout=60_000)
+            before = page.evaluate(STORED)
+            page.locator("#prompt_audio input[type=file]").set_input_files(str(PROMPT_WAV))
+            page.wait_for_selector("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']",
+                                   state="attached", timeout=30_000)
+            page.locator("#prompt_text textarea").fill(PROMPT_TEXT)
+            page.locator("#text_streams input[type=checkbox]").check()
+            page.locator("#feed_rate input[type=number]").fill("5")
+            page.locator("#feed_rate input[type=number]").press("Enter")
+            page.locator("#text textarea").fill(PAGE_TEXT)
+            page.locator("#go").click()
+            page.wait_for_function(f"() => {LAST}?.feed?.sent >= 2", timeout=30_000)  # words are going out
+            page.locator("#text textarea").press("End")
+            page.locator("#text textarea").press_sequentially(TYPED, delay=40)
+            page.wait_for_function(f"() => {LAST}.feed.closed && {LAST}.t.firstSound != null", timeout=180_000)
+            page.wait_for_function(f"() => window.studioPlayer.ctx.currentTime > {LAST}.firstStartS", timeout=30_000)
+            page.wait_for_function(f"() => {LAST}.result === 'shown'", timeout=180_000)
+            run = page.evaluate(f"() => ({{id: {LAST}.requestId, samples: {LAST}.samples, sent: {LAST}.feed.sent, "
+                                f"error: {LAST}.error, text: {LAST}.text}})")
+            deadline = time.monotonic() + 30
+            while len(stored := page.evaluate(STORED)) == len(before) and time.monotonic() < deadline:
+                page.wait_for_timeout(200)  # (wait_for_function takes no async predicate: a Promise is truthy)
+            top = stored[0]
+            page.wait_for_function("() => document.querySelector('#stats')?.innerText.includes('TTFA')", timeout=30_000)
+        finally:
+            browser.close()
+    assert run["error"] is None and run["samples"] > 24000, run
+    # each word went on its own, the last one at the close
+    assert run["text"] == PAGE_TEXT + TYPED and run["sent"] == len((PAGE_TEXT + TYPED).split()) - 1, run
+    assert top["requestId"] == run["id"] and top["text"] == PAGE_TEXT + TYPED and top["wavSize"] > 48000, top

@@ -26,9 +26,11 @@ from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import pcm_bytes, prepare_or_raise, wav_stream_header
+from app.server.studio_stream import reference_path
 
 log = logging.getLogger(__name__)
 START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
+PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its uploaded reference, as /studio/speech
 BAD, UNAUTHORIZED, IDLE, BUSY, FAILED = 4400, 4401, 4408, 4429, 1011  # close codes (44xx: HTTP's, +4000)
 
 
@@ -90,15 +92,18 @@ def ws_router(service: StudioService, identity: Identity) -> APIRouter:
         start = await message(ws)
         if start["type"] != "start":
             raise Refused(BAD, f"the first message must be start, not {start['type'][:20]!r}")
-        if extra := sorted(set(start) - START_FIELDS):
+        if extra := sorted(set(start) - START_FIELDS - PAGE_FIELDS):
             raise Refused(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
         fmt = start.get("response_format", "pcm")
         if fmt not in ("pcm", "wav"):
             raise Refused(BAD, "response_format must be pcm or wav")
         caller = caller_of(ws.scope)
         instruct = start.get("instructions") or ""
+        raw = start.get("prompt_audio")
+        reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
         prepared = await prepare_or_raise(service, SpeechInputs(
-            text="start", voice=start.get("voice"), instruct_text=instruct,
+            text="start", voice=start.get("voice"), instruct_text=instruct, reference=reference,
+            transcript=start.get("prompt_text"), mode=start.get("mode"),
             seed=start.get("seed"), speed=start.get("speed", 1.0), stream=True, owner=caller.owner), V1_PARAMS)
         req = prepared.request
         synth = service.require_ready()

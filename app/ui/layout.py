@@ -171,6 +171,10 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
             ui.stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
             ui.speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
                                  elem_id="speed")
+        with gr.Row():  # text that streams in: the box's words go to the WebSocket door at this rate (player_feed.js)
+            ui.text_streams = gr.Checkbox(False, label=i18n("text_streams"), info=i18n("text_streams_info"),
+                                          elem_id="text_streams")
+            ui.feed_rate = gr.Slider(1, 10, value=3, step=0.5, label=i18n("feed_rate"), elem_id="feed_rate")
         with gr.Row():
             ui.go = gr.Button(i18n("generate"), variant="primary", elem_id="go")
             ui.stop = gr.Button(i18n("stop"), variant="stop", elem_id="stop")
@@ -231,7 +235,8 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
               ui.stream, ui.dialogue, stop_signal]
     outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
     gate = ui.go.click(None, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed,
-                              ui.stream, ui.dialogue], None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+                              ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate], None,
+                       js=ui_text("player_gate.js"), **PAGE_ONLY)
     # the standard player: the previous take is cleared at once, then the request queues
     begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
     synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",

@@ -76,6 +76,8 @@
 
   __PAGE_SRC__
 
+  __FEED_SRC__
+
   class StudioPlayer {
     constructor() {
       this.run = null;       // the request playing now
@@ -189,7 +191,8 @@
       }
     }
 
-    async play(params) {
+    // `via` {ws, start}: through the WebSocket door (player_feed.js sends the text), not studio/speech
+    async play(params, via = null) {
       this.stop();
       const now = performance.now();
       const click = (this.clickAt !== null && now - this.clickAt < CLICK_MAX_AGE_MS) ? this.clickAt : now;
@@ -224,8 +227,9 @@
         return;
       }
       run.mode = this.mode;
-      this.worker.postMessage({type: 'start', id, url: new URL('studio/speech', document.baseURI).href,
-                               body: JSON.stringify(params), debugSamples: MAX_DEBUG_SAMPLES});
+      this.worker.postMessage(via ? {type: 'start', id, ...via, debugSamples: MAX_DEBUG_SAMPLES}
+        : {type: 'start', id, url: new URL('studio/speech', document.baseURI).href, body: JSON.stringify(params),
+           debugSamples: MAX_DEBUG_SAMPLES});
     }
 
     fromWorker(epochMs) {
@@ -383,7 +387,7 @@
             'Generate uses the standard player');
     return;
   }
-  Object.assign(StudioPlayer.prototype, PAGE_METHODS);
+  Object.assign(StudioPlayer.prototype, PAGE_METHODS, FEED_METHODS);
   const player = new StudioPlayer();
   window.studioPlayer = player;
   // the click itself (not the Gradio event, which runs a little later): its time, and the AudioContext

@@ -105,9 +105,11 @@ def player_html() -> str:
 
 
 def player_js() -> str:
-    """The page-load JS that defines `window.studioPlayer`: player.js with player_page.js inlined as code, and
-    the Worker and AudioWorklet sources and player.css as string literals (read when the page is built)."""
+    """The page-load JS that defines `window.studioPlayer`: player.js with player_page.js and player_feed.js
+    inlined as code, and the Worker and AudioWorklet sources and player.css as string literals (read when the
+    page is built)."""
     return (ui_text("player.js").replace("__PAGE_SRC__", ui_text("player_page.js"))
+            .replace("__FEED_SRC__", ui_text("player_feed.js"))
             .replace("__WORKER_SRC__", json.dumps(ui_text("player_worker.js")))
             .replace("__WORKLET_SRC__", json.dumps(ui_text("player_worklet.js")))
             .replace("__RESULT_CSS__", json.dumps(ui_text("player.css"))))
