@@ -11,6 +11,8 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
+from app.server.limits import peek_body, send_json
+
 log = logging.getLogger(__name__)
 
 # POSTs naming an event: the queue's join (by fn_index) and the named routes (by API name or fn_index)
@@ -35,7 +37,7 @@ class GradioGuard:
         path, method = scope["path"], scope["method"]
         problem = None
         if method == "POST" and (m := EVENT_POST_RE.fullmatch(path)):
-            body, receive = await _peek_body(receive, MAX_BODY_BYTES)
+            body, receive = await peek_body(receive, MAX_BODY_BYTES)
             problem = self._unknown_event(m.group("name"), body)
         elif method == "GET" and (m := STREAM_GET_RE.fullmatch(path)):
             problem = self._unknown_stream(m.group("event"), scope)
@@ -43,7 +45,7 @@ class GradioGuard:
             wrapped = _malformed_as_400(send) if method == "POST" and DIRECT_RUN_RE.fullmatch(path) else send
             return await self.app(scope, receive, wrapped)
         log.info("refused a malformed Gradio request: %s %s: %s", method, path.split("/")[2], problem[0])
-        await _json(send, 404, {"detail": f"{problem[1]}; see the page's \"Use via API\" for its endpoints"})
+        await send_json(send, 404, {"detail": f"{problem[1]}; see the page's \"Use via API\" for its endpoints"})
 
     def _unknown_event(self, name: str | None, body: bytes) -> tuple[str, str] | None:
         """(log line, answer) when the event the body (or `name`) asks for is none of the page's, else None."""
@@ -101,26 +103,3 @@ def _malformed_as_400(send: Any) -> Any:
         await send(message)
 
     return sending
-
-
-async def _peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
-    """The body (up to `limit` bytes: more is b""), and a `receive` that replays what was read, then reads on."""
-    messages, body = [], bytearray()
-    while True:
-        message = await receive()
-        messages.append(message)
-        body += message.get("body", b"")
-        if message["type"] != "http.request" or not message.get("more_body", False) or len(body) > limit:
-            break
-
-    async def replayed() -> dict:
-        return messages.pop(0) if messages else await receive()
-
-    return (bytes(body) if len(body) <= limit else b""), replayed
-
-
-async def _json(send: Any, status: int, body: dict) -> None:
-    raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
-    await send({"type": "http.response.body", "body": raw})

@@ -163,29 +163,29 @@ class AccessLimits:
         if gate.limiter is not None and scope.get("method") == "POST":
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
-                body, receive = await _peek_body(receive, MAX_JOIN_BODY)
+                body, receive = await peek_body(receive, MAX_JOIN_BODY)
                 limited = _fn_index(body) in gate.limited_fns
             bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
                 (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
             if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
                 gate.on_refused(reason)
                 retry_s = max(1, math.ceil(wait_s))
-                return await _json(send, 429, error_body(
+                return await send_json(send, 429, error_body(
                     429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; try again in "
                     f"{retry_s} s", code="rate_limit_exceeded"), {"retry-after": str(retry_s)})
         if not gate.allowed(scope, path):
             if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
-                return await _json(send, 401, error_body(
+                return await send_json(send, 401, error_body(
                     401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"),
                     {"www-authenticate": "Bearer"})
-            return await _json(send, 401, error_body(
+            return await send_json(send, 401, error_body(
                 401, "log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
                 "[server] auth / COSYVOICE_AUTH)", code="login_required"),
                 {"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
         return await self.app(scope, receive, send)
 
 
-async def _peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
+async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
     # the first body bytes (up to `limit` or the end), and a `receive` replaying the messages read, then reading on
     messages, body = [], bytearray()
     while True:
@@ -211,9 +211,9 @@ def _fn_index(body: bytes) -> int | None:
     return value if isinstance(value, int) else None
 
 
-async def _json(send: Any, status: int, body: dict, headers: dict[str, str]) -> None:
+async def send_json(send: Any, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
-                            *((k.encode(), v.encode()) for k, v in headers.items())]})
+                            *((k.encode(), v.encode()) for k, v in (headers or {}).items())]})
     await send({"type": "http.response.body", "body": raw})

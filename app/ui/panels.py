@@ -20,7 +20,6 @@ from app.engine.service import Studio
 from app.ui.handlers import viewer
 from app.ui.i18n import lang_of, locale, status_text
 
-TICK_S = 1.0
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
 N_REQUESTS = 30  # requests in the latency table's source and the headline
 N_PLOTTED = 15  # requests in the per-stage and latency plots (their x labels stay readable)
