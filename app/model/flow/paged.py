@@ -3,11 +3,9 @@
 One preallocated tensor holds every stream's estimator keys/values in fixed-size blocks of one
 attention chunk (`static_chunk_size`, 50 mel frames):
 
-    kv [evaluations (10), layers (56), blocks, 50, 2 (K/V), CFG rows (2), heads, d_head]
+    kv [blocks, evaluations (10), layers (56), 2 (K/V), CFG rows (2), heads, 50, d_head]
 
-so per (evaluation, layer) a frame's keys/values are one contiguous row of `frames(slot, layer)`
-[blocks·50, 2, rows, heads, d] (writes and gathers are row copies), and a block holds one chunk of
-frames for every (Euler evaluation, CFG row, layer): 50 × 4.59 MB =
+so a block holds one chunk of frames for every (Euler evaluation, CFG row, layer): 50 × 4.59 MB =
 229 MB in fp32, 115 MB in fp16 on CosyVoice2-0.5B (`bytes_per_frame`). A stream's `PagedKV` is a
 block table (block ids by chunk index) and a committed length; blocks are taken from the free list
 when a call reaches a new chunk (`reserve`: all or nothing, `PoolFull` when short) and given back when
@@ -89,10 +87,10 @@ class KVPool:
         n_streams = n_blocks if n_streams is None else n_streams
         # empty: a block is zeroed when taken (`allocate`), so untouched memory is never committed (CPU)
         # and a new block's unwritten positions, read with weight 0 behind the mask, are finite
-        self.kv = torch.empty(self.n_slots, self.n_layers, n_blocks + RESERVED_BLOCKS, self.block_frames, 2, CFG_ROWS,
-                              self.heads, self.d_head, dtype=self.dtype, device=self.device)
-        self.kv[:, :, PAD_BLOCK].zero_()
-        self.kv[:, :, SINK_BLOCK].zero_()
+        self.kv = torch.empty(n_blocks + RESERVED_BLOCKS, self.n_slots, self.n_layers, 2, CFG_ROWS, self.heads,
+                              self.block_frames, self.d_head, dtype=self.dtype, device=self.device)
+        self.kv[PAD_BLOCK].zero_()
+        self.kv[SINK_BLOCK].zero_()
         channels = conv_channels(flow)
         self.tail_offsets = [sum(channels[:i]) for i in range(len(channels))]
         self.tail_channels = channels
@@ -120,7 +118,7 @@ class KVPool:
 
     @property
     def block_bytes(self) -> int:
-        return self.kv[:, :, 0].numel() * self.kv.element_size()
+        return self.kv[0].numel() * self.kv.element_size()
 
     @property
     def tail_bytes(self) -> int:
@@ -129,10 +127,6 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size() + self.tails.numel() * self.tails.element_size()
-
-    def frames(self, slot: int, layer: int) -> Tensor:
-        """Evaluation `slot`, layer `layer`: [blocks·50, 2 (K/V), rows, heads, d], row block·50 + offset (a view)."""
-        return self.kv[slot, layer].view(-1, 2, CFG_ROWS, self.heads, self.d_head)
 
     def refcount(self, block: int) -> int:
         return self._refs[block]
@@ -147,7 +141,7 @@ class KVPool:
             for i in ids:
                 self._refs[i] = 1
         for i in ids:  # on the caller's stream, before the call that writes them
-            self.kv[:, :, i].zero_()
+            self.kv[i].zero_()
         return ids
 
     def retain(self, table: list[int], n: int) -> list[int]:
