@@ -102,7 +102,7 @@ class EngineConfig:
     backend: Backend = "auto"  # auto = vllm where it imports, else torch
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
-    flow_batch: int = 16  # flow calls of up to this many streams share one batched call (1 = off)
+    flow_batch: int = 64  # flow calls of up to this many streams share one batched call (1 = off)
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
@@ -112,7 +112,7 @@ class EngineConfig:
     flow_state_gib: float = 4.0  # no device memory to measure (CPU): the pool's size (untouched pages cost nothing)
     flow_paged: bool = True  # incremental states in one block pool of flow_state_gib (app/model/flow/paged.py)
     flow_paged_graphs: bool = True  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
-    flow_paged_graph_rows: int = 16  # graph buckets: 1, 4, 16, ... streams up to this
+    flow_paged_graph_rows: int = 64  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
