@@ -1,4 +1,5 @@
-"""Cross-stream batching of incremental hops (app/model/flow/batch.py) and the states' memory bound.
+"""Cross-stream batching of incremental hops (app/model/flow/batch.py: one packed call over the pool,
+app/model/flow/packed.py) and the growable states' memory bound.
 
 Interleaved streams with different voices, tokens and schedules (so different committed edges, new
 frame counts and key lengths share one call) give, per hop, what each stream gives alone through
@@ -20,6 +21,7 @@ from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.cache import next_capacity
 from app.model.flow.incremental import build_voice_prefix, bytes_after, state_bytes
+from app.model.flow.paged import KVPool
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -34,21 +36,23 @@ def flow(parity_model_dir) -> CausalFlow:
 def _jobs(flow, prompt, tokens):
     """(voice, tokens, schedule, voice prefix) of three incremental streams that never line up: the official
     schedule with a prefix, the unaligned one on reversed tokens, a shorter second voice with 25-token
-    hops and a chunk-causal final."""
+    hops and a chunk-causal final; every state in one pool of the flow's dtype (as served)."""
     chunk = flow.dims.encoder.static_chunk_size
     b = other_voice(prompt)
-    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding)
-    return [(prompt, tokens, StreamingConfig(), prefix),
-            (prompt, tokens.flip(1), unaligned_streaming(prompt, chunk), None),
+    pool = KVPool(flow, n_blocks=160)
+    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, pool=pool)
+    return [(prompt, tokens, StreamingConfig(), prefix, pool),
+            (prompt, tokens.flip(1), unaligned_streaming(prompt, chunk), None, pool),
             (b, tokens[:, : 2 * tokens.shape[1] // 3],
              StreamingConfig(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk, final_call="chunk_causal"),
-             None)]
+             None, pool)]
 
 
 def _alone(flow, jobs) -> list[list[torch.Tensor]]:
     out = []
-    for p, tok, streaming, prefix in jobs:
-        s, mels = Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix), []
+    for p, tok, streaming, prefix, pool in jobs:
+        s, mels = Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix,
+                                  flow_pool=pool), []
         while not s.done:
             plan = s.next_plan(tok.shape[1], lm_finished=True)
             mels.append(flow_step(flow, s.flow_state, tok, plan) if plan.streaming else None)
@@ -60,8 +64,8 @@ def _alone(flow, jobs) -> list[list[torch.Tensor]]:
 def _together(flow, jobs) -> tuple[list[list[torch.Tensor]], list[list[float]], list[int]]:
     """Every round, the streaming hops of all unfinished streams in one `flow_batch` of IncrementalItems;
     returns (mels per stream, max |diff| vs the re-solve per hop, batch sizes)."""
-    streams = [Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix)
-               for p, _, streaming, prefix in jobs]
+    streams = [Token2WavStream(flow, None, p, streaming, stream=True, incremental=True, voice_prefix=prefix,
+                               flow_pool=pool) for p, _, streaming, prefix, pool in jobs]
     mels, vs_resolve, sizes = [[] for _ in jobs], [[] for _ in jobs], []
     while not all(s.done for s in streams):
         live = [(i, s, s.next_plan(jobs[i][1].shape[1], lm_finished=True)) for i, s in enumerate(streams) if not s.done]
@@ -110,8 +114,8 @@ def test_batched_hops_float64(flow, prompt, tokens):
 
 
 def test_batched_hops_float16(flow, prompt, tokens):
-    """fp16 (configs/fast.toml's flow): batched rows stay finite (MASK_BIAS is -inf in fp16 and padded
-    queries keep a visible key) and agree with each stream alone and with the fp16 re-solve to within
+    """fp16 (configs/fast.toml's flow): the packed call stays finite (every segment, padding too, has a
+    visible key) and agrees with each stream alone and with the fp16 re-solve to within
     a few fp16 steps at the mel's magnitude (the fp16 path's own spread across call shapes)."""
     half = copy.deepcopy(flow).half()
     jobs = _jobs(half, prompt, tokens)
@@ -129,7 +133,9 @@ def test_batched_hops_float16(flow, prompt, tokens):
 def test_a_refused_hop_fails_alone(flow, prompt, tokens):
     """One stream's bad call (tokens that do not extend its state) comes back as its ValueError, its
     state untouched; the other stream of the same call gets its mel."""
-    a, b = (Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True) for _ in range(2))
+    pool = KVPool(flow, n_blocks=64)
+    a, b = (Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
+            for _ in range(2))
     plan = a.next_plan(tokens.shape[1], lm_finished=False)
     flow_step(flow, a.flow_state, tokens, plan)
     a.advance(plan)

@@ -110,7 +110,6 @@ class EngineConfig:
     flow_state_fraction: float = 0.7  # CUDA: the state pool's share of the device memory free after warm-up
     flow_state_max_gib: float = 0.0  # CUDA: the pool at most this (0 = no cap; a small card's Space sets it)
     flow_state_gib: float = 4.0  # no device memory to measure (CPU): the pool's size (untouched pages cost nothing)
-    flow_paged: bool = True  # incremental states in one block pool of flow_state_gib (app/model/flow/paged.py)
     flow_paged_graphs: bool = True  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
     flow_paged_graph_rows: int = 64  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this

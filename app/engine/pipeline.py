@@ -23,7 +23,7 @@ from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
 from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import FlowState, VoicePrefix, bytes_after
+from app.model.flow.incremental import FlowState, VoicePrefix
 from app.model.flow.paged import KVPool, PoolFull, block_bytes, blocks_needed
 from app.model.flow.paged_graphs import PagedGraphs, make_pool
 from app.model.flow.prompt_cache import PromptCache
@@ -111,15 +111,14 @@ class Synthesizer:
         self.state_sizing = (f"{e.flow_state_fraction} of {free / 2**30:.1f} GiB free after warm-up"
                              + (f", at most {e.flow_state_max_gib} GiB" if e.flow_state_max_gib > 0 else "")
                              if free is not None else f"flow_state_gib {e.flow_state_gib}")
-        if e.flow_paged:  # one block pool (a full pool refuses hops: the re-solve takes over)
-            self.flow_pool, self.paged_graphs = make_pool(
-                flow, n, graphs=e.flow_paged_graphs and self.cuda, max_rows=e.flow_paged_graph_rows,
-                max_blocks=e.flow_paged_graph_blocks)
+        # one block pool (a full pool refuses hops: the re-solve takes over)
+        self.flow_pool, self.paged_graphs = make_pool(
+            flow, n, graphs=e.flow_paged_graphs and self.cuda, max_rows=e.flow_paged_graph_rows,
+            max_blocks=e.flow_paged_graph_blocks)
         self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool)
         self.flow_budget = FlowBudget(n)
         self.incremental = True
-        log.info("flow state: %s, %.2f GiB (%s)", "paged pool" if self.flow_pool is not None else "buffers",
-                 n / 2**30, self.state_sizing)
+        log.info("flow state: paged pool, %.2f GiB (%s)", n / 2**30, self.state_sizing)
 
     def lm_request(self, req: SynthesisRequest, segment: str, index: int,
                    voice: VoiceFeatures | None = None) -> LMRequest:
@@ -174,10 +173,8 @@ class Synthesizer:
 
     def _bytes_after(self, t2w: Token2WavStream, plan: ChunkPlan) -> int:
         # the bytes a stream's state may hold after this hop (its own: a voice prefix is held once, by the cache);
-        # pooled: whole blocks, and the worker's allocation checks the pool itself (PoolFull -> re-solve)
+        # whole blocks of the pool; the worker's allocation checks the pool itself (PoolFull -> re-solve)
         state, n_tokens = t2w.flow_state_or_none, t2w.n_prompt + plan.n_tokens
-        if self.flow_pool is None:
-            return bytes_after(self.model.flow, state, n_tokens)
         pool = self.flow_pool
         own = len(state.est.table) - state.est.n_shared if state is not None else 0
         return (own + blocks_needed(pool, state, n_tokens)) * pool.block_bytes + pool.tail_bytes

@@ -1,8 +1,8 @@
-"""The incremental flow's hops batched across streams (app/model/flow/batch.py) vs alone, on a GPU:
-exactness (mel max |diff| batched vs alone, and vs the re-solve) and ms per call of a first hop and a
-mid hop at 1 / 4 / 16 streams (alone one after another, batched in one call, and the re-solve of the
-same calls batched, CUDA graphs on where the device has them); plus the states' memory (bytes per
-frame and per stream: capacity doubling vs the +25 %-in-whole-chunks rule, fp32 and fp16).
+"""The incremental flow's hops on growable per-stream states (the reference path; the served one is
+packed over the pool: bench/gpu/paged_hops.py), on a GPU: exactness (mel max |diff| vs the re-solve)
+and ms per call of a first hop and a mid hop at 1 / 4 / 16 streams (alone one after another, and the
+re-solve of the same calls batched, CUDA graphs on where the device has them); plus the states' memory
+(bytes per frame and per stream: capacity doubling vs the +25 %-in-whole-chunks rule, fp32 and fp16).
 
     python3 -m bench.gpu.incremental_graphs out/incremental_batch.json                 # full random flow, fp32
     python3 -m bench.gpu.incremental_graphs out/inc_fp16.json --dtype float16
@@ -27,7 +27,6 @@ from torch import Tensor
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
-from app.model.flow.batch import solve_batch
 from app.model.flow.cache import next_capacity
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, _solve_new, build_voice_prefix, prepare_hop, state_bytes
@@ -103,7 +102,7 @@ def memory_report(size: str, n_prompt: int) -> dict:
 
 def measure(flow: CausalFlow, jobs: list, graphs: EstimatorGraphs | None, device: torch.device, reps: int) -> dict:
     """One hop of each stream in `jobs` ((Token2WavStream, tokens, plan) each): alone one after
-    another, batched, and the re-solve of the same calls; max |diff| and median ms of each."""
+    another, and the re-solve of the same calls; max |diff| and median ms of each."""
     states: list[FlowState] = [s.flow_state for s, _, _ in jobs]
     flow_items = [FlowItem(tok[:, : plan.n_tokens], s.prompt, True, False, plan.token_offset) for s, tok, plan in jobs]
 
@@ -114,26 +113,20 @@ def measure(flow: CausalFlow, jobs: list, graphs: EstimatorGraphs | None, device
     def alone():
         return [_solve_new(flow, h.est_call, h.mu, h.state.spks, h.cond) for h in hops()]
 
-    def batched():
-        hs = hops()
-        return solve_batch(flow, [h.est_call for h in hs], [h.mu for h in hs], [h.state.spks for h in hs],
-                           [h.cond for h in hs])
-
     def resolve():
         return flow_batch(flow, flow_items, graphs=graphs)
 
     with torch.inference_mode():
-        a, b, ref = alone(), batched(), resolve()
+        a, ref = alone(), resolve()
         hs = hops()
         # the incremental calls return every frame from the committed edge; the re-solve from the offset
         skip = [2 * (s.n_prompt + plan.token_offset) - h.est_call.start
                 for (s, _, plan), h in zip(jobs, hs, strict=True)]
         row = {"new_frames": [x.shape[2] for x in a], "keys": [h.est_call.end for h in hs],
-               "max_abs_diff_batched_vs_alone": max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)),
-               "max_abs_diff_batched_vs_resolve": max(float((x[:, :, k:] - r).abs().max())
-                                                      for x, r, k in zip(b, ref, skip, strict=True)),
+               "max_abs_diff_alone_vs_resolve": max(float((x[:, :, k:] - r).abs().max())
+                                                    for x, r, k in zip(a, ref, skip, strict=True)),
                "mel_rms": float(torch.cat([x.flatten() for x in a]).pow(2).mean().sqrt()),
-               "alone_ms": round(timed(alone, reps, device), 2), "batched_ms": round(timed(batched, reps, device), 2),
+               "alone_ms": round(timed(alone, reps, device), 2),
                f"resolve_{'graphs' if graphs else 'eager'}_ms": round(timed(resolve, reps, device), 2),
                "state_gb": round(sum(st.nbytes for st in states) / 1e9, 3)}
     if device.type == "cuda":
