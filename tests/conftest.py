@@ -157,29 +157,15 @@ def _shared_server(name: str, tiny_model_dir: Path, tmp_path_factory) -> Iterato
         _running.pop(name, None)
 
 
-@pytest.fixture(scope="session")
-def studio_cpu(tiny_model_dir, tmp_path_factory):
-    yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory)
+def _shared_fixture(name: str):
+    @pytest.fixture(scope="session", name=name)
+    def fixture(tiny_model_dir, tmp_path_factory):
+        yield from _shared_server(name, tiny_model_dir, tmp_path_factory)
+
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def studio_bf16(tiny_model_dir, tmp_path_factory):
-    yield from _shared_server("studio_bf16", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def studio_queue(tiny_model_dir, tmp_path_factory):
-    yield from _shared_server("studio_queue", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def studio_small(tiny_model_dir, tmp_path_factory):
-    yield from _shared_server("studio_small", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def studio_public(tiny_model_dir, tmp_path_factory):
-    yield from _shared_server("studio_public", tiny_model_dir, tmp_path_factory)
+studio_cpu, studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, SHARED_SERVERS)
 
 
 def pytest_collection_modifyitems(items):
