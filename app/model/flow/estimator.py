@@ -250,7 +250,7 @@ class CausalConditionalDecoder(nn.Module):
         evaluation: the B rows' attention keys/values and conv left context of the earlier frames);
         t: [B]; spks: [B, 80] (or per frame [B, n, 80]). Returns the velocity of the new frames
         [B, 80, n] (a view). The same restructured computation as `forward`; each causal conv is
-        `cache.conv3` and each attention `cache.attend` (`DenseCall` for the padded calls).
+        `cache.conv3` and each attention `cache.attend` (a `DenseCall`, or the packed call).
         """
         fz = self.fused()
         t_res, h = self._inputs(fz, x, mu, t, spks, cond)
@@ -312,7 +312,7 @@ def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: 
 
 class DenseCall:
     """`conv3` / `attend` for `forward_cached` over a call's `left_context`, `keys_values` and `bias`
-    (the per-stream and padded calls; the packed call implements both itself)."""
+    (the per-stream call on its own buffers; the packed call implements both itself)."""
 
     def conv3(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Causal k=3 conv of the new frames h [rows, n, C] -> [rows, n, out], left context from the state."""

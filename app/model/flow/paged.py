@@ -24,8 +24,8 @@ Conv left context lives in the pool too, one *tail slot* per stream: tails [slot
 rows, Σ conv input channels, 2] (1.3 MB fp32 per stream on CosyVoice2-0.5B). A stream from a prefix
 copies the prefix's tail slot once (the only copy: 1.3 MB). Block 0 is the padding block (zeros,
 read by padded key positions, never written) and block 1 the sink (padded frames write there, never
-read); tail slot 0 is the padding streams' scratch. Both are what the static-shape path
-(app/model/flow/paged_solve.py) needs to replay CUDA graphs: every per-stream choice is an index.
+read); tail slot 0 is the padding streams' scratch. Both are what the static-shape packed call
+(app/model/flow/packed.py) needs to replay CUDA graphs: every per-stream choice is an index.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import threading
 import weakref
 
 import torch
-from torch import Tensor
 
 from app.model.flow.estimator import CausalConv1d
 from app.model.flow.flow import CausalFlow
@@ -273,11 +272,3 @@ def blocks_needed(pool: KVPool, state, n_tokens: int) -> int:
     upper bound when it will start from a shared prefix)."""
     have = len(state.est.table) if state is not None and isinstance(state.est, PagedStage) else 0
     return max(0, -(-2 * n_tokens // pool.block_frames) - have)
-
-
-def table_tensor(stages: list[PagedStage], n_blocks: int) -> Tensor:
-    """[B, n_blocks] int64 block ids, padded with `PAD_BLOCK` (CPU)."""
-    out = torch.full((len(stages), n_blocks), PAD_BLOCK, dtype=torch.long)
-    for i, s in enumerate(stages):
-        out[i, : len(s.table)] = torch.tensor(s.table[:n_blocks], dtype=torch.long)
-    return out

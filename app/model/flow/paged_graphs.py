@@ -27,11 +27,6 @@ from app.model.flow.paged import KVPool, PagedEstCall, block_bytes
 log = logging.getLogger(__name__)
 
 
-def bucket_up(n: int, buckets: tuple[int, ...]) -> int | None:
-    """The smallest bucket >= n, or None."""
-    return next((b for b in sorted(buckets) if b >= n), None)
-
-
 def make_pool(flow: CausalFlow, max_bytes: int, *, graphs: bool, max_rows: int = 16,
               max_blocks: int = 32) -> tuple[KVPool, PagedGraphs | None]:
     """A `KVPool` of at most `max_bytes` (at least one block) and, if `graphs` (CUDA), its graphs
