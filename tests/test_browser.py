@@ -133,13 +133,16 @@ def test_generate_plays_and_panels_update(studio):
             page.wait_for_function("() => document.querySelector('#stats')?.innerText.includes('TTFA')",
                                    timeout=REQUEST_TIMEOUT_S * 1000)
             page.wait_for_function(f"() => ({TABLE_ROWS}).some(r => r.split(' ').includes('ok'))", timeout=30_000)
+            # the facts panel counts this take on its next tick (the table may show it first)
+            page.wait_for_function(f"() => document.querySelector('#engine_facts')?.innerText"
+                                   f".includes('ok {ok_before + 1},')", timeout=30_000)
             headline = page.locator("#panel_headline").inner_text()
             facts = page.locator("#engine_facts").inner_text()
             row = page.evaluate(f"() => ({TABLE_ROWS})[0]")
             print(f"headline: {headline}\nlatest row: {row}")
             assert "TTFA p50" in headline and "KV cache" in headline, headline
             assert "no GPU: showing CPU and RAM" in headline or "GPU" in headline, headline
-            assert "unfinished engine requests" in facts and f"ok {ok_before + 1}" in facts, (ok_before, facts)
+            assert "unfinished engine requests" in facts and f"ok {ok_before + 1}," in facts, (ok_before, facts)
             page.wait_for_timeout(1500)  # one more tick so the plots include the request
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
