@@ -303,3 +303,32 @@ def test_page_text_streams_in(studio_bf16):
     # each word went on its own, the last one at the close
     assert run["text"] == PAGE_TEXT + TYPED and run["sent"] == len((PAGE_TEXT + TYPED).split()) - 1, run
     assert top["requestId"] == run["id"] and top["text"] == PAGE_TEXT + TYPED and top["wavSize"] > 48000, top
+
+
+def test_page_stop_reaches_a_ws_take(studio_cpu, ws_voice):
+    """The page's Stop (POST /studio/requests/{id}/stop, sent before it hangs up) finds a running WebSocket
+    take by the id its `started` message gave, so the take's record says "stopped", not "cancelled"; once the
+    take has ended the id is unknown (404)."""
+    import httpx
+    import websockets
+
+    async def session() -> tuple[int, int]:
+        url = studio_cpu[0].replace("http", "ws", 1) + "/v1/audio/speech/stream"
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({"type": "start", "voice": ws_voice, "seed": 5}))
+            await ws.send(json.dumps({"type": "text", "text": TEXT * 3}))
+            started = json.loads(await ws.recv())
+            assert started["type"] == "started", started
+            while not isinstance(await ws.recv(), bytes):  # the first audio
+                pass
+            async with httpx.AsyncClient() as client:
+                r = await client.post(f"{studio_cpu[0]}/studio/requests/{started['request_id']}/stop")
+        for _ in range(100):  # the socket is closed: the take ends, its Stop entry with it
+            async with httpx.AsyncClient() as client:
+                after = await client.post(f"{studio_cpu[0]}/studio/requests/{started['request_id']}/stop")
+            if after.status_code == 404:
+                break
+            await asyncio.sleep(0.1)
+        return r.status_code, after.status_code
+
+    assert asyncio.run(session()) == (200, 404)

@@ -60,7 +60,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.server.errors import install_error_handlers
     from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
-    from app.server.studio_stream import add_studio_routes
+    from app.server.studio_stream import add_studio_routes, page_stops
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(EarlyScript)
@@ -71,7 +71,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     install_error_handlers(api)
     add_ops_routes(api, cfg, replicas, page)
     add_forward_route(api, cfg, replicas)
-    add_studio_routes(api, page)  # before the page: its mount at "/" takes every path not routed by then
+    add_studio_routes(api, page, page_stops())  # before the page: its mount at "/" takes every path not routed by then
     return mount_page(api, gate, page)
 
 

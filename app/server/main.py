@@ -86,7 +86,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from app.server.limits import AccessLimits, Gate
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
-    from app.server.studio_stream import add_studio_routes
+    from app.server.studio_stream import add_studio_routes, page_stops
     from app.server.ws_speech import ws_router
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
@@ -105,7 +105,8 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
 
     add_metrics_route(api, service)
 
-    api.include_router(ws_router(service, gate.identity))  # before api_router's catch-all /v1 route
+    stops = page_stops()  # the page's Stop reaches its takes through either door
+    api.include_router(ws_router(service, gate.identity, stops))  # before api_router's catch-all /v1 route
     api.include_router(api_router(service, gate.identity))
-    add_studio_routes(api, service)
+    add_studio_routes(api, service, stops)
     return api, gate

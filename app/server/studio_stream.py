@@ -80,12 +80,17 @@ QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upl
                "/gradio_api/heartbeat/", "/assets/", "/static/", "/theme.css", "/gradio_api/stream/")
 
 
-def add_studio_routes(app: FastAPI, service: StudioService) -> None:
-    """Add /studio/speech and its Stop to `app` (before Gradio is mounted at "/")."""
+def page_stops() -> weakref.WeakValueDictionary[str, asyncio.Event]:
+    """The running page takes' Stop events by request id (/studio/speech and the WebSocket door); an entry
+    goes with its take (the event is held only by the take's stream: weak values)."""
+    return weakref.WeakValueDictionary()
+
+
+def add_studio_routes(app: FastAPI, service: StudioService,
+                      stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
+    """Add /studio/speech and the Stop of a page take (`stops`: `page_stops()`) to `app` (before Gradio
+    is mounted at "/")."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
-    # the running /studio/speech requests' Stop events by request id; an entry goes with its request (the
-    # event is held only by the request's stream: weak values)
-    stops: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
@@ -109,11 +114,11 @@ def add_studio_routes(app: FastAPI, service: StudioService) -> None:
 
     @router.post("/requests/{request_id}/stop")
     async def studio_stop(request_id: str) -> dict:
-        """The low-latency player's Stop, sent before it closes the stream: the request's record then says
-        "stopped" (as the standard player's Stop), not "cancelled" (a closed tab). 404 once it has ended."""
+        """The low-latency player's Stop, sent before it closes the stream (or the socket): the request's record
+        then says "stopped" (as the standard player's Stop), not "cancelled" (a closed tab). 404 once it has ended."""
         stop = stops.get(request_id)
         if stop is None:
-            raise ApiError(404, "no running /studio/speech request with this id", param="request_id",
+            raise ApiError(404, "no running page take with this id", param="request_id",
                            code="unknown_request")
         stop.set()
         return {"request_id": request_id, "stopped": True}

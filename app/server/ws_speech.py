@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -42,7 +43,8 @@ class Refused(Exception):
         self.code, self.reason = code, reason
 
 
-def ws_router(service: StudioService, identity: Identity) -> APIRouter:
+def ws_router(service: StudioService, identity: Identity,
+              stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
     router = APIRouter(prefix="/v1")
     srv, lim = service.cfg.server, service.cfg.limits
 
@@ -147,7 +149,7 @@ def ws_router(service: StudioService, identity: Identity) -> APIRouter:
                 prompt = (synth.model.frontend.text_ids(text).tolist(), [])
             tokens = bistream.decode(synth.lm, arriving(), base, *prompt, mix_ratio=synth.model.llm.dims.mix_ratio)
             # the speech route's fair share, admission and request record (metrics, the page's panels)
-            async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens) as (_, chunks):
+            async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens, stop=stop) as (_, chunks):
                 if fmt == "wav":
                     await ws.send_bytes(wav_stream_header())
                 async for chunk in chunks:
@@ -157,6 +159,7 @@ def ws_router(service: StudioService, identity: Identity) -> APIRouter:
                         stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
                         await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
 
+        stop = stops[req.request_id] = asyncio.Event()  # the page's Stop (POST /studio/requests/{id}/stop)
         await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
                             "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
         tasks += [asyncio.create_task(reader()), asyncio.create_task(produce())]
