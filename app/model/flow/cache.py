@@ -148,6 +148,10 @@ class StageCall(DenseCall):
         while len(self._tails) <= slot:
             self._tails.append([])
 
+    def flush(self) -> None:
+        """Nothing to write back after an evaluation: keys/values went into the state in place, tails wait
+        for `finish`."""
+
     def left_context(self, x: Tensor, n_ctx: int) -> Tensor:
         """x [rows, C, n] new inputs of the next causal conv -> [rows, C, n_ctx + n] with the inputs
         of the n_ctx positions before `start` (zeros at the sequence start); stages the new tail."""

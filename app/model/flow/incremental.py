@@ -42,7 +42,8 @@ import torch
 from torch import Tensor
 
 from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
-from app.model.flow.flow import CausalFlow, cosine_time_grid
+from app.model.flow.flow import CausalFlow
+from app.model.flow.packed import cfg_solve
 from app.model.flow.paged import KVPool, PagedEstCall, PagedStage
 from app.model.flow.paged_solve import solve_calls
 
@@ -290,18 +291,5 @@ def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond
     """`CausalFlow._solve` on the new frames only (mu, cond [1, 80, n]; spks [1, 80]) -> fp32 [1, 80, n]."""
     if isinstance(call, PagedEstCall):
         return solve_calls(flow, [call], [mu], [spks], [cond])[0]
-    w = flow.dims.inference_cfg_rate
-    estimator = flow.decoder["estimator"]
     x = flow.noise(call.end, mu.device, mu.dtype)[:, :, call.start:]  # frames by absolute index
-    t_grid = cosine_time_grid(flow.dims.n_timesteps, mu.dtype, mu.device)
-    mu2, spks2, cond2 = (torch.cat([a, torch.zeros_like(a)]) for a in (mu, spks, cond))
-    t, dt = t_grid[0:1], t_grid[1] - t_grid[0]  # same accumulation as `_solve`
-    for step in range(1, len(t_grid)):
-        call.begin(step - 1)  # evaluation step-1 has its own keys/values and conv tails
-        v = estimator.forward_cached(torch.cat([x, x]), mu2, t.expand(CFG_ROWS), spks2, cond2, call)
-        v_cond, v_uncond = v.split(1)
-        x = x + dt * ((1.0 + w) * v_cond - w * v_uncond)
-        t = t + dt
-        if step < len(t_grid) - 1:
-            dt = t_grid[step + 1] - t
-    return x.float()
+    return cfg_solve(flow, x, mu, spks, cond, call).float()

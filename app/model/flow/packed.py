@@ -53,6 +53,14 @@ class PackedInputs:
             a.copy_(b, non_blocking=True)
 
 
+def _segments(c: PagedEstCall, chunk: int, left: int):
+    """(q0, q1, k0) of each chunk segment of a call: queries q0..q1-1 see keys k0..q1-1 (block-causal as
+    `chunk_mask`, `left` chunks of left context, -1: all)."""
+    for ch in range(c.start // chunk, (c.end - 1) // chunk + 1):
+        q1 = min(c.end, (ch + 1) * chunk)
+        yield max(c.start, ch * chunk), q1, 0 if left < 0 else max(0, (ch - left) * chunk)
+
+
 def segments_bound(streams: int, frames: int, chunk: int) -> int:
     """Segments a bucket provides: each stream's chunks (one more where a hop starts mid-chunk) and
     the padding frames' own (at most one chunk each)."""
@@ -90,9 +98,7 @@ def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Te
         tail[s] = c.state.tail_slot
         keys_s = torch.arange(c.end)
         k_block[k : k + c.end], k_off[k : k + c.end] = table[keys_s // Bf], keys_s % Bf
-        for ch in range(c.start // chunk, (c.end - 1) // chunk + 1):
-            q0, q1 = max(c.start, ch * chunk), min(c.end, (ch + 1) * chunk)
-            k0 = 0 if left < 0 else max(0, (ch - left) * chunk)
+        for q0, q1, k0 in _segments(c, chunk, left):
             seg_q.append(q + q0 - c.start)
             seg_k.append(k + k0)
             seg_n.append(q1 - k0)
@@ -193,17 +199,16 @@ def packed_solve(flow: CausalFlow, pool: KVPool, inp: PackedInputs) -> Tensor:
     return cfg_solve(flow, inp.x, inp.mu, inp.spk, inp.cond, PackedCall(pool, inp))
 
 
-def visible_pairs(calls: list[PagedEstCall], chunk: int) -> int:
-    """(query, key) pairs the calls' block-causal attention computes (full left context)."""
-    return sum((min(c.end, (ch + 1) * chunk) - max(c.start, ch * chunk)) * min(c.end, (ch + 1) * chunk)
-               for c in calls for ch in range(c.start // chunk, (c.end - 1) // chunk + 1))
+def visible_pairs(calls: list[PagedEstCall], chunk: int, left: int = -1) -> int:
+    """(query, key) pairs the calls' block-causal attention computes."""
+    return sum((q1 - q0) * (q1 - k0) for c in calls for q0, q1, k0 in _segments(c, chunk, left))
 
 
 def cfg_solve(flow: CausalFlow, x: Tensor, mu: Tensor, spk: Tensor, cond: Tensor, call) -> Tensor:
     """The flow's 10-step Euler solve with classifier-free guidance over cached estimator state, for B
-    padded streams at once: x, mu, cond [B, 80, N] (x the frames' noise), spk [B, 80]; `call` (a
-    batched or paged cached-attention view) gets `begin(evaluation)` per step and `flush()` at the end.
-    Returns x [B, 80, N] in x's dtype."""
+    rows: x, mu, cond [B, 80, N] (x the frames' noise), spk [B, 80] (or per frame [B, N, 80]); `call`
+    (a stream's `StageCall` or the `PackedCall`) gets `begin(evaluation)` per step and `flush()` at the
+    end. Returns x [B, 80, N] in x's dtype."""
     B, w = x.shape[0], flow.dims.inference_cfg_rate
 
     def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair

@@ -16,11 +16,12 @@ def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], 
     [1, 80] -> fp32 [1, 80, n_i] each. `graphs`: a `PagedGraphs` replays a captured bucket when one
     fits. `work`: a `FlowWork` (app/model/flow/work.py) told the frames computed (padding included)
     and the visible (query, key) pairs."""
-    pool = calls[0].state.pool
+    pool, e = calls[0].state.pool, flow.dims.estimator
     n = [c.end - c.start for c in calls]
     x = graphs.run(calls, mus, conds, spks) if graphs is not None else None
     if x is None:
         x = packed_solve(flow, pool, pack(flow, pool, calls, mus, conds, spks))
     if work is not None:  # one row of M frames; attention by its visible pairs
-        work.add(1, x.shape[2], visible_pairs(calls, flow.dims.estimator.static_chunk_size) / x.shape[2], sum(n))
+        pairs = visible_pairs(calls, e.static_chunk_size, e.num_decoding_left_chunks)
+        work.add(1, x.shape[2], pairs / x.shape[2], sum(n))
     return [m.float() for m in x[:, :, : sum(n)].split(n, dim=2)]
