@@ -39,9 +39,10 @@ def main(argv: list[str] | None = None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop has already stopped
                 asyncio.get_running_loop().call_soon_threadsafe(end_page_streams, server_app)
 
-    # open pages keep SSE connections: ended at the signal; 5 s at most in case one does not end
+    # open pages keep SSE connections: ended at the signal; 5 s at most in case one does not end. The app
+    # decides which proxies to trust (app/server/identity.py:ProxyClient), not uvicorn's loopback default
     Server(uvicorn.Config(server_app, host=cfg.server.host, port=cfg.server.port, log_level="info",
-                          timeout_graceful_shutdown=5)).run()
+                          timeout_graceful_shutdown=5, proxy_headers=False)).run()
 
 
 if __name__ == "__main__":

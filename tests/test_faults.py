@@ -63,13 +63,34 @@ def test_rate_limiter_token_bucket():
     assert len(rl) == 2  # the longest idle client is forgotten
 
 
-def test_client_ip_trusts_forwarded_for_only_behind_a_proxy():
-    from app.server.limits import client_ip
+def client_seen(server, scope: dict) -> str:
+    """The client address the app behind `ProxyClient` (for `server`, a ServerConfig) reads in `scope`."""
+    from app.server.identity import ProxyClient
+
+    seen = {}
+
+    async def app(s, _receive, _send):
+        seen.update(s)
+
+    asyncio.run(ProxyClient(app, server)({"type": "http", **scope}, None, None))
+    return seen["client"][0]
+
+
+def test_client_trusts_forwarded_for_only_behind_a_proxy():
+    from app.config import load_config
+
+    def server(**sets):
+        return load_config(None, {f"server.{k}": v for k, v in sets.items()}).server
 
     scope = {"client": ("10.0.0.9", 5000), "headers": [(b"x-forwarded-for", b"1.2.3.4, 203.0.113.7")]}
-    assert client_ip(scope, trust_proxy=False) == "10.0.0.9"
-    assert client_ip(scope, trust_proxy=True) == "203.0.113.7"  # the entry the proxy wrote, not the client's
-    assert client_ip({"client": ("10.0.0.9", 1), "headers": []}, trust_proxy=True) == "10.0.0.9"
+    assert client_seen(server(), scope) == "10.0.0.9"
+    assert client_seen(server(trust_proxy=True), scope) == "203.0.113.7"  # the entry the proxy wrote, not the client's
+    assert client_seen(server(trust_proxy=True), {"client": ("10.0.0.9", 1), "headers": []}) == "10.0.0.9"
+    assert client_seen(server(trusted_proxies="10.0.0.0/8"), scope) == "203.0.113.7"
+    chain = {**scope, "headers": [(b"x-forwarded-for", b"1.2.3.4"), (b"x-forwarded-for", b"203.0.113.7, 10.0.0.3")]}
+    assert client_seen(server(trusted_proxies="10.0.0.0/8"), chain) == "203.0.113.7"  # past a second trusted proxy
+    assert client_seen(server(trusted_proxies="10.9.9.9"), scope) == "10.0.0.9"  # an untrusted peer's header
+    assert client_seen(server(trusted_proxies="10.0.0.9"), {**scope, "type": "websocket"}) == "203.0.113.7"  # WS too
 
 
 def test_auth_setting_is_checked():
@@ -429,18 +450,17 @@ def test_a_space_trusts_its_proxy_for_client_addresses(monkeypatch):
     def cli(*argv: str):
         return config_from_cli(add_config_args(argparse.ArgumentParser(), server=True).parse_args(list(argv)))
     from app.config import ConfigError, load_config
-    from app.server.identity import client_ip
 
     scope = {"client": ("10.16.3.80", 1), "headers": [(b"x-forwarded-for", b"198.51.100.4")]}
     monkeypatch.delenv("SYSTEM", raising=False)
     here = cli()
-    assert here.server.proxy_networks == () and client_ip(scope, False, here.server.proxy_networks) == "10.16.3.80"
+    assert here.server.proxy_networks == () and client_seen(here.server, scope) == "10.16.3.80"
     monkeypatch.setenv("SYSTEM", "spaces")
     space = cli()
-    assert client_ip(scope, False, space.server.proxy_networks) == "198.51.100.4"
+    assert client_seen(space.server, scope) == "198.51.100.4"
     public_peer = {"client": ("203.0.113.9", 1), "headers": scope["headers"]}  # not the Space's proxy
-    assert client_ip(public_peer, False, space.server.proxy_networks) == "203.0.113.9"
+    assert client_seen(space.server, public_peer) == "203.0.113.9"
     mine = cli("--set", 'server.trusted_proxies="10.9.9.9"')
-    assert client_ip(scope, False, mine.server.proxy_networks) == "10.16.3.80"
+    assert client_seen(mine.server, scope) == "10.16.3.80"
     with pytest.raises(ConfigError, match="trusted_proxies"):
         load_config(overrides={"server.trusted_proxies": "not-an-address"})

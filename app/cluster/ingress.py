@@ -58,6 +58,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
     from app.server.early_script import EarlyScript
     from app.server.errors import install_error_handlers
+    from app.server.identity import ProxyClient
     from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
     from app.server.studio_stream import add_studio_routes, page_stops
@@ -67,7 +68,8 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here
     gate = Gate.from_config(cfg)
-    api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
+    api.add_middleware(AccessLimits, gate=gate)  # refusals cost no other middleware
+    api.add_middleware(ProxyClient, server=cfg.server)  # outermost: the client a proxy names (replicas get it)
     install_error_handlers(api)
     add_ops_routes(api, cfg, replicas, page)
     add_forward_route(api, cfg, replicas)

@@ -49,9 +49,10 @@ class ServerConfig:
     # fair share per client (signed-in user, API key, else address): "auto" = on for a public bind, off on localhost
     rate_limit_per_minute: int | str = "auto"  # synthesis requests per client and minute (0 = no limit)
     max_streams_per_client: int | str = "auto"  # syntheses one client runs at once (0 = no limit)
-    trust_proxy: bool = False  # True: the client IP is the last X-Forwarded-For entry (one proxy in front)
-    # "ip-or-network[,…]": X-Forwarded-For is taken only from these peers (trust_proxy: any); "auto" = none,
-    # except on a Hugging Face Space, whose proxy reaches the app from a private address (app/cli.py)
+    trust_proxy: bool = False  # True: any peer is the one proxy in front; the client: its last X-Forwarded-For entry
+    # "ip-or-network[,…]": X-Forwarded-For is taken only from these peers, the client its rightmost entry not one
+    # of them (app/server/identity.py:ProxyClient); "auto" = none, except on a Hugging Face Space, whose proxy
+    # reaches the app from a private address (app/cli.py)
     trusted_proxies: str = "auto"
     # bench-only request options (/v1's `fixed_tokens`): "auto" = on for a local bind, off on a public one
     # (there they cost GPU time out of proportion to the text); the admin key may always use them

@@ -14,8 +14,11 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
-from app.config import Config
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+from app.config import Config, ServerConfig
 from app.engine.owners import NOBODY, Caller, Owner
 
 CALLER_KEY = "studio_caller"  # the request's ASGI state key of its Caller
@@ -38,23 +41,21 @@ def cookie(scope: dict, name: str) -> str | None:
     return None
 
 
-def _within(peer: str, networks: tuple) -> bool:
-    try:
-        ip = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    return any(ip in net for net in networks)
+class ProxyClient:
+    """uvicorn's ProxyHeadersMiddleware for the configured proxies: every route, the WebSocket door and Gradio
+    read in `scope["client"]` (and "scheme") the client a trusted proxy names. No proxy configured: a no-op."""
 
+    def __init__(self, app: Any, server: ServerConfig) -> None:
+        self.app, self.any_peer = app, server.trust_proxy
+        # the rightmost X-Forwarded-For entry that is not itself a trusted proxy (an appending proxy wrote it)
+        self.networks = ProxyHeadersMiddleware(app, [str(n) for n in server.proxy_networks])
 
-def client_ip(scope: dict, trust_proxy: bool, trusted: tuple = ()) -> str:
-    """The client's IP: the connection's, or, from a trusted proxy (`trusted`: ip_network's), the last
-    X-Forwarded-For entry (the one the proxy wrote; earlier ones come from the client)."""
-    client = scope.get("client")
-    peer = client[0] if client else "unknown"
-    forwarded = headers_of(scope, b"x-forwarded-for") if trust_proxy or _within(peer, trusted) else []
-    if forwarded and (last := forwarded[-1].split(",")[-1].strip()):
-        return last
-    return peer
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.any_peer and scope.get("client"):
+            # trust_proxy: the peer, whoever it is, is the one proxy, so the last entry (uvicorn's "*" would
+            # take the first, which the client itself writes)
+            return await ProxyHeadersMiddleware(self.app, [scope["client"][0]])(scope, receive, send)
+        return await self.networks(scope, receive, send)
 
 
 def is_local(scope: dict) -> bool:
@@ -129,11 +130,10 @@ class Identity:
         if srv.admin_key:
             self.keys.append((srv.admin_key, Owner("admin", admin=True)))
         self.users = srv.auth_users
-        self.trust_proxy = srv.trust_proxy
-        self.trusted = srv.proxy_networks
         self.private = cfg.voices.resolved(srv) == "private"
         # a proxy on this machine (nginx on 127.0.0.1): then a loopback connection is any client's, not an admin's
-        self.local_proxy = srv.trust_proxy or any(_within(a, self.trusted) for a in ("127.0.0.1", "::1"))
+        self.local_proxy = srv.trust_proxy or any(ipaddress.ip_address(a) in net for net in srv.proxy_networks
+                                                  for a in ("127.0.0.1", "::1"))
         self._voices_dir, self._secret = srv.voices_dir, b""
 
     @property
@@ -155,7 +155,7 @@ class Identity:
     def identify(self, scope: dict, basic_user: str | None) -> tuple[Caller, str | None]:
         """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user), also written into its state, and a
         Set-Cookie value for the answer (a new visitor) or None."""
-        ip = client_ip(scope, self.trust_proxy, self.trusted)
+        ip = (scope.get("client") or ("unknown",))[0]  # as a trusted proxy names it (ProxyClient)
         set_cookie = None
         if (owner := self.bearer(scope)) is not None:
             client = owner.id

@@ -18,7 +18,7 @@ from fastapi import Request
 
 from app.config import Config
 from app.server.errors import ApiError, error_body
-from app.server.identity import Identity, client_ip, cookie, headers_of, with_cookie  # noqa: F401 (client_ip)
+from app.server.identity import Identity, cookie, headers_of, with_cookie
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"

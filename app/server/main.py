@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request  # at module level: the routes' annotations are resolved by name
 
 from app.config import Config
-from app.server.identity import caller_of
+from app.server.identity import ProxyClient, caller_of
 
 if TYPE_CHECKING:
     from app.engine.service import StudioService
@@ -36,6 +36,7 @@ def build_server(cfg: Config):
         await service.aclose()
 
     api, gate = build_api(cfg, service, lifespan)
+    api.add_middleware(ProxyClient, server=cfg.server)  # outermost: every layer reads the client a proxy names
     return mount_page(api, gate, service)
 
 
