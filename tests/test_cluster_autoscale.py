@@ -18,10 +18,16 @@ from pathlib import Path
 import httpx
 import pytest
 from studio import REPO, free_port, stop_server
-from test_cluster import START_TIMEOUT_S, _save, _sets, _wait_ready, need_ray_serve
+from test_cluster import START_TIMEOUT_S, _health, _save, _sets, _wait_ready, need_ray_serve
 
 UPSCALE_TIMEOUT_S = 600  # the average ongoing count rises, Serve decides, the new replica loads its model
-LONG_TOKENS = 1500  # 60 s of audio per stream: still running while the second replica starts
+LONG_TOKENS = 1500  # 60 s of audio per stream: still running when Serve decides to upscale
+
+
+def _upscale_logged(tmp: Path) -> bool:
+    """Serve's controller logged its decision to go from 1 to 2 replicas (Ray's temp dir is RAY_TMPDIR/ray)."""
+    logs = (tmp / "ray" / "ray").glob("session_*/logs/serve/controller_*.log")
+    return any("from 1 to 2 replicas" in p.read_text(errors="replace") for p in logs)
 
 
 @pytest.mark.slow
@@ -64,6 +70,14 @@ def test_concurrent_streams_start_a_second_replica(tiny_model_dir: Path):
             for t in threads:
                 t.start()
             t1 = time.monotonic()
+            deadline = t1 + UPSCALE_TIMEOUT_S
+            while not _upscale_logged(tmp) and _health(base).get("replicas_ready") != 2:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(1.0)
+            # Serve decided (its target is now 2; downscale_delay_s keeps it there): the streams hang up, so the
+            # new replica loads its model on free cores instead of beside three streams' compute (~2x faster)
+            stop.set()
+            print(f"upscale decided {time.monotonic() - t1:.0f} s after 3 streams began")
             h = _wait_ready(base, 2, UPSCALE_TIMEOUT_S, proc, log)
             print(f"second replica ready {time.monotonic() - t1:.0f} s after 3 streams began")
             assert len({r["id"] for r in h["replicas"]}) == 2
