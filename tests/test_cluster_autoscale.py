@@ -74,8 +74,8 @@ def test_concurrent_streams_start_a_second_replica(tiny_model_dir: Path):
             while not _upscale_logged(tmp) and _health(base).get("replicas_ready") != 2:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
                 time.sleep(1.0)
-            # Serve decided (its target is now 2; downscale_delay_s keeps it there): the streams hang up, so the
-            # new replica loads its model on free cores instead of beside three streams' compute (~2x faster)
+            # Serve decided (its target is now 2; downscale_delay_s keeps it there): the streams hang up, so the new
+            # replica loads its model on cores free of three streams' compute, and the teardown is quicker
             stop.set()
             print(f"upscale decided {time.monotonic() - t1:.0f} s after 3 streams began")
             h = _wait_ready(base, 2, UPSCALE_TIMEOUT_S, proc, log)
