@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import soundfile as sf
@@ -35,17 +40,40 @@ def test_scheduled_chunks_follow_the_official_schedule():
     assert scheduled_chunks(110, 500, False) == 1
 
 
+@pytest.fixture(scope="module")
+def cli_runs(tiny_model_dir, tmp_path_factory) -> Iterator[dict[bool, tuple[subprocess.Popen, Path, Path]]]:
+    """{stream: (process, out.wav, its log folder)}: both runs of the CLI started at once. Each is ~55 s of one
+    process importing, loading and starting its engine, mostly one core at a time, so on 2 cores the two
+    overlap instead of queueing; each is still its own process with its own engine (killed in `finally`)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    runs: dict[bool, tuple[subprocess.Popen, Path, Path]] = {}
+    try:
+        for stream in (True, False):
+            out, logs = tmp / f"out-{stream}.wav", tmp / f"logs-{stream}"
+            logs.mkdir()
+            cmd = [sys.executable, "-m", "app.tools.synthesize", "--model-dir", str(tiny_model_dir),
+                   "--text", "Hello there, how are you today?", "--prompt-wav", "assets/prompt_en.wav",
+                   "--prompt-text", EN_PROMPT, "--out", str(out), "--seed", "7", "--device", "cpu"]
+            if stream:
+                cmd.append("--stream")
+            with (logs / "stdout").open("w") as stdout, (logs / "stderr").open("w") as stderr:  # files: no pipe fills
+                runs[stream] = (subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, start_new_session=True),
+                                out, logs)
+        yield runs
+    finally:
+        for proc, _, _ in runs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its engine processes too, whatever happened
+            proc.wait()
+
+
 @pytest.mark.parametrize("stream", [True, False])
-def test_synthesize_cli(tiny_model_dir, tmp_path, stream):
-    out = tmp_path / "out.wav"
-    cmd = [sys.executable, "-m", "app.tools.synthesize", "--model-dir", str(tiny_model_dir),
-           "--text", "Hello there, how are you today?", "--prompt-wav", "assets/prompt_en.wav",
-           "--prompt-text", EN_PROMPT, "--out", str(out), "--seed", "7", "--device", "cpu"]
-    if stream:
-        cmd.append("--stream")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+def test_synthesize_cli(cli_runs, stream):
+    proc, out, logs = cli_runs[stream]
+    returncode = proc.wait(timeout=300)
+    stdout, stderr = (logs / "stdout").read_text(), (logs / "stderr").read_text()
+    assert returncode == 0, stderr[-2000:]
+    report = json.loads(stdout.strip().splitlines()[-1])
     audio, sr = sf.read(out, dtype="int16")
     assert sr == 24000 and audio.ndim == 1
     assert audio.shape[0] == round(report["audio_s"] * 24000) > 0
