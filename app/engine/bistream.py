@@ -11,6 +11,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.model.llm import FILL_TOKEN, SOS_ID, TASK_ID_ID, TEXT_ID_OFFSET
@@ -98,6 +99,18 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
                 out += [*made, FILL_TOKEN]  # the fill (sampled, or forced at max_new) ends the block
     finally:
         await blocks.aclose()
+
+
+def take_tokens(synth: Any, req: Any, text_ids: AsyncIterator[list[int]], max_text_tokens: int
+                ) -> AsyncIterator[list[int]]:
+    """`decode` for one take: `req`'s (a SynthesisRequest) prompt, mode and seed on `synth`'s (the
+    Synthesizer's) LM. The final block ends at eos, at most the length limit of `max_text_tokens`; with
+    `req.fixed_tokens` (benchmarks on random weights) it is that long, eos ignored."""
+    s = synth.sampling
+    n_final = req.fixed_tokens or s.length_limits(max_text_tokens)[1]
+    base = LMRequest(req.request_id, (), 0, n_final, req.seed, s, ignore_eos=bool(req.fixed_tokens))
+    prompt_text_ids, prompt_speech = (x.tolist() for x in synth.prompt(req))
+    return decode(synth.lm, text_ids, base, prompt_text_ids, prompt_speech, mix_ratio=synth.model.llm.dims.mix_ratio)
 
 
 async def _blocks(plan: Interleave, text_ids: AsyncIterator[list[int]]) -> AsyncIterator[Block]:

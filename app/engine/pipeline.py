@@ -120,20 +120,24 @@ class Synthesizer:
         self.incremental = True
         log.info("flow state: paged pool, %.2f GiB (%s)", n / 2**30, self.state_sizing)
 
+    def prompt(self, req: SynthesisRequest, voice: VoiceFeatures | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt text ids, prompt speech tokens), 1-D int32, of `req`'s mode in `voice` (default: the
+        request's): the transcript and the voice's tokens (zero-shot), none (cross-lingual), or the
+        instruction (instruct: it replaces the transcript and must end with <|endofprompt|>)."""
+        empty = torch.zeros(0, dtype=torch.int32)
+        voice = voice or req.voice
+        if req.mode == "zero_shot":
+            return voice.prompt_text_ids.reshape(-1), voice.speech_tokens[0].reshape(-1)
+        if req.mode == "cross_lingual":
+            return empty, empty
+        instruct = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
+        return self.model.frontend.text_ids(instruct), empty
+
     def lm_request(self, req: SynthesisRequest, segment: str, index: int,
                    voice: VoiceFeatures | None = None) -> LMRequest:
         """The LM request of segment `index` (its text `segment`), in `voice` (default: the request's)."""
-        fe, voice = self.model.frontend, voice or req.voice
-        text_ids = fe.text_ids(segment)
-        empty = torch.zeros(0, dtype=torch.int32)
-        if req.mode == "zero_shot":
-            prompt_ids, prompt_speech = voice.prompt_text_ids, voice.speech_tokens[0]
-        elif req.mode == "cross_lingual":
-            prompt_ids, prompt_speech = empty, empty
-        else:  # instruct: the instruction replaces the transcript; it must end with <|endofprompt|>
-            instruct = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
-            prompt_ids, prompt_speech = fe.text_ids(instruct), empty
-        lm_ids = tuple(build_lm_ids(text_ids, prompt_ids, prompt_speech))
+        text_ids = self.model.frontend.text_ids(segment)
+        lm_ids = tuple(build_lm_ids(text_ids, *self.prompt(req, voice)))
         s = self.sampling
         if req.fixed_tokens:  # benchmark mode: a set output length whatever the (random) weights sample
             min_tokens = max_tokens = req.fixed_tokens

@@ -19,8 +19,6 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine import bistream
-from app.engine.inputs import ENDOFPROMPT
-from app.engine.lm_backend import LMRequest
 from app.engine.prepare import SpeechInputs
 from app.engine.service import StudioService
 from app.server.errors import ApiError
@@ -140,14 +138,7 @@ def ws_router(service: StudioService, identity: Identity,
                 yield ids
 
         async def produce() -> None:
-            v, s = req.voice, synth.sampling
-            base = LMRequest(req.request_id, (), 0, s.length_limits(lim.max_text_chars)[1], req.seed, s)
-            prompt = (v.prompt_text_ids.reshape(-1).tolist(), v.speech_tokens[0].reshape(-1).tolist()) \
-                if req.mode == "zero_shot" else ([], [])  # cross-lingual: the text alone
-            if req.mode == "instruct":  # the instruction in place of the transcript, as Synthesizer.lm_request
-                text = req.instruct_text if ENDOFPROMPT in req.instruct_text else req.instruct_text + ENDOFPROMPT
-                prompt = (synth.model.frontend.text_ids(text).tolist(), [])
-            tokens = bistream.decode(synth.lm, arriving(), base, *prompt, mix_ratio=synth.model.llm.dims.mix_ratio)
+            tokens = bistream.take_tokens(synth, req, arriving(), lim.max_text_chars)
             # the speech route's fair share, admission and request record (metrics, the page's panels)
             async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens, stop=stop) as (_, chunks):
                 if fmt == "wav":
