@@ -14,6 +14,8 @@
 #   serve         the whole pipeline in-process on a `full` random model, swept at 1/16/64 streams. Knobs: TAG,
 #                 CONC (1,16,64), FIXED (250 tokens), RPS (3 per stream), VOICE (saved,new), SETS ("k=v k=v"),
 #                 CONFIG (e.g. configs/fast.toml), MEMORY (1), PREFLIGHT (1), TEXTS (a file), WARMUP (1), SWEEP_TIMEOUT
+#   textstream    the text-streaming take (WebSocket door's path) beside a plain request, in-process: CONC (1,16),
+#                 WPS (20 words/s; 0 = at once), RPS (2), SETS, CONFIG, TAG
 #   fast          STAGE=options | defaults | fast (HOP_CHECK=1): the flow's speed options, then a sweep
 #   graphs        the flow's solve eager / CUDA graphs / torch.compile under the graphs (DTYPES: float32
 #                 float16), then the sweep with the graphs on (SWEEP=0: the check only)
@@ -127,6 +129,16 @@ step_serve() {  # the whole pipeline in-process: sweep (and the memory experimen
       --gpu-util 0.03,0.06,0.15 --set vllm.enforce_eager=true --out "$OUT/memory.json" 2>&1 | filter | tail -30
   fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
+}
+
+step_textstream() {  # text that streams in (bench/text_stream.py): its take's latencies beside a plain request's
+  local sets=() kv
+  full_model || exit 4
+  for kv in ${SETS:-}; do sets+=(--set "$kv"); done
+  [ -n "${CONFIG:-}" ] && sets+=(--config "$CONFIG")
+  timeout "${TS_TIMEOUT:-400}" python3 -m bench textstream --model-dir /tmp/full --conc "${CONC:-1,16}" \
+    --words-per-s "${WPS:-20}" --requests-per-stream "${RPS:-2}" "${sets[@]}" \
+    --out "$OUT/textstream_${TAG:-base}.json" 2>&1 | filter | tail -20
 }
 
 step_fast() {  # the flow's speed options, then STAGE's sweep
@@ -420,6 +432,7 @@ case $step in
   ray-wheels) set -e; step_ray_wheels ;;
   install) step_install ;;
   serve) gpu_env || exit 3; step_serve ;;
+  textstream) gpu_env || exit 3; step_textstream ;;
   fast) gpu_env || exit 3; step_fast ;;
   graphs) gpu_env || exit 3; step_graphs ;;
   incremental) gpu_env || exit 3; step_incremental ;;
