@@ -30,7 +30,6 @@ from test_player import (
     CORES,
     LAST,
     LOGIN,
-    LONG_TEXT,
     PROMPT_TEXT,
     PROMPT_WAV,
     check_scheduled_equals_received,
@@ -42,6 +41,9 @@ NGINX = "/usr/sbin/nginx"
 SERVER_CORES = ",".join(map(str, CORES[0]))  # as tests/test_player.py: the server (and nginx) here, the client
 # on the last core, or the server's compute starves the reading client (its own machine, in real use)
 PROXY_ADDED_MS = 100  # median client first byte minus the server's arrival -> headers, through nginx
+# several segments, so the audio streams for seconds (the check needs 500 ms between first and last byte); a third
+# of test_player's LONG_TEXT: the 7 full generations took ~80 s of this 2-core box with its 12 sentences
+TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 4)
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +121,13 @@ def timed_speech(url: str, text: str) -> tuple[bytes, dict, float, float]:
 def test_streamed_audio_passes_through_a_buffering_proxy(server, proxy):
     """Same bytes, streamed; the client's first byte comes within PROXY_ADDED_MS of the moment the
     server sent its headers with the first chunk (X-Handler-Ms: request arrival -> headers)."""
-    direct, headers, _, _ = timed_speech(server, LONG_TEXT)
+    direct, headers, _, _ = timed_speech(server, TEXT)
     assert headers["x-accel-buffering"] == "no"  # nginx: do not hold this response back
     added = {"direct": [], "nginx": []}
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, CORES[1])  # this (client) thread on the client's core
     try:
-        runs = [[timed_speech(url, LONG_TEXT) for url in (server, proxy)] for _ in range(3)]
+        runs = [[timed_speech(url, TEXT) for url in (server, proxy)] for _ in range(3)]
     finally:
         os.sched_setaffinity(0, before)
     for pair in runs:
