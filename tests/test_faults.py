@@ -370,8 +370,6 @@ def test_disconnects_free_everything(server, voice):
     d = Disconnector(server[0], voice)
     kinds = [d.v1, d.studio, d.stop, d.closed_tab]
     mix = [d.v1, d.studio, d.v1, d.studio, d.stop, d.closed_tab, d.v1, d.studio, d.stop, d.closed_tab]  # 3:3:2:2
-    with ThreadPoolExecutor(4) as pool:  # warm-up: first-use allocations are not a leak
-        list(pool.map(lambda i: kinds[i % 4](), range(16)))
 
     def settled() -> tuple[dict, float]:
         h = wait_idle(server)
@@ -381,17 +379,18 @@ def test_disconnects_free_everything(server, voice):
         return h, rss["total"]
 
     by_process: list[dict[str, int]] = []
-
-    h0, rss0 = settled()
-    t0 = time.monotonic()
     rss = []
-    for _ in range(2):
-        with ThreadPoolExecutor(4) as pool:  # 4 at a time: the HTTP slots and the page's concurrency_limit
+    # one pool throughout: its 4 threads keep their gradio_client (Disconnector.stop) instead of making new ones
+    with ThreadPoolExecutor(4) as pool:  # 4 at a time: the HTTP slots and the page's concurrency_limit
+        list(pool.map(lambda i: kinds[i % 4](), range(16)))  # warm-up: first-use allocations are not a leak
+        h0, rss0 = settled()
+        t0 = time.monotonic()
+        for _ in range(2):
             list(pool.map(lambda i: mix[i % len(mix)](), range(N_DISCONNECTS // 2)))
-        h, total = settled()
-        rss.append(total)
-        assert h["lm_unfinished"] == 0 and h["active_streams"] == 0 and h["http_waiting"] == 0
-    took_s = time.monotonic() - t0
+            h, total = settled()
+            rss.append(total)
+            assert h["lm_unfinished"] == 0 and h["active_streams"] == 0 and h["http_waiting"] == 0
+        took_s = time.monotonic() - t0
     before, after = h0["requests"]["outcomes"], h["requests"]["outcomes"]
     cancelled = after["cancelled"] - before["cancelled"]
     print(f"\n{N_DISCONNECTS} disconnects in {took_s:.1f} s: cancelled {cancelled}, lm_unfinished "
