@@ -1,11 +1,6 @@
 """Whisper speech recognition of reference clips, through `transformers` (pure model code, no serving).
 
-`WhisperAsr.load(folder, device)` reads a Whisper checkpoint in the Hugging Face layout (config.json,
-generation_config.json, *.safetensors, the tokenizer and feature-extractor files);
-`transcribe(src, language)` decodes the clip with app/audio.py, resamples it to 16 kHz, detects the
-language (unless given) and greedily decodes the words: `Transcript(text, language)`.
-`fetch_asr_model(model_id, ...)` finds the folder: a local one, the Hugging Face cache, else a download
-with huggingface_hub whose byte progress goes to `report(done, total)`.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

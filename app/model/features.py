@@ -1,10 +1,6 @@
 """Frontend features of CosyVoice2, in pure torch (CPU or CUDA, float32).
 
-* `whisper_log_mel`: the speech tokenizer's input (Whisper `log_mel_spectrogram`, 128 mels, 100 fps).
-* `kaldi_fbank` + `cmn`: the CAM++ speaker encoder's input (Kaldi `compute-fbank-feats` defaults).
-* `prompt_mel`: the flow's prompt mel (Matcha `mel_spectrogram`, 80 mels, 50 fps at 24 kHz).
-
-Filterbanks are computed here (librosa's Slaney mel and Kaldi's mel banks) and cached per size.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Frontend: text -> normalised segments -> token ids; prompt audio -> `VoiceFeatures`.
 
-Reproduces the official `CosyVoiceFrontEnd` for 24 kHz models (cosyvoice_internals.md §2):
-speech tokens from a whisper-style 128-bin log-mel of the 16 kHz prompt (ONNX tokenizer),
-CAM++ x-vector from Kaldi fbank + CMN of the 16 kHz prompt, an 80-bin log-mel of the 24 kHz
-prompt, then mel frames and tokens truncated so that mel == 2 x tokens.
-
-`VoiceFeatures` is an immutable value: compute it once per reference recording and reuse it
-for every request with that voice (a saved voice skips all of this).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """HiFT vocoder (CosyVoice2 `HiFTGenerator`): mel [B, 80, T] -> 24 kHz waveform [B, 480 T].
 
-Neural-source-filter + iSTFTNet: an F0 predictor drives a harmonic source (`hift_source.py`); the
-source's STFT is fused into a HiFi-GAN style up-sampling stack whose last conv predicts a
-log-magnitude and a phase per STFT bin, inverted by an iSTFT. Parameter names are the official
-`hift.pt` names in torch>=2.1 weight-norm form (`X.parametrizations.weight.original0/1`);
-`normalize_hift_state_dict` also accepts the older `X.weight_g/weight_v` files and a GAN
-wrapper's `generator.` prefix.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

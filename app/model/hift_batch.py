@@ -1,19 +1,6 @@
 """HiFT for several streams' chunks at once: equal-length rows in one call, each row as it is alone.
 
-Why exact: every HiFT layer mixes frames only within a row (convs, reflect pads, the STFT, the
-phase cumsum), so rows of one batch never interact; but the layers are not causal and pad both
-ends, so a row right-padded to a longer length would change its own last frames. Rows are
-therefore grouped by their exact mel length (`length_buckets`), never padded in time. The rest of
-a stream's state stays per row:
-- the F0 predictor runs row by row (see `vocode_step`), the rest of the step on all rows at once;
-- the NSF noise of a row is drawn from that stream's own generator (`make_row`, shape
-  [1, 9, 480 T]: the numbers `HiFTGenerator.inference` draws for the row alone);
-- the source cache overwrite is a per-row masked select (`cache_len`), so first chunks (no cache)
-  and later ones share a call;
-- the caller updates each stream's mel/source/speech caches from its own row.
-`vocode_step` is the part with static shapes and no host sync (pre-drawn noise, the cache as a
-fixed-width tensor + lengths): what `HiftGraphs` (app/model/hift_graphs.py) captures per
-(rows, frames) bucket. torch.istft checks its window envelope on the host, so the iSTFT runs after.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,5 @@
 """CUDA graphs of HiFT's batched step, captured at warm-up only and replayed while serving
-(`engine.hift_graphs`, GPU only).
-
-Why: a HiFT chunk is ~100 small kernels (F0 convs, the NSF source, three up-sampling stages of
-resblocks); at a few rows a GPU spends its time launching them, and a replay launches them at once.
-What is captured is `vocode_step` (app/model/hift_batch.py): f0 -> source -> cache overwrite ->
-decoder up to conv_post, static shapes and no host sync (each stream's NSF noise is drawn before,
-into the static input). The iSTFT runs eagerly after the replay (torch.istft checks its window
-envelope on the host, which capture forbids).
-
-Buckets: one graph per (padded rows, mel frames) and worker stream, all captured by `capture` before
-the first request; then the set is frozen, and a call whose shape has no graph runs the same step
-eagerly. Nothing is ever captured while serving: a capture there broke the other threads' CUDA work
-(docs/performance.md). Padding, and why it is exact:
-- rows: padded to the bucket (a power of two) with copies of the last row; HiFT rows never interact,
-  and the extra outputs are dropped (on CUDA another row count may pick other conv algorithms: float
-  rounding, which the random HiFT's phase integral amplifies);
-- source cache: every graph takes a cache of `min(cache_samples, 480 T)` samples plus per-row lengths;
-  a shorter (or no) cache is zero-filled and masked out by `cache_len` (`torch.where`, exact);
-- frames are never padded: HiFT's convs and reflect pads are not causal, so extra frames change a
-  row's own last samples. The frame buckets are therefore exact lengths, by default every non-final
-  chunk length of the streaming schedule for any prompt length (`schedule_frames`); finals and
-  speed-changed audio have free lengths and run eagerly.
-Each token->wave worker replays its own graph set (own static buffers and memory pool) on its own
-CUDA stream, in order, so a static output is read before the next replay overwrites it.
-Checked on the CPU with the recording stood in (tests/test_hift_graphs.py) and on the H200 by
-bench/gpu/hift_graphs.py (docs/performance.md: 270 graphs for two workers, 3.9 GB, 29 s).
+(`engine.hift_graphs`, GPU only). Design notes: docs/model.md.
 """
 
 from __future__ import annotations

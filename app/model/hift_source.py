@@ -1,10 +1,6 @@
 """HiFT's excitation side: the mel -> F0 predictor and the harmonic-plus-noise (NSF) source.
 
-Behaviour follows the official CosyVoice2 `ConvRNNF0Predictor` and `SourceModuleHnNSF2`/`SineGen2`
-(the 24 kHz variant): harmonics k·f0 for k = 1..nb_harmonics+1, a phase integrated at the *mel
-frame* rate and linearly interpolated to the sample rate, zero sine where f0 <= the voiced threshold,
-additive Gaussian noise, then a learned Linear(n_harmonics, 1) + tanh merge. Parameter names match
-`hift.pt` (`f0_predictor.condnet.{0,2,4,6,8}`, `f0_predictor.classifier`, `m_source.l_linear`).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

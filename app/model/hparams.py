@@ -1,10 +1,6 @@
 """Numeric hyper-parameters of a CosyVoice2 model folder.
 
-`cosyvoice2.yaml` is HyperPyYAML: `!new:`/`!name:`/`!apply:` tags name Python classes of the
-official code base and `!ref <key>` points at other keys (optionally with arithmetic). We never
-instantiate those classes; we read the tagged nodes as plain mappings, resolve the `!ref` numbers
-and keep only the sizes our own modules need. The Qwen2 backbone's sizes live in
-`CosyVoice-BlankEN/config.json`. Strict state-dict loads then prove the numbers right.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

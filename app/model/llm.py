@@ -1,14 +1,6 @@
 """The CosyVoice2 speech LM (official `Qwen2LM`): prompt building, one decode step, decode loops.
 
-`SpeechLM` holds weights only (state-dict keys identical to `Qwen2LM`); each request owns a
-`DecodeState` (KV cache, generator, emitted tokens). The pure-torch `decode` loop here is the
-reference backend; a serving engine may replace the loop and keep `build_lm_input` and the
-stop-token constants (the length limits are `SamplingConfig.length_limits`, app/config/model.py).
-
-Sequence fed to the Qwen2 backbone (positions from 0 at sos):
-    [sos, embed_tokens(prompt_text + text), task_id, speech_embedding(prompt_speech)]
-sos/task_id are the two rows of `llm_embedding`; no speaker embedding is used. The same sequence as
-ids of one table (`build_lm_ids`, `embed_lm_ids`; the vLLM export's embedding): what serving engines send.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

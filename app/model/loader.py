@@ -1,8 +1,6 @@
 """Load a CosyVoice2 model folder in the official layout, unchanged.
 
-Every `.pt` is read with `torch.load(weights_only=True)` and loaded strictly into our modules,
-whose parameter names equal the official ones; dimensions come from the folder's yaml numbers
-(`hparams.py`), so any size loads. Errors name the file that is missing or unreadable.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The two ONNX networks of the CosyVoice2 frontend, run with onnxruntime.
 
-* `SpeechTokenizerOnnx` (`speech_tokenizer_v2.onnx`): Whisper log-mel `[1,128,T]` -> 25 Hz speech tokens.
-* `SpeakerEncoderOnnx` (`campplus.onnx`): CMN'd Kaldi fbank `[T,80]` -> 192-d x-vector.
-
-Inputs are addressed by position, as the official frontend does, so renamed graph inputs still work.
-ORT sessions are safe to `run` from several threads at once, so one instance serves every request.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """A small Qwen2 decoder over `inputs_embeds` (gpt-fast style), with a per-request KV cache.
 
-Only what the speech LM needs: RMSNorm, rotary positions (rotate-half layout, theta from
-`QwenDims`), grouped-query attention with q/k/v biases and a bias-free o_proj, SiLU-gated MLP.
-The module holds weights only; every request owns its `KVCache`, so one shared model can decode
-several requests interleaved. Parameter names follow HF `Qwen2ForCausalLM` so the official
-`llm.pt` keys (`llm.model.model.layers.{i}.self_attn.q_proj.weight`, ...) load unchanged.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Repetition-aware sampling (RAS) for a batch of rows at once, as log-probabilities: pure torch.
 
-The batched form of `app.model.sampling.ras_distribution` (the official sampler, one row): for R rows
-of logits it returns log P, where P is the exact distribution of the official draw (same rules):
-
-    p = softmax(logits[:n_valid])            (eos at -inf while fewer than min_tokens were made)
-    K = nucleus of p (stable descending sort; item i kept while its float32 running sum
-        before it is < top_p and i < top_k),   q_x = p_x / sum_K p
-    P(y) = q_y [y in K, y not repeated] + sum_{x in K repeated} q_x * p_y / (S - p_x) * [y != x]
-
-"repeated": x occurs at least win_size * tau_r times in the row's last win_size output tokens
-(preceded by `history`: the outputs of earlier requests of one decode, e.g. bi-streaming's blocks);
-S = sum(p). Sampling softmax(log P) = P (temperature 1, no top-k/top-p) is the official draw. Ids >=
-n_valid (the export pads the vocabulary) get -inf. `app.engine.vllm_ras` runs this inside vLLM as a
-logits processor; a request asks for it with `extra_args[EXTRA_ARGS_KEY]` (the `RASParams` fields).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """CUDA graphs of the batched RAS step (`[vllm] ras_cuda_graphs`, GPU engines only).
 
-Why: `ras_log_probs` (app/model/ras_batch.py) is ~40 small kernels per engine step. At a few rows the
-GPU runs them in microseconds while the engine process spends ~5-10 us of Python and driver time to
-launch each one, on the critical path of every step. A captured graph launches them at once.
-
-Shapes: one graph per batch layout (rows R, vocabulary, k_max, w_max, n_cols, whether rows differ in
-n_valid). Rows are never padded: the row count is part of every kernel's shape, so a graph computes
-exactly what the eager call computes on that batch (the same kernels on the same shapes; checked on
-the H200 by bench/gpu/ras_graphs.py). Graphs are captured on first use (a few ms) and kept in an LRU
-of `max_graphs`; all share one memory pool, which is safe because they replay one at a time, in order,
-on the engine's stream, and every tensor read after a replay (inputs, output) is held by its graph.
-Each step copies its inputs into the graph's static buffers on the same stream, replays, and the
-caller copies the static output out before the next replay can overwrite it: no host sync anywhere.
-A failed capture falls back to the eager call for that layout (logged once).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

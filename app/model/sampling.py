@@ -1,13 +1,6 @@
 """Repetition-aware sampling (RAS, VALL-E 2) exactly as the official CosyVoice2 decoder draws.
 
-Official behaviour (`ras_sampling` at ace7c47), per step on the 6564-way log-probabilities:
-1. nucleus: softmax, stable descending sort, keep items while `cum < top_p` and
-   `count < top_k` (the item that crosses top_p is kept; cum is a float32 running sum), draw
-   one with `multinomial(1, replacement=True)` over the kept, unnormalised probabilities;
-2. if the drawn id occurs at least `win_size * tau_r` times in the last `win_size` decoded
-   tokens, set its score to -inf and draw again from the softmax over all ids.
-The same two `multinomial` calls on same-sized float32 tensors are made here, so a
-`torch.Generator` seeded like the official global seed gives identical tokens.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Where the model folder comes from: an explicit folder, the Hugging Face Hub (cache first), or a
 generated tiny random model when neither is available (offline demos; the output is noise).
-
-`resolve_model_dir(model_cfg, set_status)` returns (folder, is_random) and reports progress through
-`set_status` (the page's status line). `model_fingerprint` identifies a folder's feature extractors
-for the voice store.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Text normalisation and segment splitting of the CosyVoice2 frontend (`text_normalize`).
 
-Reproduces the official frontend with the `wetext` backend (or none). Pipeline for one text:
-* bypass: `text_frontend=False`, empty text, or text holding both `<|` and `|>` -> unchanged;
-* zh (any char in U+4E00..U+9FFF): wetext zh TN, then `\\n` removed, spaces kept only between two
-  ASCII non-space chars, `²/³` -> `平方/立方`, `.` -> `。`, `" - "` -> `，`, `（）【】` and backticks
-  removed, `——` -> space, trailing `[，,、]+` -> `。`;
-* en: wetext en TN, then every remaining digit run spelled out by inflect;
-* split into segments (zh: at most ~80 chars, en: ~80 Qwen tokens), punctuation-only ones dropped.
-
-The fixture was produced with wetext 0.0.4, whose `Normalizer.normalize` is: if the text has a
-digit, `verbalizer(reorder(tagger(text)))` with no stripping anywhere (the en verbalizer leaves a
-trailing space that later becomes `" ."`). wetext 0.0.7 ships the same FSTs but its `normalize`
-strips input/output and sends pure-digit strings to zh, so we drive its FSTs ourselves.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

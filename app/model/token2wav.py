@@ -1,27 +1,6 @@
 """Speech tokens -> 24 kHz waveform, streamed, with all per-request state in one object.
 
-The chunk schedule reproduces the official `CosyVoice2Model.tts` (cosyvoice_internals.md §5):
-the first hop is `first_hop_tokens` plus the pad that puts its end on a 25-token chunk edge of
-the (prompt + generated) sequence; each hop needs `pre_lookahead` extra tokens; hops then grow
-x`hop_growth` up to `max_hop_tokens` (each rounded up to end on a chunk edge: a no-op in the
-official schedule); the last chunk is `finalize=True` with full attention.
-HiFT keeps an 8-frame mel cache, a 3840-sample source cache and a 3840-sample cross-fade tail;
-`hift_row` / `emit` split a chunk's HiFT around a call that may hold other streams' rows
-(app/model/hift_batch.py), `vocode` runs it alone.
-
-The schedule is the user's `StreamingConfig` itself; the rest comes as keywords: `incremental`
-(engine.flow_incremental) runs the streaming hops through the cached flow (app/model/flow/incremental.py:
-only the frames after the last committed chunk, same mel as the re-solve up to float rounding; the
-per-stream `FlowState` lives here); `chunk_tokens` / `pre_lookahead` are the checkpoint's flow facts.
-`streaming.final_call == "chunk_causal"` makes the final call chunk-causal (streaming=True) so it is
-incremental too, at a measured deviation (docs/precision.md). The engine submits each hop as an
-`IncrementalItem` to `flow_batch`, so concurrent streams' hops share one estimator call
-(app/model/flow/batch.py); `flow_step` runs one stream's hop alone.
-
-Deliberate deviation from upstream: the hop length lives on the per-request `Token2WavStream`,
-so it never leaks into the next request (upstream mutates the shared model and every later
-request starts with a 4 s first chunk). `crossfade="complementary"` is an option; the default
-"hamming" reproduces the official window (its halves sum to ~1.08).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

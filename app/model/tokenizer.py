@@ -1,10 +1,6 @@
 """Text tokenizer of CosyVoice2: the Qwen2 BPE of `CosyVoice-BlankEN/` plus CosyVoice's specials.
 
-The official `CosyVoice2Tokenizer` loads the folder with `AutoTokenizer` and calls
-`add_special_tokens` with eos/pad `<|endoftext|>` and an ordered list of additional specials. The
-BlankEN vocabulary already holds `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (151643-151645), so
-only the 17 `SPECIAL_TOKENS` are new and get ids 151646-151662 (`len == 151663`). Encoding adds no
-BOS/EOS; special-token strings typed in the text are recognised as specials.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

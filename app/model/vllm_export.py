@@ -1,24 +1,6 @@
 """Export the speech LM of a CosyVoice2 folder as a Hugging Face-format Qwen2 folder for vLLM.
 
-vLLM serves a causal LM whose embedding is the prompt's one id space (app.model.llm.build_lm_ids), so
-prompts arrive as token ids (no prompt embeddings: they cost vLLM's runner host time on every step):
-    speech_embedding [6564, D] ; llm_embedding [2, D] ; Qwen's embed_tokens [Vt, D]
-                                -> model.embed_tokens.weight [V, D]: rows 0, SPEECH_ID_ROWS, TEXT_ID_OFFSET
-                                   (V = TEXT_ID_OFFSET + Vt padded to 64; padded rows 0)
-    llm_decoder.weight          -> lm_head.weight [V, D]  (rows past 6564 are 0)
-    llm_decoder.bias            -> HEAD_BIAS_FILE: lm_head.bias [V] float32
-                                   (rows past 6564 PAD_BIAS, so only speech tokens are ever sampled)
-    llm.model.model.layers.*, llm.model.model.norm.weight -> model.layers.*, model.norm.weight
-and drops Qwen's text lm_head.
-
-config.json names `Qwen2ForCausalLM`, an architecture vLLM ships, so no model plugin (and no
-install of this project) is needed in vLLM's engine processes. Qwen2's lm_head has no bias: the
-bias lives beside the weights, in a subfolder vLLM's weight loader never reads (it globs only the
-top folder), and `app.engine.vllm_ras.RASLogitsProcessor` adds it to every row's logits before
-anything samples from them. The folder goes to `cache_root/<sha256(llm.pt)[:16]>-<dtype>-v<format>/`,
-written to a temp folder and renamed into place, so a folder that exists is complete; the model
-folder is never written. Imports only torch/safetensors/app.model: it also runs in the
-quantization venv (no vLLM).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Several streams' incremental hops in one call (cross-stream batching of app/model/flow/incremental.py).
 
-Each stream runs its own encoder pass (`prepare_hop`: token-rate work, a few % of the flow's); the
-pooled streams' 10-step CFG solves then run as one packed call (app/model/flow/packed.py, replayed
-from a captured bucket when one fits). States with buffers of their own (no pool: the reference path)
-solve one by one.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

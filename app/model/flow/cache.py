@@ -1,11 +1,6 @@
 """Storage for the incremental flow (app/model/flow/incremental.py): growable K/V buffers, conv left
 context, and `StageCall`, the view of one stage's state that the layers' `forward_cached` methods use.
-
-A *stage* is a run of layers over one position axis: the encoder's token-rate blocks, its frame-rate
-blocks, and the estimator (frame rate, one *slot* per Euler evaluation, one *row* per CFG half).
-Positions before `StageState.length` are committed: their keys/values and the left context of
-every causal conv after them never change again (whole chunks only). A call computes positions
-start = length .. end-1 and commits up to `commit` (<= end); the rest is recomputed next call.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The flow's token encoder: a conformer with relative positions that upsamples 25 Hz tokens to 50 Hz.
 
-Layout (official `UpsampleConformerEncoder`, parameter names kept for a strict load):
-`embed` (Linear + LayerNorm, x·√D, relative-position table) → `pre_lookahead_layer` (each token
-sees the next 3) → `encoders` (pre-norm conformer blocks: rel-pos self-attention + SiLU FFN, no
-conv module, no macaron) → `up_layer` (nearest ×2 + causal conv) → `up_embed` → `up_encoders`
-(4 blocks) → `after_norm`.
-
-Every module here takes B rows with per-row lengths: padded positions are zeroed after the
-embedding so that the look-ahead conv of a short row sees zeros (or its own context) exactly like
-an unpadded B=1 call; attention masks padded keys; all other convs are causal.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """The flow-matching velocity estimator (official `CausalConditionalDecoder`, a 1-D U-Net without
-any actual down/up-sampling).
-
-Input channels are `[x, mu, spks broadcast over time, cond]` (4 × 80). A sinusoidal embedding of
-the flow time t goes through `time_mlp` and is added inside every resnet block. Layout:
-down (resnet in→C, n_blocks transformer blocks, causal conv; skip saved before the conv),
-mid (num_mid_blocks × (resnet C→C + n_blocks blocks)), up (concat skip → resnet 2C→C, blocks,
-causal conv), `final_block`, `final_proj`. Convs are causal (left padding), so streaming chunks
-only need the chunk attention mask. Parameter names match the official checkpoint.
-`forward` / `forward_cached` run a restructured equivalent channels-last, with weights derived from the
-parameters (`_Fused`); the modules' own forwards are the official structure (tests/estimator_reference.py).
+any actual down/up-sampling). Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """`CausalFlow`: speech tokens + prompt (tokens, mel, x-vector) -> 80-bin mel at 50 Hz.
 
-Official `CausalMaskedDiffWithXvec` semantics (cosyvoice_internals.md §3): the x-vector is L2-
-normalised and projected to 80-d (`spks`); prompt and new tokens are embedded and encoded together
-(`mu` = `encoder_proj(h)`, 2 frames per token); a conditional flow-matching ODE is integrated from
-fixed noise with a 10-step Euler solver on a cosine time grid, classifier-free guidance pairing
-every row with an unconditional row (mu, spks, cond zeroed). The prompt mel is the `cond` of the
-first frames; the output is the mel after them.
-
-Streaming re-runs the whole prefix each chunk; block-causal masks (25 tokens / 50 frames) and the
-fixed noise (always sliced from frame 0) make the already emitted frames come out the same.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """CUDA graphs of the flow's velocity estimator at bucketed lengths (`engine.flow_cuda_graphs`).
 
-Why: one estimator evaluation is ~180 small kernels and a chunk needs 10 of them (Euler steps, the
-CFG pair as 2 rows), so at batch 1 a GPU spends its time launching kernels, not computing
-(docs/performance.md: ~290 ms per first chunk on an H200). A captured graph launches them at once.
-
-Lengths: a graph has fixed shapes, so `CausalFlow.solve` right-pads the frames T to a multiple of
-`bucket_frames` (mask 0 on the padding) and a batch's rows to a power of two (copies of its last
-row: rows never interact), and cuts the result back. The estimator is exact under
-right padding: its convs are causal (a frame sees only earlier ones), LayerNorm is per frame and
-attention gives padded keys a -1e10 bias (weight exactly 0), so the valid frames equal the
-unpadded ones up to kernel rounding (tests/test_token2wav.py on the CPU; on the H200 the mel was
-bit-identical: bench/gpu/flow_graphs.py, docs/performance.md).
-
-One graph per (rows, padded T, dtype, device, streaming), captured on first use (one eager warm-up
-evaluation on a side stream, then the capture in thread-local mode, so other token2wav workers may
-keep running), at most `max_graphs` kept (least recently used dropped). A capture that fails runs
-that evaluation eagerly and later captures use a new pool (counted in `stats.capture_failures`).
-All graphs share one memory pool, so a graph's static output is valid only until the next replay:
-`CausalFlow.solve` holds `lock` for its whole solve and waits for its stream before releasing it.
-Without capture (`capture=False`, or tensors off CUDA) the padding still applies and the estimator
-runs eagerly: what the CPU tests exercise.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

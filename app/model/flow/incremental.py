@@ -1,39 +1,6 @@
 """Incremental streaming flow: each streaming call computes only the frames after the last committed
 chunk, from a per-stream `FlowState`, and gives the re-solve's mel (`CausalFlow.inference`).
-
-Why it is exact (docs: shared/research/flow_incremental.md, Q1): with streaming=True every layer is
-per frame, causal, or block-causal with full left context (25-token / 50-frame chunks), the 3
-look-ahead tokens are real tokens that never change, the noise is indexed by absolute frame and
-the time grid is the same in every call. So a finished chunk's activations, at every Euler
-evaluation, CFG row and layer, do not depend on later frames. The state keeps, for committed
-positions, per (evaluation, CFG row, layer): attention keys/values, and the left context of every
-causal conv (2 frames; 4 upsampled frames; 2 look-ahead conv outputs). Only whole chunks are
-committed: a call that ends mid-chunk (align_first_hop=False) computes its partial chunk and the
-next call computes it again from the chunk edge, as the re-solve does. Numerically the new frames
-equal the re-solve's up to kernel rounding (tests/test_flow_incremental.py records the measured
-differences; GEMM and attention shapes differ, so bitwise identity is not promised).
-
-Not incremental: the official final call (streaming=False: full attention, every frame changes).
-`app/model/token2wav.flow_step` keeps today's full re-solve for it; a chunk-causal final call
-(streaming=True, finalize=True) runs here, and its deviation is in docs/precision.md.
-
-Voice prefix (Q2): chunk c holds prompt tokens only, look-ahead included, iff 25(c+1)+3 <= P
-(P prompt tokens; the first hop's alignment pad is generated tokens, so it never counts). The
-state of those chunks depends only on the voice (tokens, mel, x-vector), the weights and the
-dtype; `build_voice_prefix` computes it once and `FlowState(prefix=...)` starts from it without
-ever writing it (its buffers are copied when the stream first extends them: copy-on-extend).
-
-Memory (storage dtype = the flow's): per committed mel frame, estimator K+V =
-    attention layers (n_blocks·(num_mid_blocks+2)) × 2 × num_heads·attention_head_dim
-    × n_timesteps × 2 CFG rows × bytes
-= 56 × 2 × 512 × 10 × 2 × 4 B = 4.59 MB fp32 (2.29 MB fp16) for CosyVoice2-0.5B; the encoder adds
-(num_blocks/2 + num_up_blocks) × 3 (K, V, linear_pos rows) × D × bytes = 43 kB fp32 per frame. Conv
-tails are fixed per stream (31 convs × 2 frames × channels × 20, ~1.3 MB fp32). `state_bytes`
-computes the formula from a flow's dims. Storage is one growable tensor per stage,
-[2 (K/V), layers, evaluations, rows, heads, T, d_head], grown by a quarter in whole chunks
-(app/model/flow/cache.py `next_capacity`: at most 1.25x the committed frames + one chunk; capacity
-doubling held up to 2x), so the batched pass (app/model/flow/batch.py) gathers [rows, heads, T, d]
-per (layer, evaluation) without lists of small tensors.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

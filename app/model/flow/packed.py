@@ -1,19 +1,6 @@
-"""The estimator solve of S streams' incremental hops over a `KVPool` (app/model/flow/paged.py) with
-their new frames packed in one row: no row padding, no frame padding, each query over exactly its
-own visible keys. Static shapes, so a (streams, frames, keys) bucket replays as a CUDA graph
-(app/model/flow/paged_graphs.py).
-
-Layout: the M = Σ n_s new frames, stream after stream, are one row [1, 80, M] (two with the CFG
-pair). A causal k=3 conv reads, per frame, [x(t-2), x(t-1), x(t)] of its own stream: the streams'
-committed tails (2 frames each) sit in front of the packed frames, and one index gather builds the
-conv's im2col columns [rows, M, 3C] for one GEMM. Each stream's keys [0, end) are gathered from the
-pool once per layer into one packed key row; its new frames split at chunk edges into *segments*
-whose queries see keys [lo, min(end, chunk end)) (block-causal as `chunk_mask`): one variable-length
-attention call covers every segment (CUDA: the memory-efficient kernel with query offsets, key
-offsets and key lengths; CPU: one SDPA per segment). CFG rows ride as heads: q [M, 2H, d].
-
-Padding to a bucket changes no valid frame: padded frames write the sink block and read their own
-segments (one zero key each), padded streams use the padding tail slot, padded segments are empty.
+"""The estimator solve of S streams' incremental hops over a `KVPool` (app/model/flow/paged.py), their new
+frames packed in one row: no padding, static shapes (CUDA graphs: app/model/flow/paged_graphs.py).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """A paged pool for the incremental flow's estimator state (app/model/flow/incremental.py).
 
-One preallocated tensor holds every stream's estimator keys/values in fixed-size blocks of one
-attention chunk (`static_chunk_size`, 50 mel frames):
-
-    kv [blocks, evaluations (10), layers (56), 2 (K/V), CFG rows (2), heads, 50, d_head]
-
-so a block holds one chunk of frames for every (Euler evaluation, CFG row, layer): 50 × 4.59 MB =
-229 MB in fp32, 115 MB in fp16 on CosyVoice2-0.5B (`bytes_per_frame`). A stream's `PagedKV` is a
-block table (block ids by chunk index) and a committed length; blocks are taken from the free list
-when a call reaches a new chunk (`reserve`: all or nothing, `PoolFull` when short) and given back when
-the stream ends (`PagedStage.release`, from a `finally`). Growth copies nothing.
-
-Why whole-chunk blocks suffice: an incremental call always starts at the committed edge, which is a
-chunk edge (only whole chunks are committed), so a call writes only blocks at or after its first new
-chunk and never a block it shares.
-
-A voice's prompt-only blocks (`VoicePrefix` built on a pool) are computed once; a stream started from
-the prefix puts the same block ids at the head of its table and counts one reference on each
-(`retain`), so N streams of one voice hold the prefix once. A block goes back to the free list when
-its last reference goes (the prefix's own reference is dropped when the prompt cache evicts it).
-
-Conv left context lives in the pool too, one *tail slot* per stream: tails [slots + 1, evaluations,
-rows, Σ conv input channels, 2] (1.3 MB fp32 per stream on CosyVoice2-0.5B). A stream from a prefix
-copies the prefix's tail slot once (the only copy: 1.3 MB). Block 0 is the padding block (zeros,
-read by padded key positions, never written) and block 1 the sink (padded frames write there, never
-read); tail slot 0 is the padding streams' scratch. Both are what the static-shape packed call
-(app/model/flow/packed.py) needs to replay CUDA graphs: every per-stream choice is an index.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """CUDA graphs of the packed incremental solve (`packed_solve`, app/model/flow/packed.py), one per
-(streams, frames, keys) bucket, captured at warm-up only and replayed while serving.
-
-Why warm-up only: a capture while other threads issue CUDA work breaks their work ("operation not
-permitted when stream is capturing"; docs/performance.md), so `capture` runs before the engine
-serves and `run` never captures: a call with no fitting bucket returns None and runs eagerly (the same
-static-shape code, at its tight shape). A bucket (S, M, K) fits a call of s <= S streams with
-Σ new frames <= M and Σ keys (each stream's end) <= K. Graphs share one memory pool and static
-buffers are reused, so `run` holds `lock` from the input copy to the output clone (the clone is taken
-on the caller's stream before the lock is released), and each caller's CUDA stream first waits for
-the previous caller's.
+(streams, frames, keys) bucket, captured at warm-up only and replayed while serving. Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """`PromptCache`: per-voice flow prefixes (`VoicePrefix`), least recently used evicted first.
 
-Owned by the engine (one per flow module); keys are the engine's voice keys. A hit is checked
-against the prompt it is asked for (tokens, mel, x-vector compared exactly), so a reused key with
-another prompt rebuilds instead of returning a wrong state. Entries are read only: streams start
-from them with `FlowState(..., prefix=entry)` and copy a buffer before extending it; with a `KVPool`
-(app/model/flow/paged.py) the estimator blocks are shared by reference instead, and an evicted entry
-drops its references (the blocks go back when the last stream started from it ends).
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

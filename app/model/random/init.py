@@ -1,12 +1,6 @@
 """Seeded random weights for our CosyVoice2 modules, so every tensor matters.
 
-The scheme follows the parity fixture's (its README): Linear/Conv weights N(0, 1/fan_in), biases
-N(0, 0.05) (Qwen q/k/v biases N(0, 0.2)), norm gains U(0.7, 1.3), rel-pos biases N(0, 0.3),
-Snake alphas U(0.5, 1.5), weight-norm g = ||v|| * U(0.8, 1.2), embeddings N(0, 1), the LM decoder
-N(0, 4/hidden). Then two calibrations make the output sound like (noisy) speech, not silence or
-clipping: HiFT's f0 head gives 60 + 80 z Hz on a calibration mel, HiFT's magnitude bias puts the
-waveform std near 0.05, and the LM's eos bias makes utterances end after a few times the text
-length instead of running to the 20x cap.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

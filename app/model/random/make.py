@@ -1,11 +1,6 @@
 """Write a random-weight CosyVoice2 model folder in the official layout (`make_model`).
 
-The CLI is `python -m app.tools.make_model OUT --size tiny|full [--seed N] [--tokenizer-from DIR]`.
-
-`tiny` runs fast on a 2-core CPU and keeps Qwen2 head_dim 64 (vLLM's CPU attention needs it);
-`full` has CosyVoice2-0.5B's dimensions (same parameter counts, same FLOPs) for GPU benchmarks.
-The folder loads through `app.model.loader.load_model` exactly like the real one. Its audio is
-noise by design. Nothing is written outside OUT.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Every number that differs between the random checkpoints `make_model` can write.
 
-`FULL` is CosyVoice2-0.5B's shape (cosyvoice_internals.md §1.2); `TINY` is a model small enough for
-fast CPU tests that still runs under vLLM's CPU attention. Fixed numbers that both sizes share
-(6561 speech tokens, 80 mels, `spk_embed_dim` 192, HiFT rates, chunk sizes, ...) live in the
-yaml template, not here.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

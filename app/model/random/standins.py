@@ -1,19 +1,6 @@
 """Small random ONNX stand-ins for `campplus.onnx` and `speech_tokenizer_v2.onnx`.
 
-The real networks (CAM++ x-vector, S3Tokenizer v2) are trained models we cannot make; these keep
-their input/output names, dtypes and shapes so the frontend runs unchanged on a random checkpoint:
-
-* `campplus.onnx`: `input` float32 [1, T, 80] (CMN kaldi fbank) -> `output` float32 [1, 192].
-  `h_t = tanh(W1 (0.25 x_t) + b1)` (64-d), `output = W2 [mean_t h ; mean_t h^2] + b2`.
-* `speech_tokenizer_v2.onnx`: `feats` float32 [1, 128, T] (whisper log-mel, 100 fps) and
-  `feats_length` int32 [1] -> `indices` int64 [1, T'], T' = ceil(ceil(T/2)/2) (25 Hz).
-  Frames >= feats_length are zeroed; Conv1d(128,32,k3,s2,p1)+GELU; Conv1d(32,32,k3,s2,p1)+GELU;
-  per-channel standardisation over time; Linear(32,8); FSQ digits d = round(0.999 tanh(.)) + 1;
-  index = sum_i d_i 3^i in [0, 6560]. The standardisation makes every token depend on how a frame
-  differs from the utterance mean, so speech gives varied tokens.
-
-Weights are drawn from a seeded `torch.Generator` (Linear/Conv weights N(0, 1/fan_in), biases
-N(0, 0.05^2)); the same seed writes byte-identical files.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The `CosyVoice-BlankEN/` folder of a random model: Qwen2 tokenizer, config, weight skeleton.
 
-The official loader runs `AutoTokenizer.from_pretrained(BlankEN)` and
-`Qwen2ForCausalLM.from_pretrained(BlankEN)` (whose weights `llm.pt` then overwrites), so the folder
-needs a Qwen2-format tokenizer (vocab.json + merges.txt + tokenizer_config.json), config.json,
-generation_config.json and a model.safetensors with the right tensor names and shapes.
-
-Without a real Qwen2 vocabulary to copy we train a small byte-level BPE on a built-in en/zh text
-with Qwen2's pre-tokenizer, then pad vocab.json with unreachable filler entries up to 151643 rows
-so every special id matches Qwen2: `<|endoftext|>` 151643, `<|im_start|>` 151644, `<|im_end|>`
-151645, and CosyVoice's 17 added specials land on 151646..151662 as with the real model.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations

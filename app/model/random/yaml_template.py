@@ -1,9 +1,6 @@
 """`cosyvoice2.yaml` for a random checkpoint, in the layout of the official model folder.
 
-The official file (examples/libritts/cosyvoice2/conf/cosyvoice2.yaml) is HyperPyYAML whose `!new:`
-tags name classes of the official code base. We write the same keys, tags and fixed numbers so that
-the folder also loads with the official code; only the sizes of `ModelSize` change. Our own loader
-(`app.model.hparams`) reads just the numbers.
+Design notes: docs/model.md.
 """
 
 from __future__ import annotations
