@@ -1,12 +1,6 @@
-"""`python -m app.cluster`: the studio page and the API on Ray Serve replicas (one engine per GPU), on this
-host or a Ray cluster (the page runs in the one ingress replica, its work on the engine replicas).
+"""`python -m app.cluster`: the studio page and the API on Ray Serve replicas, one engine per GPU.
 
-    python -m app.cluster --replicas 2                      # this host: a local Ray, 2 replicas (2 GPUs)
-    python -m app.cluster --address auto --set cluster.max_replicas=8   # the Ray cluster of this host
-
-Config as for app.py (configs/default.toml, --config, --set, COSYVOICE_* env); `[cluster]` sizes the
-replicas, `[server] host/port` is Serve's HTTP address. Runs until SIGINT/SIGTERM, then shuts Serve
-down (replicas close their engines) and, for a local Ray, Ray itself.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -24,8 +18,18 @@ REPO = Path(__file__).resolve().parents[2]
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024 * 1024  # a local Ray's shared memory: requests and uploads (<= 21 MB) pass it
 
 
+_EPILOG = """examples:
+  python -m app.cluster --replicas 2                      # this host: a local Ray, 2 replicas (2 GPUs)
+  python -m app.cluster --address auto --set cluster.max_replicas=8   # the Ray cluster of this host
+
+Config as for app.py; [cluster] sizes the replicas, [server] host/port is Serve's HTTP address.
+Runs until SIGINT/SIGTERM. Design notes: docs/cluster.md; deploying: docs/deploy.md."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.cluster", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m app.cluster", description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     add_config_args(p, server=True)
     p.add_argument("--replicas", type=int, help="a fixed replica count (sets cluster.min_replicas and max_replicas)")
     p.add_argument("--address", help="Ray cluster to join (cluster.address): 'auto' or host:port")

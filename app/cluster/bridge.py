@@ -1,14 +1,6 @@
 """HTTP over a Ray Serve handle: the ingress sends a request as a plain dict, a replica runs it through
 the single-process FastAPI app (app/server/main.py:build_api) and yields the ASGI messages it sends.
-
-One replica-side function (`run_asgi`) and one ingress-side response (`PassThroughResponse`) keep every
-/v1 route, check, error shape and streamed body exactly as `python app.py` serves them: nothing of the
-API is re-implemented here. The body streams message by message (one audio chunk = one message), so
-the first bytes leave the replica as soon as the replica's app sends them.
-
-A request dict: {"method", "path", "query_string" (bytes), "headers" [(name, value) bytes pairs],
-"body" (bytes), "client" (host, port) | None}. Messages: ASGI's "http.response.start" (status,
-headers) and "http.response.body" (body, more_body) dicts, as sent.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The Ray Serve application: `build_app(cfg)` = the ingress bound to the replica deployment, options from `[cluster]`.
 
-One ingress replica (it holds the page's Gradio sessions, which live in one process; it only relays, so
-0 CPUs are reserved for it) in front of the `StudioReplica`s.
-
-Replicas autoscale on ongoing requests (Serve's default policy) between `min_replicas` and
-`max_replicas`, each holding `num_gpus` GPUs (one engine per GPU) and at most `max_ongoing_requests`
-requests (default: the admission's slots + queue, `[server] concurrency_limit + queue_max_size`,
-so the replica's own admission, not Serve, answers "busy").
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The cluster's front door: a FastAPI app on Ray Serve's HTTP proxy, in front of the `StudioReplica`s.
 
-    /         the studio page (Gradio), run here with a `ClusterService` (app/cluster/page.py): every
-              session's queue state stays in this one process; each synthesis, reference clip and
-              transcription runs on a replica, the saved voices are the shared store
-    /studio/* the page's low-latency player (app/server/studio_stream.py, on the same `ClusterService`):
-              its reference is an upload on this host, and its take event (app/ui/player.py) reads the
-              record the replica sent back at the end of the stream
-    /v1/*     forwarded to one replica (Serve routes by load: fewest ongoing requests of two picked),
-              the response streamed back message by message (`bridge.PassThroughResponse`)
-    /health   every replica's GET /health (`handle.broadcast`), merged (app/cluster/metrics.py)
-    /metrics  every replica's GET /metrics with a `replica` label, plus cosyvoice_cluster_* totals
-
-A replica that dies before it answered (Ray reports the actor gone) is skipped: the request goes to
-another replica, up to `[cluster] request_retries` times, then 503 `replica_unavailable`. One that dies
-mid-body breaks the client's connection (the body never ends cleanly). The login and the rate limit
-(`AccessLimits`) apply here once for the whole cluster, and again on each replica for /v1.
-
-The app is built in the ingress replica (`__serve_build_asgi_app__`, after `__init__`): the page and its
-service hold locks, threads and the replica handle, none of which could be pickled with the class.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The ingress's /health and /metrics: every replica's own answer, labelled, plus cluster totals.
 
-`merge_metrics(texts)` takes each replica's Prometheus text (app/server/prometheus.py, vLLM's `vllm:*`
-included) and writes one exposition: every sample of every replica with a `replica` label added,
-then `cosyvoice_cluster_*` families = the `cosyvoice_*` counters, gauges and histograms summed over
-replicas (by their other labels; start times (`_created`) and the info gauge left out), plus
-`cosyvoice_cluster_replicas{state}`. `merge_health(answers)` does the same for GET /health's JSON.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

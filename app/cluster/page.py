@@ -1,27 +1,6 @@
 """The studio page on the cluster's ingress: `ClusterService`, the part of `StudioService` the page uses.
 
-The page (app/ui/layout.py `build_demo`, app/ui/handlers.py, app/server/studio_stream.py and
-app/engine/prepare.py) runs unchanged in the ingress process, so every Gradio session lives in one
-process, as under `python app.py`. Its service is this facade: the model work goes to the replicas,
-through the same `DeploymentHandle` as /v1 (Serve routes each call by load):
-
-    stream(req)               a streaming call of `StudioReplica.speak`: the replica admits the request,
-                              yields its `AudioChunk`s, then the request's `RequestRecord`, kept here
-                              (`metrics.record(id)`: the page's stats line, its player's take event)
-    voice_from_audio, asr     one call each; the clip goes as its bytes (the upload is a file on this host)
-    voices                    the shared `VoiceStore` on `[server] voices_dir`, read and written here,
-                              with the replicas' model fingerprint
-    ready / status / facts    from the replicas' merged /health (app/cluster/metrics.py), refreshed when
-                              the page reads them and older than HEALTH_TTL_S (no timer of its own);
-                              `status` and `facts` name the replicas that serve (id, node, pid)
-    speak(req)                the page client's fair share here, then `stream`: the replica admits (its own
-                              slots and queue); the page's Gradio queue is sized for the cluster at its
-                              largest (`page_config`)
-    metrics                   the page's own requests, finished with the replicas' records (the panels)
-
-A replica's refusal (busy, not ready, bad audio, ...) reaches the page as the replica raised it (Ray's
-wrapper unwrapped); a replica gone before its first answer is retried on another, up to `[cluster]
-request_retries` times, one gone mid-stream ends the take with `ReplicaGoneError`.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Serve's HTTP proxy, extended by Serve's own hook (the proxy calls `middlewares()` when
-RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=app.cluster.proxy:middlewares is in its environment, which
-`python -m app.cluster` sets for a local Ray; on a `ray start` cluster, set it there: README).
-
-Why: Serve's proxy adds its own `X-Request-ID` to every response, after the app's. Our responses
-already carry one (the synthesis's id: the page's player hands its take to the page's take event by it;
-/v1 clients log it), and two headers of one name reach a client as "ours, Serve's" (fetch, httpx), so
-the player's take would name no request. `OneRequestId` keeps the app's and drops Serve's repeat; a response
-without one of its own keeps Serve's.
+"""Serve's HTTP proxy, extended by Serve's own hook (`middlewares()`, named by
+RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=app.cluster.proxy:middlewares): one X-Request-ID per response.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """One Ray Serve replica: one `StudioService` (model, vLLM engine, token2wav) on one GPU (`[cluster] num_gpus`).
 
-The replica serves the single-process FastAPI app without the page (app/server/main.py:build_api) to
-the ingress through `app/cluster/bridge.py`, so every route behaves as under `python app.py`. Its
-state is its own: the service, its LM engine, its admission slots, its per-voice feature and prompt
-caches (content-keyed, so they never go stale). The studio page runs in the ingress and calls
-`speak`, `voice_from_audio`, `transcribe` and `model_fingerprint` here (app/cluster/page.py). Saved
-voices live in `[server] voices_dir`, the one folder every replica and the ingress read and write (on
-several hosts: a shared filesystem path; README).
-
-Lifecycle: Serve calls the async `__init__` on the replica's event loop (vLLM's AsyncLLM lives there)
-and routes requests only once it returned; a model that fails to load raises, and Serve retries the
-replica. `check_health` fails once the engine is dead for good (out of restarts), so Serve replaces
-the replica; a replica whose process dies is restarted by Serve the same way. `__del__` closes the engine.
+Design notes: docs/cluster.md.
 """
 
 from __future__ import annotations
