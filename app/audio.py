@@ -1,12 +1,6 @@
 """Audio units and DSP helpers shared by every layer.
 
-Units are named constants (whisper/audio.py style) so shapes can be derived, never guessed:
-speech tokens run at 25 Hz, each token is 2 mel frames (50 Hz), each mel frame is 480 samples
-at the 24 kHz output rate.
-
-Below the constants: audio decoding (libsndfile, then PyAV or the ffmpeg CLI for WebM/MP4/M4A;
-mono, resampled like the official `load_wav`), the level measures the reference-clip checks use,
-torchaudio-compatible resampling and fixed-scale int16 / WAV encoding for the UI and API.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations

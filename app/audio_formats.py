@@ -1,22 +1,6 @@
 """Streaming encoders for the speech formats OpenAI's audio API offers: mp3, opus (Ogg), aac (ADTS), flac.
 
-Each encoder takes 16-bit mono 24 kHz PCM as it is produced and returns the encoded bytes that are
-ready after each block, so an HTTP body can stream them (the first bytes come out of the block of
-the first audio). Libraries were chosen by measurement (docs/api.md, `python -m bench formats`):
-
-- flac: libsndfile through soundfile (already a dependency; the smallest first piece).
-- mp3, opus and aac: PyAV (FFmpeg's libmp3lame, libopus and native AAC encoder, in-process).
-  libsndfile's MP3 writes a LAME info frame whose real content comes at close, into bytes already
-  sent, and libsndfile then decodes such a stream short; FFmpeg's muxer on a non-seekable output
-  writes no such frame. libsndfile's Opus costs ~3x PyAV's per audio second here.
-  Opus is encoded at 24 kHz (it takes 8/12/16/24/48 kHz input: no resampling); Ogg pages are closed
-  every OPUS_PAGE_MS so audio leaves the muxer at once (its default holds 1 s per page).
-
-A streamed encoder drops bytes a library rewrites at close (FLAC's STREAMINFO length and checksum):
-the stream says "length unknown". libsndfile <= 1.2.2 cannot read such a FLAC (it takes "unknown" as
-SF_COUNT_MAX frames: soundfile.read fails, and any read to the end fails its seek, libsndfile issue
-#1038), so the HTTP API sends FLAC whole (WHOLE_ONLY, `encode_whole`: exact STREAMINFO). Nothing is
-imported until an encoder is made.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """One way from command-line flags and environment to the frozen config, for app.py and every CLI.
 
-`add_config_args(parser)` adds --config, --model-dir, --set KEY=VALUE (and --device); `config_from_cli(args)`
-applies, in order: configs/default.toml, the override file (--config, else COSYVOICE_CONFIG, else
-configs/cpu.toml when there is no CUDA device), the environment (COSYVOICE_API_KEY(S), _ADMIN_KEY, _AUTH,
-COSYVOICE_MODEL_DIR, GRADIO_SERVER_NAME / _PORT, SYSTEM=spaces), then the flags.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Text that streams in: CosyVoice2's bi-streaming decode (`Qwen2LM.inference_bistream`) on any LM backend.
 
-`Interleave` is the official loop as ids of the one table (sans-IO); `decode` runs its blocks on the
-backend (vLLM: each block re-submits the grown prompt, prefix caching reuses its KV); `TextFeed`
-normalises and tokenises arriving text sentence by sentence; `Synthesizer.stream(tokens=...)` vocodes.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations

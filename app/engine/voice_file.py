@@ -1,7 +1,6 @@
 """Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
-
-The file is the store's safetensors format (app/engine/voices.py); version 1 files (a zip of .npy) still import.
-Design notes: docs/design.md.
+The file is the store's safetensors format (app/engine/voices.py); version 1 files (a zip of .npy) still
+import. Design notes: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """A script the page runs before Gradio's own code (app/ui/early_script.js), put into its HTML by the
-`EarlyScript` middleware.
-
-Design notes: docs/design.md.
+`EarlyScript` middleware. Design notes: docs/design.md.
 """
 
 from __future__ import annotations

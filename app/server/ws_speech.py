@@ -1,5 +1,4 @@
 """`/v1/audio/speech/stream`: text that streams in over a WebSocket, speech that streams out (docs/api.md).
-
 In: JSON `start` (the /v1/audio/speech body less `input`), `text` deltas, `flush`, `close`. Out: binary audio,
 JSON `started`/`segment`/`done`/`error`, then a close (1000, or a 44xx/1011 code with the reason).
 """

@@ -1,19 +1,6 @@
 """AWQ calibration data sampled from the speech LM itself (no external data set exists for it).
 
-A real request starts with text: vLLM gets the ids of `[sos, text, task_id, prompt speech, ...]`
-(app.model.llm.build_lm_ids) and then feeds back the speech tokens it samples. Two ways to make
-calibration sequences:
-
-- export only: each sequence starts at a random speech token and continues with tokens the LM
-  samples itself. Pure `input_ids`; the text prefix a real request has is missing, so activations
-  of the first positions differ from serving.
-- `model_dir` given (the original CosyVoice2 folder of the export): each sequence is a real LM
-  prefix (sos + Qwen text embeddings of a fixed sentence + task_id, the cross-lingual layout
-  with no prompt speech) followed by the speech tokens the LM samples after it, passed as
-  `inputs_embeds`, i.e. what vLLM computes on at serving time.
-Tokens are drawn with the official repetition-aware sampling (`ras_sample`), stop ids banned so
-every sequence has its full length, from one seeded `torch.Generator`: same seed, same machine,
-same data.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations

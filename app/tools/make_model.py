@@ -1,9 +1,6 @@
 """Write a random-weight CosyVoice2 model folder in the official layout (the library is app/model/random).
 
     python -m app.tools.make_model OUT --size tiny|full [--seed N] [--tokenizer-from DIR] [--force]
-
-`tiny` runs fast on a 2-core CPU; `full` has CosyVoice2-0.5B's dimensions (same parameter counts,
-same FLOPs) for GPU benchmarks, and is checked against the official files' counts. Prints a JSON report.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ from app.model.random.make import compare_official
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.tools.make_model", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.tools.make_model", description=__doc__.split("\n")[0],
+                                epilog="Prints a JSON report. Design notes: docs/design.md.")
     p.add_argument("out", type=Path)
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
     p.add_argument("--seed", type=int, default=0)

@@ -1,16 +1,6 @@
 """AWQ W4A16 quantization of the exported speech LM with llm-compressor; vLLM loads the result by config.
 
-    .venv-quant/bin/python -m app.tools.quantize EXPORT_DIR OUT_DIR [--model-dir DIR] [--samples N]
-        [--seq-len L] [--seed S] [--group-size G] [--eval-samples E] [--threads T] [--force]
-
-Runs in the separate `.venv-quant` (scripts/setup_quantize.sh; llm-compressor's pins clash with
-vLLM's). EXPORT_DIR is an `app.model.vllm_export` folder (bf16/fp16/fp32). Every Linear of the
-Qwen2 layers becomes 4-bit integer weights with one scale and zero point per group of G inputs
-(compressed-tensors `pack-quantized`, scheme W4A16_ASYM); embed_tokens, the norms and the
-lm_head stay in the export's dtype, and the head's bias file is copied as it is. OUT_DIR keeps the
-export's config.json (architectures Qwen2ForCausalLM, vocab 6592) plus `quantization_config`, so
-vLLM picks the quantized kernels by itself (CPUWNA16 on CPU, Machete/Marlin on Hopper). Calibration data come from the
-model itself (app.tools.calibration). Prints a JSON report (also saved as quantize_report.json).
+Runs in `.venv-quant` (scripts/setup_quantize.sh). Design notes: docs/design.md.
 """
 
 from __future__ import annotations
@@ -267,7 +257,9 @@ def quantize(export_dir: Path, out_dir: Path, *, model_dir: Path | None = None, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.tools.quantize", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.tools.quantize", description=__doc__.split("\n\n")[0],
+                                epilog="Runs in the separate .venv-quant (scripts/setup_quantize.sh). Prints a JSON "
+                                "report (also saved as quantize_report.json). Design notes: docs/design.md.")
     p.add_argument("export_dir", type=Path, help="folder written by app.model.vllm_export.export_lm_for_vllm")
     p.add_argument("out_dir", type=Path, help="where the W4A16 folder goes (must not exist or be empty)")
     p.add_argument("--model-dir", type=Path, default=None,

@@ -1,13 +1,6 @@
 """Round-to-nearest W4A16 of the exported speech LM, with no extra packages.
 
     python -m app.tools.quantize_rtn EXPORT_DIR OUT_DIR [--group-size 128]
-
-Writes the same compressed-tensors `pack-quantized` checkpoint as `app.tools.quantize` (4-bit
-asymmetric weights, one scale and zero point per group of `group_size` inputs, int8 zero points
-packed along the output dim, `lm_head` and embeddings kept in 16 bit), but with min/max rounding
-instead of AWQ's calibrated scaling. It needs only torch and safetensors, so it runs where
-llm-compressor cannot be installed (the offline GPU machine) and on random-weight models, for
-which calibration means nothing; for a trained model prefer `app.tools.quantize` (AWQ).
 """
 
 from __future__ import annotations
@@ -188,7 +181,8 @@ def token_agreement(model_dir: Path, qdir: Path, n_prompts: int = 4, n_tokens: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.tools.quantize_rtn", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.tools.quantize_rtn", description=__doc__.split("\n")[0],
+                                epilog="Design notes: docs/design.md.")
     p.add_argument("export_dir", type=Path)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--group-size", type=int, default=128)

@@ -1,10 +1,6 @@
 """Command-line synthesis through the same engine as the server (vLLM where installed, else PyTorch).
 
-    python -m app.tools.synthesize --model-dir D --text T --prompt-wav W --prompt-text P \
-        --out out.wav [--stream] [--seed N] [--mode zero_shot|cross_lingual|instruct] [--config F] [--set K=V]
-
-It is one more door: `StudioService` starts the model and LM backend as `python app.py` does,
-`prepare` checks the inputs, and the chunks come from `StudioService.stream`. Prints a JSON report.
+Design notes: docs/design.md.
 """
 
 from __future__ import annotations
@@ -26,7 +22,8 @@ from app.engine.service import StudioService
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.tools.synthesize", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.tools.synthesize", description=__doc__.split("\n")[0],
+                                epilog="Prints a JSON report. Design notes: docs/design.md.")
     add_config_args(p)
     p.add_argument("--text", required=True, help="text to speak")
     p.add_argument("--prompt-wav", required=True, help="reference recording (any common format)")
