@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from studio import run_studio
 
 from app.audio import TOKEN_RATE_HZ
 from bench.report import LEVEL_FIELDS, late_pieces
@@ -180,16 +179,22 @@ def _server_pid(port: int) -> int | None:
     return None
 
 
+def _voice_ids(base: str) -> list[str]:
+    return sorted(v["id"] for v in httpx.get(base + "/v1/voices", timeout=10).json()["data"])
+
+
 @pytest.mark.slow
-def test_sweep_over_http(tiny_model_dir, tmp_path):
-    sets = {"server.concurrency_limit": "2", "server.queue_max_size": "4"}
-    with run_studio(tiny_model_dir, tmp_path, sets) as (base, _):
-        out, png = tmp_path / "report.json", tmp_path / "report.png"
-        pid = _server_pid(int(base.rsplit(":", 1)[1]))
-        run_bench(["sweep", "--url", base, "--conc", "1,2", "--requests", "2", "--fixed-tokens", str(FIXED_TOKENS),
-                   "--warmup", "1", "--voice", "saved,new", "--server-pid", str(pid), "--out", str(out),
-                   "--png", str(png)], tmp_path)
-        assert httpx.get(base + "/v1/voices", timeout=10).json()["data"] == []  # its voices are deleted
+def test_sweep_over_http(studio_queue, tmp_path):
+    """Against the shared server with 2 running (conftest.py's studio_queue; at most 2 requests at once here, so
+    its queue of 1 never matters): a server start saved; other tests' voices may be there, the bench's are not."""
+    base, _ = studio_queue
+    voices_before = _voice_ids(base)
+    out, png = tmp_path / "report.json", tmp_path / "report.png"
+    pid = _server_pid(int(base.rsplit(":", 1)[1]))
+    run_bench(["sweep", "--url", base, "--conc", "1,2", "--requests", "2", "--fixed-tokens", str(FIXED_TOKENS),
+               "--warmup", "1", "--voice", "saved,new", "--server-pid", str(pid), "--out", str(out),
+               "--png", str(png)], tmp_path)
+    assert _voice_ids(base) == voices_before  # its voices are deleted
     report = json.loads(out.read_text())
     assert report["mode"] == "url" and report["url"] == base
     check_sweep(report, ["saved", "new"], [1, 2], 2)
