@@ -11,10 +11,8 @@ from torch import Tensor
 from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
 from app.model.flow.flow import CausalFlow
 from app.model.flow.packed import cfg_solve
-from app.model.flow.paged import KVPool, PagedEstCall, PagedStage
+from app.model.flow.paged import CFG_ROWS, KVPool, PagedEstCall, PagedStage
 from app.model.flow.paged_solve import solve_calls
-
-CFG_ROWS = 2  # every Euler evaluation runs a conditional and an unconditional row
 
 
 def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) -> int:

@@ -16,7 +16,7 @@ from app.model.flow.flow import CausalFlow
 PAD_BLOCK, SINK_BLOCK = 0, 1  # reserved block ids (see the module docstring)
 PAD_TAIL = 0  # reserved tail slot
 RESERVED_BLOCKS = 2
-CFG_ROWS = 2
+CFG_ROWS = 2  # every Euler evaluation runs a conditional and an unconditional row
 
 
 class PoolFull(ValueError):
