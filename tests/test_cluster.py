@@ -1,7 +1,11 @@
-"""The Ray Serve scale-out (app/cluster/) on this machine: `python -m app.cluster --replicas 2` with the tiny
-model, two real vLLM CPU engines, real HTTP clients (the openai SDK, httpx) against Serve's HTTP proxy.
+"""The Ray Serve scale-out (app/cluster/) on this machine: `python -m app.cluster` with the tiny model, real vLLM
+CPU engines, real HTTP clients (the openai SDK, httpx) against Serve's HTTP proxy.
 
-Requests spread over both replicas; a voice saved through one is used through the other; one replica
+One cluster for the file (a start is 1-2 min of this 2-core box): it autoscales, `[cluster] min_replicas = 1,
+max_replicas = 2, target_ongoing_requests = 1` with a 1 s upscale delay, and three long streams make Serve
+start the second replica (Serve's autoscaling metrics pushed every second, its
+RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S, 10 s by default); a 600 s downscale delay keeps it. Then:
+requests spread over both replicas; a voice saved through one is used through the other; one replica
 killed (SIGKILL) mid-stream breaks that stream only, requests after it succeed, Ray starts a new
 replica; no replica keeps an engine request. Skips (saying why) where Ray Serve is not installed
 (requirements-ray.txt; scripts/setup_cpu.sh installs it).
@@ -26,8 +30,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV, REPO, free_port, stop_server
 
-START_TIMEOUT_S = 900  # two replicas (each a model + a vLLM engine) starting on 2 shared cores
+START_TIMEOUT_S = 900  # Ray and a replica (a model + a vLLM engine) starting on 2 shared cores
+UPSCALE_TIMEOUT_S = 600  # the average ongoing count rises, Serve decides, the new replica loads its model
 RESTART_TIMEOUT_S = 600  # Serve notices the dead replica and starts another one
+LONG_TOKENS = 1500  # 60 s of audio per stream: still running when Serve decides to upscale
+SCALING = {"cluster.min_replicas": "1", "cluster.max_replicas": "2", "cluster.target_ongoing_requests": "1",
+           "cluster.upscale_delay_s": "1", "cluster.downscale_delay_s": "600"}
 TEXT = "Hello from the cluster."
 SAMPLE_BYTES = 2  # s16le
 
@@ -67,23 +75,68 @@ def need_ray_serve() -> None:
         pytest.skip("Ray Serve is not installed (pip install -r requirements-ray.txt)")
 
 
+def _upscale_logged(tmp: Path) -> bool:
+    """Serve's controller logged its decision to go from 1 to 2 replicas (Ray's temp dir is RAY_TMPDIR/ray)."""
+    logs = (tmp / "ray" / "ray").glob("session_*/logs/serve/controller_*.log")
+    return any("from 1 to 2 replicas" in p.read_text(errors="replace") for p in logs)
+
+
+def _scale_up(base: str, tmp: Path, proc: subprocess.Popen, log: Path) -> None:
+    """Three long streams at once on the one replica until Serve starts the second, then until it is ready."""
+    assert _save(base, "scale").status_code == 201
+    stop = threading.Event()
+
+    def long_stream() -> None:  # read until Serve has decided, then hang up
+        body = {"model": "cosyvoice2", "voice": "scale", "input": "Keep talking for a while.",
+                "response_format": "pcm", "fixed_tokens": LONG_TOKENS}
+        try:
+            with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=600) as r:
+                for _ in r.iter_bytes():
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:
+            pass  # a stream cut at teardown
+
+    threads = [threading.Thread(target=long_stream, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    t0, deadline = time.monotonic(), time.monotonic() + UPSCALE_TIMEOUT_S
+    try:
+        while not _upscale_logged(tmp) and _health(base).get("replicas_ready") != 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1.0)
+    finally:
+        # Serve decided (its target is now 2; downscale_delay_s keeps it there): the streams hang up, so the new
+        # replica loads its model on cores free of three streams' compute
+        stop.set()
+    print(f"\nupscale decided {time.monotonic() - t0:.0f} s after 3 streams began")
+    _wait_ready(base, 2, UPSCALE_TIMEOUT_S, proc, log)
+    print(f"second replica ready {time.monotonic() - t0:.0f} s after 3 streams began")
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
-    """(base_url, tmp, launcher process) of a 2-replica cluster; Ray's own files in a short temp dir."""
+    """(base_url, tmp, launcher process) of the file's cluster once autoscaled to 2 replicas; Ray's own files in a
+    short temp dir."""
     need_ray_serve()
     tmp = Path(tempfile.mkdtemp(prefix="cluster-"))  # short: Ray's unix sockets live under RAY_TMPDIR
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in ("COSYVOICE_API_KEY", "COSYVOICE_AUTH")},
            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(tmp / "ray"),
-           "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "app.cluster", "--replicas", "2", "--config", "configs/cpu.toml", "--model-dir",
-           str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), *_sets(tmp)]
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+           "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}
+    cmd = [sys.executable, "-m", "app.cluster", "--config", "configs/cpu.toml", "--model-dir", str(tiny_model_dir),
+           "--host", "127.0.0.1", "--port", str(port), *_sets(tmp),
+           *[arg for k, v in SCALING.items() for arg in ("--set", f"{k}={v}")]]
     log = tmp / "cluster.log"
     base = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _wait_ready(base, 2, START_TIMEOUT_S, proc, log)
+            t0 = time.monotonic()
+            _wait_ready(base, 1, START_TIMEOUT_S, proc, log)
+            print(f"\n1 replica ready in {time.monotonic() - t0:.0f} s")
+            _scale_up(base, tmp, proc, log)
             yield base, tmp, proc
         finally:
             stop_server(proc)  # SIGTERM: serve.shutdown() closes the replicas' engines, then Ray stops
@@ -118,6 +171,27 @@ def _no_engine_requests_left(base: str, timeout_s: float = 60) -> dict:
             return h
         assert time.monotonic() < deadline, h
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_concurrent_streams_start_a_second_replica(cluster):
+    """The cluster began with 1 replica; three long streams at once (the fixture's `_scale_up`) made Serve's
+    autoscaler start a second: its controller logged the 1 -> 2 decision and two distinct replicas are ready."""
+    base, tmp, _proc = cluster
+    assert _upscale_logged(tmp)
+    h = _health(base)
+    assert h["replicas_ready"] == 2 and len({r["id"] for r in h["replicas"]}) == 2
+
+
+def test_a_fixed_replica_count_is_min_and_max():
+    """`--replicas N` gives Serve N replicas, fixed, whatever --set says (the file's cluster autoscales 1..2)."""
+    from app.cli import config_from_cli
+    from app.cluster.__main__ import parse_args
+    from app.cluster.deploy import replica_options
+
+    auto = replica_options(config_from_cli(parse_args(["--replicas", "2", "--set", "cluster.max_replicas=5"])))
+    scaling = auto["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["initial_replicas"], scaling["max_replicas"]) == (2, 2, 2)
 
 
 def test_requests_spread_and_a_voice_saved_through_one_replica_works_through_the_other(cluster, oai):
