@@ -28,11 +28,12 @@ from app.ui.history import history_labels
 TIMEOUT_MS = 120_000
 VIEWPORT = {"width": 1400, "height": 1000}
 TAKES = [  # (player, text, seed, mode): the takes this test makes, in order
-    ("webaudio", "The first take of the history.", 11, "zero_shot"),
+    ("webaudio", "The first take of the history.", 11, "instruct"),
     ("webaudio", "A second take, spoken across languages.", 12, "cross_lingual"),
     ("gradio", "The third take comes from the standard player.", 13, "zero_shot"),
 ]
 SPEED = 1.5  # the standard player's take: streaming off, so the speed applies
+INSTRUCT = "Speak slowly and warmly."  # the instruct take's instruction
 LAST = "window.studioPlayer.last"
 # the history's takes as stored (newest first), without their audio
 STORED = """async () => (await window.studioHistory.list()).map(({wav, details, ...t}) =>
@@ -113,6 +114,10 @@ def fill(page, text: str, seed: int, mode: str) -> None:
     page.locator("#text textarea").fill(text)
     page.locator("#seed input").fill(str(seed))
     page.locator(f"#mode input[type=radio][value={mode}]").check()
+    if mode == "instruct":  # its box appears on the mode's change
+        page.locator("#instruct_text textarea").fill(INSTRUCT)
+    elif page.locator("#instruct_text textarea").is_visible():
+        page.locator("#instruct_text textarea").fill("")
 
 
 def take_low_latency(page, n_rows: int | None) -> str:
@@ -228,6 +233,13 @@ def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
     page.wait_for_function(f"() => ({INPUTS})().speed === '1'", timeout=30_000)  # streaming: the page resets it
     assert page.evaluate(INPUTS) == {"text": TAKES[1][1], "seed": "12", "mode": "cross_lingual", "stream": True,
                                      "speed": "1"}
+    # the instruct take's: its instruction into the box its mode shows (set while the box was hidden)
+    page.locator(f"#history_list [data-id='{ids[2]}'] button[data-act=use]").click()
+    page.wait_for_function(f"() => ({INPUTS})().mode === 'instruct'", timeout=30_000)
+    page.wait_for_function(f"() => document.querySelector('#instruct_text textarea')?.value === '{INSTRUCT}'",
+                           timeout=30_000)
+    assert page.evaluate(INPUTS) == {"text": TAKES[0][1], "seed": "11", "mode": "instruct", "stream": True,
+                                     "speed": "1"}
 
     # in Chinese, redrawn
     page.locator("#lang").get_by_label("中文").check()
@@ -260,7 +272,8 @@ def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
     # bytes for the newest alone
     assert page.evaluate("window.studioHistory.configure({maxTakes: 2})")["maxTakes"] == 2
     upload_reference(page)
-    fill(page, " ".join(["This long take is stopped before it ends."] * 10), 31, "zero_shot")
+    # (40 sentences: the take still runs at Stop; 10 were once all made before a loaded page's Stop landed)
+    fill(page, " ".join(["This long take is stopped before it ends."] * 40), 31, "zero_shot")
     seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
     page.locator("#go").click()
     page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null",

@@ -19,7 +19,6 @@
   const HISTORY_MAX_BYTES = 50 * 1024 * 1024;
   const DB_NAME = 'cosyvoice-studio-history', STORE = 'takes', DB_VERSION = 1;
   const TEXT_CHARS = 80;  // a row shows this much of the text (all of it on hover)
-  const WAIT_MS = 10000;  // "Use these settings" waits this long for an input the page adds or enables
   const LABELS = __LABELS__;
   const CSS = `#history_list .history-take { border-top: 1px solid var(--border-color-primary, #ddd); padding: 6px 0; }
 #history_list .history-text { font-weight: 600; overflow-wrap: anywhere; }
@@ -48,27 +47,6 @@
     if (text !== undefined) e.textContent = text;
     return e;
   };
-  // a Gradio input's value set the way a user types it (Gradio 6 listens to `input`)
-  const setValue = (input, value) => {
-    if (!input) return;
-    input.value = String(value);
-    input.dispatchEvent(new Event('input', {bubbles: true}));
-  };
-
-  // `value` into the input find() returns, once it returns one (the page's events add or enable inputs a
-  // little later); given up after WAIT_MS
-  const whenThere = (find, value) => new Promise((resolve) => {
-    const put = () => {
-      const input = find();
-      if (input) { setValue(input, value); resolve(); }
-      return !!input;
-    };
-    if (put()) return;
-    const obs = new MutationObserver(() => { if (put()) { obs.disconnect(); clearTimeout(timer); } });
-    obs.observe(document.body, {attributes: true, childList: true, subtree: true});
-    const timer = setTimeout(() => { obs.disconnect(); resolve(); }, WAIT_MS);
-  });
-
   class StudioHistory {
     constructor() {
       this.limits = {maxTakes: HISTORY_MAX_TAKES, maxBytes: HISTORY_MAX_BYTES};
@@ -233,27 +211,14 @@
     }
 
     // "Use these settings": the take's text, dialogue box, mode, instruction, seed, stream and speed into the
-    // inputs (not the voice: the saved-voice list sits in a closed accordion; the row names the voice)
+    // inputs, as the outputs of the hidden #history_use element's change event (app/ui/history.py); not the
+    // voice: the saved-voice list sits in a closed accordion, and the row names the voice
     async useSettings(id) {
-      const take = (await this.list()).find((t) => t.id === id);
-      if (!take) return;
-      const q = (sel) => document.querySelector(sel);
-      const check = (box, on) => { if (box && box.checked !== on) box.click(); };
-      setValue(q('#text textarea'), take.text || '');
-      check(q('#dialogue input[type=checkbox]'), !!take.dialogue);
-      const mode = q(`#mode input[type=radio][value="${take.mode}"]`);
-      if (mode && !mode.checked) mode.click();
-      if (take.seed !== null && take.seed !== undefined) setValue(q('#seed input'), take.seed);
-      check(q('#stream input[type=checkbox]'), !!take.stream);
-      // the instruction box appears in instruct mode, and the speed slider is enabled (reset to 1) without
-      // streaming, each by the page's own event on the server's answer: their values go in once they are there
-      const waits = [];
-      if (take.mode === 'instruct') waits.push(whenThere(() => q('#instruct_text textarea'), take.instruct || ''));
-      if (!take.stream && take.speed) {
-        waits.push(whenThere(() => { const r = q('#speed input[type=range]'); return r && !r.disabled ? r : null; },
-                             take.speed));
+      const t = (await this.list()).find((take) => take.id === id);
+      if (t && window.studioUse) {
+        window.studioUse({text: t.text, dialogue: t.dialogue, mode: t.mode, instruct: t.instruct, seed: t.seed,
+                          stream: t.stream, speed: t.speed});
       }
-      await Promise.all(waits);
     }
 
     async render() {

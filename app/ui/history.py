@@ -19,12 +19,25 @@ HISTORY_HTML = ('<div id="history"><div id="history_status" class="prose"></div>
 RECORD_JS = ("(final, details) => { if (window.studioHistory) window.studioHistory.fromTake(final, details); "
              "return []; }")
 MODES = ("mode_zero_shot", "mode_cross_lingual", "mode_instruct")
+# "Use these settings": history.js sets the hidden #history_use element's value (a take's settings, JSON; `at`
+# makes every click a change) and its change event returns them into the inputs (a streamed take's speed is 1)
+USE_JS = "window.studioUse = (s) => { props.value = JSON.stringify({...s, at: Date.now()}); };"
+SETTINGS_JS = ("(v, seed) => { const s = JSON.parse(v || '{}'); return [s.text || '', !!s.dialogue, s.mode, "
+               "s.instruct || '', s.seed ?? seed, !!s.stream, s.stream ? 1 : (s.speed || 1)]; }")
 
 
-def history_box(i18n: gr.I18n) -> None:
-    """The "History" accordion (history.js fills it)."""
+def history_box(i18n: gr.I18n) -> gr.HTML:
+    """The "History" accordion (history.js fills it); returns the hidden element "Use these settings" goes through."""
+    use = gr.HTML("", html_template="<span></span>", visible="hidden", elem_id="history_use", js_on_load=USE_JS)
     with gr.Accordion(i18n("history"), open=True, elem_id="history_box"):
         gr.HTML(HISTORY_HTML, elem_id="history_html", js_on_load=None)
+    return use
+
+
+def use_settings(use: gr.HTML, seed: gr.Number, inputs: list[gr.components.Component]) -> None:
+    """`use`'s change puts a take's settings into `inputs` (text, dialogue, mode, instruction, seed, stream, speed;
+    `seed` stays as it is for a take without one)."""
+    use.change(None, [use, seed], inputs, js=SETTINGS_JS, queue=False, api_visibility="private")
 
 
 def record_take(event: gr.events.Dependency, final_out: gr.Audio, details: gr.JSON) -> None:

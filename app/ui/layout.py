@@ -213,7 +213,7 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
         ui.stats = gr.Markdown(elem_id="stats")
         with gr.Accordion(i18n("details"), open=False, elem_id="details_box"):
             ui.details = gr.JSON(elem_id="details")
-        history.history_box(i18n)  # the visitor's takes, kept in the browser (app/ui/history.py)
+        ui.history_use = history.history_box(i18n)  # the visitor's takes, kept in the browser (app/ui/history.py)
 
 
 def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
@@ -247,6 +247,8 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[1:], show_progress="hidden", **PAGE_ONLY)
     for done in (synth, take):  # the finished take into the page's history
         history.record_take(done, ui.final_out, ui.details)
+    history.use_settings(ui.history_use, ui.seed, [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed, ui.stream,
+                                                   ui.speed])
     # the seed it used, into the seed box (so the take can be made again)
     synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
                   show_progress="hidden", **PAGE_ONLY)
@@ -259,7 +261,9 @@ def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
     ui.prompt_audio.upload(h.check_upload, ui.prompt_audio, ui.prompt_audio, concurrency_id="upload_check",
                            concurrency_limit=2, show_progress="hidden", api_visibility="private")
     ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
-    ui.stream.change(lambda on: gr.Slider(interactive=not on, value=1.0), ui.stream, ui.speed, **PAGE_ONLY)
+    # streaming speaks at speed 1 (the slider shows it); off again, the slider keeps what it was set to
+    ui.stream.change(lambda on: gr.Slider(interactive=not on, **({"value": 1.0} if on else {})), ui.stream, ui.speed,
+                     **PAGE_ONLY)
     ui.mode.change(lambda m: gr.Textbox(visible=m == "instruct"), ui.mode, ui.instruct_text, **PAGE_ONLY)
 
 
