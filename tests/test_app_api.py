@@ -317,14 +317,17 @@ def test_stop_aborts_and_full_queue_is_refused(client, server):
 
     kw = dict(text=LONG_TEXT, prompt_audio=handle_file(str(EN_WAV)), prompt_text=EN_TRANSCRIPT, mode="zero_shot",
               instruct_text="", voice="", seed=1, speed=1.0, stream=True, api_name="/synthesize")
-    before = health(server)["requests"]["outcomes"]
+    deadline = time.monotonic() + 60
+    while (h := health(server))["active_streams"] or h["lm_unfinished"]:  # earlier tests' takes have ended
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    before = h["requests"]["outcomes"]
     listeners = [Client(server[0] + "/", verbose=False) for _ in range(3)]
     running = [c.submit(**kw) for c in listeners[:2]]
     deadline = time.monotonic() + 60
-    while sum(len(j.outputs()) > 0 for j in running) < 2:  # both running ones are streaming
-        assert time.monotonic() < deadline, [j.status().code for j in running]
+    while health(server)["active_streams"] < 2:  # both running ones are out of the queue, streaming
+        assert time.monotonic() < deadline and not any(j.done() for j in running), [j.status() for j in running]
         time.sleep(0.1)
-    assert health(server)["active_streams"] == 2
     waiting = listeners[2].submit(**kw)
     while waiting.status().code != Status.IN_QUEUE:  # it holds the only queue slot (submit is asynchronous)
         assert time.monotonic() < deadline and not waiting.done(), waiting.status()
