@@ -9,7 +9,7 @@ import json
 
 import gradio as gr
 
-from app.ui import ui_text
+from app.ui import hidden_element, ui_text
 from app.ui.i18n import LANGS, labels
 
 # history.js draws the list, the status line and the Clear button's text
@@ -28,7 +28,7 @@ SETTINGS_JS = ("(v, seed) => { const s = JSON.parse(v || '{}'); return [s.text |
 
 def history_box(i18n: gr.I18n) -> gr.HTML:
     """The "History" accordion (history.js fills it); returns the hidden element "Use these settings" goes through."""
-    use = gr.HTML("", html_template="<span></span>", visible="hidden", elem_id="history_use", js_on_load=USE_JS)
+    use = hidden_element("history_use", USE_JS)
     with gr.Accordion(i18n("history"), open=True, elem_id="history_box"):
         gr.HTML(HISTORY_HTML, elem_id="history_html", js_on_load=None)
     return use

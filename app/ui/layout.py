@@ -262,8 +262,8 @@ def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
                            concurrency_limit=2, show_progress="hidden", api_visibility="private")
     ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
     # streaming speaks at speed 1 (the slider shows it); off again, the slider keeps what it was set to
-    ui.stream.change(lambda on: gr.Slider(interactive=not on, **({"value": 1.0} if on else {})), ui.stream, ui.speed,
-                     **PAGE_ONLY)
+    ui.stream.change(lambda on: gr.Slider(interactive=False, value=1.0) if on else gr.Slider(interactive=True),
+                     ui.stream, ui.speed, **PAGE_ONLY)
     ui.mode.change(lambda m: gr.Textbox(visible=m == "instruct"), ui.mode, ui.instruct_text, **PAGE_ONLY)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app.engine.service import StudioService
-from app.ui import ui_text
+from app.ui import hidden_element, ui_text
 from app.ui.handlers import notes_markdown, stopped_take
 
 # next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
@@ -32,7 +32,7 @@ NOT_SHOWN = "the final WAV could not be handed to this page ({why}); the stats a
 def take_element() -> gr.HTML:
     """The hidden element the low-latency player hands its takes through (its value: `PlayerTake.show`'s JSON;
     rendered as nothing)."""
-    return gr.HTML("", html_template="<span></span>", visible="hidden", elem_id="player_take", js_on_load=TAKE_JS)
+    return hidden_element("player_take", TAKE_JS)
 
 
 class PlayerTake:
