@@ -99,13 +99,14 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
         await blocks.aclose()
 
 
-def take_tokens(synth: Any, req: Any, text_ids: AsyncIterator[list[int]], max_text_tokens: int
+def take_tokens(synth: Any, req: Any, text_ids: AsyncIterator[list[int]], max_text_chars: int
                 ) -> AsyncIterator[list[int]]:
     """`decode` for one take: `req`'s (a SynthesisRequest) prompt, mode and seed on `synth`'s (the
-    Synthesizer's) LM. The final block ends at eos, at most the length limit of `max_text_tokens`; with
-    `req.fixed_tokens` (benchmarks on random weights) it is that long, eos ignored."""
+    Synthesizer's) LM. The final block ends at eos, at most the length limit of a text of `max_text_chars`
+    tokens (a bound: a token is at least a character); with `req.fixed_tokens` (benchmarks on random
+    weights) it is that long, eos ignored."""
     s = synth.sampling
-    n_final = req.fixed_tokens or s.length_limits(max_text_tokens)[1]
+    n_final = req.fixed_tokens or s.length_limits(max_text_chars)[1]
     base = LMRequest(req.request_id, (), 0, n_final, req.seed, s, ignore_eos=bool(req.fixed_tokens))
     prompt_text_ids, prompt_speech = (x.tolist() for x in synth.prompt(req))
     return decode(synth.lm, text_ids, base, prompt_text_ids, prompt_speech, mix_ratio=synth.model.llm.dims.mix_ratio)
