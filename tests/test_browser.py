@@ -47,6 +47,21 @@ for (const name of ['play', 'playing', 'waiting', 'ended', 'error']) {
 """
 
 
+# Stop pressed in the page task that first sees the low-latency take sounding, while its body is still arriving:
+# Playwright's click waits for actionability over several frames, and a loaded page once took 17 s for it, time
+# enough for a whole take to arrive (then it is finished, not stopped). Returns what it found: "stopped" or why not.
+STOP_WHILE_MADE = """([seq]) => { const r = window.studioPlayer.last;
+  if (!r || r.seq !== seq || r.t.firstSound === null) return false;
+  if (r.state !== 'playing' || r.t.end !== null) return `the take had ended first (${r.state})`;
+  document.querySelector('#stop').click(); return 'stopped'; }"""
+
+
+def stop_while_made(page, seq: int, timeout_ms: int) -> None:
+    """Press Stop once the page's take number `seq` sounds, before its body has ended (STOP_WHILE_MADE)."""
+    found = page.wait_for_function(STOP_WHILE_MADE, arg=[seq], timeout=timeout_ms).json_value()
+    assert found == "stopped", found
+
+
 def need_browser_stack() -> None:
     """Debian's chromium, ffmpeg (Gradio streams audio through it), the playwright package and vLLM are here."""
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")

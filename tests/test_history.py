@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
-from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack
+from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack, stop_while_made
 
 from app.ui import ui_text
 from app.ui.history import history_labels
@@ -272,13 +272,11 @@ def test_history_keeps_takes_across_a_reload_within_its_bounds(studio, browser):
     # bytes for the newest alone
     assert page.evaluate("window.studioHistory.configure({maxTakes: 2})")["maxTakes"] == 2
     upload_reference(page)
-    # (40 sentences: the take still runs at Stop; 10 were once all made before a loaded page's Stop landed)
+    # (40 sentences, ~22 s of this box: the take is still being made when the page sounds)
     fill(page, " ".join(["This long take is stopped before it ends."] * 40), 31, "zero_shot")
     seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
     page.locator("#go").click()
-    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null",
-                           timeout=TIMEOUT_MS)
-    page.locator("#stop").click()
+    stop_while_made(page, seq, TIMEOUT_MS)
     page.wait_for_function(f"() => {LAST}.state === 'stopped'", timeout=10_000)
     fill(page, "A fourth take pushes the oldest out.", 14, "zero_shot")
     fourth = take_low_latency(page, 2)

@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 import pytest
 from studio import NO_WEB_AUDIO, fill_take, run_studio
-from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need
+from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need, stop_while_made
 
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
 PROMPT_WAV, PROMPT_TEXT = REPO / "assets" / "prompt_en.wav", EXAMPLES["voices"][0]["transcript"]
 TEXT = "Hello there, how are you today?"
-LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
+# long enough to be still in the making when the page sounds (12 sentences were once all made before Stop)
+LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
 SEED = 7
 API_KEY = "player-test-key"
 LOGIN = ("player", "player-test-password")  # [server] auth: the page and /studio need the login
@@ -401,7 +402,7 @@ def test_stop_mid_stream_aborts_the_request(studio, page):
     page.locator("#go").click()
     page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null", timeout=TIMEOUT_MS)
     assert health(url)["active_streams"] == 1
-    page.locator("#stop").click()
+    stop_while_made(page, seq, 10_000)
     page.wait_for_function(f"() => {LAST}.aborted && {LAST}.flushed", timeout=10_000)  # fetch aborted, queue dropped
     run = page.evaluate(RUN_INFO)
     assert run["state"] == "stopped", run
