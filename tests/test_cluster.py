@@ -237,7 +237,9 @@ def test_merged_metrics_label_each_replica_and_sum_them():
     texts = {}
     for replica, n_ok in (("a", 2), ("b", 3)):
         metrics = Metrics()
-        metrics.outcomes["ok"] = n_ok
+        for _ in range(n_ok):
+            metrics.request_started()
+            metrics.request_finished(None, 0.0)
         texts[replica] = PrometheusExporter(metrics, include_default_registry=False).render().decode()
     text = merge_metrics(texts, {"a": "ready", "b": "not_ready"})
     fams = {f.name: f for f in text_string_to_metric_families(text)}

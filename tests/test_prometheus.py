@@ -21,9 +21,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine.metrics import Metrics
+from app.engine.metrics import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, Metrics
 from app.engine.requests import RequestStats
-from app.server.prometheus import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, PrometheusExporter
+from app.server.prometheus import PrometheusExporter
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -116,14 +116,32 @@ def test_exporter_counts_and_buckets_from_synthetic_requests():
         assert "cosyvoice_gpu_memory_used_bytes" not in types  # omitted, not NaN
 
 
-def test_listener_failure_does_not_break_counting():
-    m = Metrics()
-    seen = []
-    m.add_listener(lambda rec: 1 / 0)
-    m.add_listener(seen.append)
-    m.request_started()
-    m.request_finished(stats(10.0), 0.0)
-    assert m.counters()["outcomes"]["ok"] == 1 and [r.outcome for r in seen] == ["ok"]
+def test_health_panels_and_metrics_read_one_source():
+    """`counters()` (/health, the panels) reads the registry /metrics renders; each `Metrics` (one per service)
+    has its own, so two in one process neither collide nor share a count."""
+    m, other = Metrics(), Metrics()
+    for outcome, s in (("ok", stats(10.0)), ("error", None), ("ok", stats(20.0, audio_s=1.5))):
+        m.request_started()
+        m.request_finished(s, 0.0, outcome)
+    m.request_finished(None, 0.0, "rejected")
+    m.request_started()  # still running
+    m.input_refused("invalid_value")
+    m.share_refused("rate_limit")
+    other.request_started()
+    other.request_finished(stats(10.0), 0.0)
+    c = m.counters()
+    assert c == {"started": 4, "active_streams": 1, "outcomes": {"ok": 2, "cancelled": 0, "error": 1, "rejected": 1},
+                 "refused_inputs": {"invalid_value": 1}, "refused_share": {"rate_limit": 1}, "audio_s_total": 5.5,
+                 "tokens_total": 200}
+    _, s = parse(PrometheusExporter(m, include_default_registry=False).render().decode())
+    assert {o: value(s, "cosyvoice_requests_total", outcome=o) for o in c["outcomes"]} == c["outcomes"]
+    assert value(s, "cosyvoice_active_streams") == c["active_streams"] == m.active_streams
+    assert value(s, "cosyvoice_refused_inputs_total", reason="invalid_value") == 1
+    assert value(s, "cosyvoice_refused_share_total", reason="rate_limit") == 1
+    assert value(s, "cosyvoice_refused_share_total", reason="uploads") == 0
+    assert value(s, "cosyvoice_audio_seconds_total") == c["audio_s_total"]
+    assert value(s, "cosyvoice_lm_tokens_total") == c["tokens_total"]
+    assert other.counters()["outcomes"]["ok"] == 1 and other.active_streams == 0
 
 
 def test_default_registry_appended_without_collisions():

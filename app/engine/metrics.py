@@ -5,26 +5,32 @@ Design notes: docs/design.md.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import RequestStats, SynthesisRequest
 from app.engine.resources import ResourceProbe
 
-log = logging.getLogger(__name__)
-
 OUTCOMES = ("ok", "cancelled", "error", "rejected")
 LATENCY_KEYS = ("ttfa_ms", "rtf", "queue_wait_s", "lm_s", "flow_s", "vocoder_s", "wall_s", "tokens_per_s")
 # RequestRecord.timings()' keys that are None when unknown
 TIMING_KEYS = ("ttfa_ms", "rtf", "lm_s", "flow_s", "vocoder_s", "audio_s", "wall_s", "tokens_per_s")
+# Time to first audio, seconds: 10 ms (GPU, batch 1, warm) to 30 s (a 2-core CPU behind a queue).
+TTFA_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
+                  30.0)
+# Real-time factor = wall seconds / audio seconds: 0.01 (100x faster than real time) to 10; 1.0 is an edge.
+RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
+STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+STAGES = ("lm", "flow", "vocoder", "queue")
+SHARE_REASONS = ("rate_limit", "client_streams", "uploads")  # app/server/limits.py, app/engine/fair_share.py
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ class RequestRecord:
 
 
 class Metrics:
-    """Counters and ring buffers of one process; thread-safe (panel ticks run in worker threads)."""
+    """The process's counters and histograms (prometheus_client, in the service's own `registry`: the one source
+    of /metrics, /health and the panels), recent requests and memory samples; thread-safe."""
 
     def __init__(self, *, max_requests: int = 200, max_samples: int = 600, min_sample_interval_s: float = 0.5):
         self._lock = threading.Lock()
@@ -116,28 +123,36 @@ class Metrics:
         self._min_interval_s = min_sample_interval_s
         self._last_sample_at = -float("inf")  # time.monotonic()
         self._probe = ResourceProbe()
-        self._active = 0
         self._n_finished = 0
-        self.n_started = 0
-        self.outcomes: Counter[str] = Counter()
-        self.refused: Counter[str] = Counter()  # inputs refused before a request started, by reason (InputError.code)
-        self.over_share: Counter[str] = Counter()  # requests refused for their client's fair share, by reason
-        self.audio_s_total = 0.0  # audio produced by requests that finished ok
-        self.tokens_total = 0  # speech tokens produced by the LM
-        self._listeners: list[Callable[[RequestRecord], None]] = []
+        self.registry = reg = CollectorRegistry()  # one per service: services in one process never collide
+        self.requests = Counter("cosyvoice_requests", "Synthesis requests finished, by outcome (rejected = refused "
+                                "at once because the server was busy).", ["outcome"], registry=reg)
+        self.refused = Counter("cosyvoice_refused_inputs", "Inputs refused with a message before synthesis "
+                               "started, by reason (invalid_value, voice_not_found, invalid_audio, ...).", ["reason"],
+                               registry=reg)
+        self.over_share = Counter("cosyvoice_refused_share", "Requests refused because their client had used its "
+                                  "fair share, by reason (rate_limit: requests per minute; client_streams: syntheses "
+                                  "at once; uploads: uploads to the page per minute).", ["reason"], registry=reg)
+        self.audio_s = Counter("cosyvoice_audio_seconds", "Seconds of audio produced by requests that finished ok.",
+                               registry=reg)
+        self.lm_tokens = Counter("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",
+                                 registry=reg)
+        self.active = Gauge("cosyvoice_active_streams", "Synthesis requests running now.", registry=reg)
+        self.ttfa = Histogram("cosyvoice_ttfa_seconds", "Time from a request's start (after its queue wait) to its "
+                              "first audio chunk, seconds.", buckets=TTFA_BUCKETS_S, registry=reg)
+        self.rtf = Histogram("cosyvoice_rtf", "Real-time factor of finished requests: wall seconds / audio seconds "
+                             "(below 1 = faster than real time).", buckets=RTF_BUCKETS, registry=reg)
+        self.stage = Histogram("cosyvoice_stage_seconds", "Seconds one request spent per stage: lm (waiting on the "
+                               "LM stream), flow, vocoder (HiFT), queue (waiting for a slot).", ["stage"],
+                               buckets=STAGE_BUCKETS_S, registry=reg)
+        for labels, names in ((self.requests, OUTCOMES), (self.over_share, SHARE_REASONS), (self.stage, STAGES)):
+            for name in names:  # a series (0) from the first scrape on
+                labels.labels(name)
 
     # --- requests ----------------------------------------------------------------------------------
 
-    def add_listener(self, fn: Callable[[RequestRecord], None]) -> None:
-        """Call `fn(record)` for every request finished from now on (outside the lock, on the finishing
-        thread or event loop: keep it quick and non-blocking)."""
-        with self._lock:
-            self._listeners.append(fn)
-
     def request_started(self) -> None:
-        with self._lock:
-            self.n_started += 1
-            self._active += 1
+        self.active.inc()
 
     def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok", *,
                          request: SynthesisRequest | None = None, n_samples: int = 0, voice: str = "",
@@ -155,29 +170,30 @@ class Metrics:
                                owner=owner, **about))
 
     def add(self, rec: RequestRecord) -> None:
-        """Count a finished request's record (numbered here: `seq`) and hand it to the listeners; also how the
-        cluster's page keeps the records its replicas made (app/cluster/page.py)."""
+        """Count a finished request's record (numbered here: `seq`) and keep it; also how the cluster's page keeps
+        the records its replicas made (app/cluster/page.py)."""
+        t = rec.timings()
         with self._lock:
             self._n_finished += 1
-            rec = replace(rec, seq=self._n_finished)
-            if rec.outcome != "rejected":  # a rejected request never started
-                self._active = max(0, self._active - 1)
-            self.outcomes[rec.outcome] += 1
-            self._requests.append(rec)
-            if rec.stats is not None:
-                self.tokens_total += rec.stats.n_tokens
-                if rec.outcome == "ok":
-                    self.audio_s_total += rec.stats.audio_s
-            listeners = list(self._listeners)
-        for fn in listeners:
-            try:
-                fn(rec)
-            except Exception:  # an exporter's bug must not replace the request's own outcome or exception
-                log.exception("metrics listener %r failed", fn)
+            self._requests.append(replace(rec, seq=self._n_finished))
+            self.requests.labels(rec.outcome).inc()
+            if rec.outcome != "rejected":  # a rejected request never started nor waited for a slot
+                self.active.dec()
+                self.stage.labels("queue").observe(rec.queue_wait_s)
+            self.lm_tokens.inc(t["n_tokens"])
+            if rec.outcome == "ok" and t["audio_s"]:
+                self.audio_s.inc(t["audio_s"])
+            if t["ttfa_ms"] is not None:
+                self.ttfa.observe(t["ttfa_ms"] / 1e3)
+            if t["rtf"] is not None:  # None: no audio (RTF would be infinite)
+                self.rtf.observe(t["rtf"])
+            for stage in ("lm", "flow", "vocoder"):
+                if t[f"{stage}_s"] is not None:
+                    self.stage.labels(stage).observe(t[f"{stage}_s"])
 
     @property
     def active_streams(self) -> int:
-        return self._active
+        return int(_values(self.active)[""])
 
     def recent(self, n: int | None = None) -> list[dict[str, Any]]:
         """The last `n` (default: all kept) finished requests, oldest first, as plain dicts."""
@@ -201,21 +217,21 @@ class Metrics:
 
     def input_refused(self, reason: str) -> None:
         """An input was refused with a message (empty text, unknown voice, bad audio, ...); `reason` is its code."""
-        with self._lock:
-            self.refused[reason] += 1
+        self.refused.labels(reason).inc()
 
     def share_refused(self, reason: str) -> None:
         """A request was refused because its client used its fair share ("rate_limit", "client_streams")."""
-        with self._lock:
-            self.over_share[reason] += 1
+        self.over_share.labels(reason).inc()
 
     def counters(self) -> dict[str, Any]:
-        with self._lock:
-            return {"started": self.n_started, "active_streams": self._active,
-                    "outcomes": {k: self.outcomes.get(k, 0) for k in OUTCOMES},
-                    "refused_inputs": dict(self.refused),
-                    "refused_share": dict(self.over_share), "audio_s_total": self.audio_s_total,
-                    "tokens_total": self.tokens_total}
+        """The counters as /health and the panels show them (counts as ints; `started` = running + ended)."""
+        with self._lock:  # one consistent reading of a request's end
+            outcomes, active = _values(self.requests), int(_values(self.active)[""])
+            return {"started": active + int(sum(n for o, n in outcomes.items() if o != "rejected")),
+                    "active_streams": active, "outcomes": {o: int(outcomes[o]) for o in OUTCOMES},
+                    "refused_inputs": {k: int(n) for k, n in _values(self.refused).items()},
+                    "refused_share": {k: int(n) for k, n in _values(self.over_share).items() if n},
+                    "audio_s_total": _values(self.audio_s)[""], "tokens_total": int(_values(self.lm_tokens)[""])}
 
     # --- memory ------------------------------------------------------------------------------------
 
@@ -242,3 +258,9 @@ class Metrics:
         with self._lock:
             samples = list(self._samples)
         return samples[-n:] if n else samples
+
+
+def _values(metric: Counter | Gauge) -> dict[str, float]:
+    """{its one label's value ("" without labels): value} of a counter's or gauge's series."""
+    return {next(iter(s.labels.values()), ""): s.value for s in metric.collect()[0].samples
+            if not s.name.endswith("_created")}

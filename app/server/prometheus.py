@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 import prometheus_client
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from app.engine.metrics import OUTCOMES, Metrics, RequestRecord
+from app.engine.metrics import Metrics
 from app.engine.resources import MIB
 from app.server.identity import caller_of
 
@@ -23,53 +22,24 @@ if TYPE_CHECKING:
     from app.engine.service import StudioService
 
 PREFIX = "cosyvoice_"
-# Time to first audio, seconds: 10 ms (GPU, batch 1, warm) to 30 s (a 2-core CPU behind a queue).
-TTFA_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
-                  30.0)
-# Real-time factor = wall seconds / audio seconds: 0.01 (100x faster than real time) to 10; 1.0 is an edge.
-RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
-# Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
-STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-STAGES = ("lm", "flow", "vocoder", "queue")
-SHARE_REASONS = ("rate_limit", "client_streams", "uploads")  # app/server/limits.py, app/engine/fair_share.py
 
 
 class PrometheusExporter:
-    """The /metrics text for one `Metrics` (and its `StudioService`, when given); a prometheus_client collector."""
+    """The /metrics text: the registry of one `Metrics`, the scrape-time gauges of it and of its `StudioService`
+    (when given), then prometheus_client's default registry; a prometheus_client collector."""
 
     def __init__(self, metrics: Metrics, service: StudioService | None = None, *,
                  include_default_registry: bool = True) -> None:
-        self.metrics = metrics
-        self.service = service
+        self.metrics, self.service = metrics, service
         self.include_default_registry = include_default_registry
-        self.registry = CollectorRegistry()
-        self.ttfa = Histogram("cosyvoice_ttfa_seconds", "Time from a request's start (after its queue wait) to "
-                              "its first audio chunk, seconds.", buckets=TTFA_BUCKETS_S, registry=self.registry)
-        self.rtf = Histogram("cosyvoice_rtf", "Real-time factor of finished requests: wall seconds / audio "
-                             "seconds (below 1 = faster than real time).", buckets=RTF_BUCKETS, registry=self.registry)
-        self.stage = Histogram("cosyvoice_stage_seconds", "Seconds one request spent per stage: lm (waiting on "
-                               "the LM stream), flow, vocoder (HiFT), queue (waiting for a slot).",
-                               labelnames=["stage"], buckets=STAGE_BUCKETS_S, registry=self.registry)
-        for stage in STAGES:  # every stage has a series (count 0) from the first scrape on
-            self.stage.labels(stage=stage)
-        metrics.add_listener(self.observe)
-
-    def observe(self, rec: RequestRecord) -> None:
-        """Feed the histograms with one finished request (a `Metrics` listener)."""
-        if rec.outcome != "rejected":  # a rejected request never waited for a slot
-            self.stage.labels(stage="queue").observe(rec.queue_wait_s)
-        t = rec.timings()
-        if t["ttfa_ms"] is not None:
-            self.ttfa.observe(t["ttfa_ms"] / 1e3)
-        if t["rtf"] is not None:  # None: no audio (RTF would be infinite)
-            self.rtf.observe(t["rtf"])
-        for stage, seconds in (("lm", t["lm_s"]), ("flow", t["flow_s"]), ("vocoder", t["vocoder_s"])):
-            if seconds is not None:
-                self.stage.labels(stage=stage).observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.registry.collect()
-        yield from self._live()
+        yield from self.metrics.registry.collect()
+        svc = self.service
+        snap = self.metrics.memory_snapshot(svc.backend if svc is not None else None)
+        yield from _snapshot_families(snap, http_waiting=svc.admission.waiting if svc is not None else None)
+        if svc is not None:
+            yield from _service_families(svc)
         if self.include_default_registry:  # vLLM's vllm:* plus prometheus_client's process_* / python_*
             for family in prometheus_client.REGISTRY.collect():
                 if not family.name.startswith(PREFIX):
@@ -80,31 +50,6 @@ class PrometheusExporter:
         shows it to a caller who is not an admin."""
         text = prometheus_client.generate_latest(self)
         return text if public_name is None else public_text(text.decode(), public_name)
-
-    def _live(self) -> Iterator[Metric]:
-        """Values read at scrape time: counters of `Metrics`, gauges of the service and of one memory snapshot."""
-        c = self.metrics.counters()
-        yield _family(CounterMetricFamily, "cosyvoice_requests", "Synthesis requests finished, by outcome (rejected "
-                      "= refused at once because the server was busy).", ["outcome"],
-                      [([outcome], c["outcomes"][outcome]) for outcome in OUTCOMES])
-        yield _family(CounterMetricFamily, "cosyvoice_refused_inputs", "Inputs refused with a message before "
-                      "synthesis started, by reason (invalid_value, voice_not_found, invalid_audio, ...).", ["reason"],
-                      [([reason], n) for reason, n in sorted(c["refused_inputs"].items())])
-        yield _family(CounterMetricFamily, "cosyvoice_refused_share", "Requests refused because their client had "
-                      "used its fair share, by reason (rate_limit: requests per minute; client_streams: syntheses "
-                      "at once; uploads: uploads to the page per minute).", ["reason"],
-                      [([r], c["refused_share"].get(r, 0)) for r in SHARE_REASONS])
-        yield CounterMetricFamily("cosyvoice_audio_seconds", "Seconds of audio produced by requests that "
-                                  "finished ok.", value=c["audio_s_total"])
-        yield CounterMetricFamily("cosyvoice_lm_tokens", "Speech tokens the LM produced for finished requests.",
-                                  value=c["tokens_total"])
-        yield GaugeMetricFamily("cosyvoice_active_streams", "Synthesis requests running now.",
-                                value=c["active_streams"])
-        svc = self.service
-        snap = self.metrics.memory_snapshot(svc.backend if svc is not None else None)
-        yield from _snapshot_families(snap, http_waiting=svc.admission.waiting if svc is not None else None)
-        if svc is not None:
-            yield from _service_families(svc)
 
 
 def public_text(text: str, model_name: str) -> bytes:
