@@ -1,4 +1,4 @@
-"""Live numbers for the panels, /health and /metrics: request counters, recent requests, memory samples.
+"""Live numbers for the panels, /health and /metrics: prometheus_client counters, recent requests, memory samples.
 
 Design notes: docs/design.md.
 """
@@ -145,9 +145,9 @@ class Metrics:
         self.stage = Histogram("cosyvoice_stage_seconds", "Seconds one request spent per stage: lm (waiting on the "
                                "LM stream), flow, vocoder (HiFT), queue (waiting for a slot).", ["stage"],
                                buckets=STAGE_BUCKETS_S, registry=reg)
-        for labels, names in ((self.requests, OUTCOMES), (self.over_share, SHARE_REASONS), (self.stage, STAGES)):
+        for metric, names in ((self.requests, OUTCOMES), (self.over_share, SHARE_REASONS), (self.stage, STAGES)):
             for name in names:  # a series (0) from the first scrape on
-                labels.labels(name)
+                metric.labels(name)
 
     # --- requests ----------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.engine.metrics import Metrics
 from app.engine.resources import NO_GPU_NOTE
 from app.engine.service import Studio
 from app.ui.handlers import viewer
@@ -101,7 +100,7 @@ def build_panels(service: Studio, label: gr.I18n) -> Panels:
 
 def busy(service: Studio) -> bool:
     """A request streams now or ended within IDLE_AFTER_S (the panels tick fast then)."""
-    m: Metrics = service.metrics
+    m = service.metrics
     recent = m.recent(1)
     return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
 
@@ -109,7 +108,7 @@ def busy(service: Studio) -> bool:
 def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:
     """One tick: sample memory once, then redraw every panel from the metrics (chart titles in `lang`). `owners`:
     the requests shown are theirs and the facts the public ones (None: an admin's view, everything)."""
-    metrics: Metrics = service.metrics
+    metrics = service.metrics
     snap = metrics.memory_snapshot(service.backend)
     history = metrics.memory_history(WINDOW)
     recent = [r for r in metrics.recent() if owners is None or r["owner"] in owners][-N_REQUESTS:]
@@ -197,7 +196,7 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
 
 
 def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
-    m: Metrics = service.metrics
+    m = service.metrics
     w = catalog()["text"]["zh" if lang == "zh" else "en"]
     parts = [f"**{status_text(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
@@ -229,8 +228,8 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
         facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
         facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
-    live: dict[str, Any] = {"status": status_text(service.status, lang),
-                            "active streams": service.metrics.active_streams}
+    counters = service.metrics.counters()  # what /health and /metrics read
+    live: dict[str, Any] = {"status": status_text(service.status, lang), "active streams": counters["active_streams"]}
     if service.backend is not None and service.backend.name == "vllm":  # the vLLM engine's own count
         live["unfinished engine requests"] = service.backend.health().unfinished
     for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):
@@ -238,7 +237,6 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
             live[name] = int(snap[key])
     if snap["kv_cache_tokens"] is not None:
         live["KV-cache capacity"] = w["tokens"].format(n=snap["kv_cache_tokens"])
-    counters = service.metrics.counters()
     live["requests"] = ", ".join(f"{word(k, lang)} {v}" for k, v in counters["outcomes"].items())
     live["audio produced"] = w["audio"].format(s=counters["audio_s_total"])
     lines = [f"| {word('fact', lang)} | {word('value', lang)} |", "|---|---|"]
