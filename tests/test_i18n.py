@@ -223,6 +223,36 @@ def test_tag_help_names_tags_the_tokenizer_knows():
         assert tags <= set(SPECIAL_TOKENS), tags - set(SPECIAL_TOKENS)
 
 
+def test_the_switch_relabels_every_translated_text_from_the_server():
+    """The switch's labels come from the server (gr.update), not from Gradio's frontend bundle: every component
+    showing a gr.I18n text is relabeled, in both languages, and the page's JS imports nothing. A Gradio upgrade
+    that keeps gr.I18n texts where the relabeler does not look fails here."""
+    from app.config import load_config
+    from app.engine.service import StudioService
+    from app.ui.lang_switch import TEXT_PROPS, lang_load_js, lang_switch_js, relabeler
+    from app.ui.layout import build_demo
+
+    demo, translations = build_demo(StudioService(load_config()))
+    targets, relabel = relabeler(demo, translations)
+    marked = [b for b in demo.blocks.values() if "__i18n__" in json.dumps(b.get_config(), default=str)]
+    assert {id(b) for b in marked} == {id(b) for b in targets} and len(targets) > 30
+    updates = {lang: relabel(lang) for lang in ("en", "zh")}
+    for table in updates.values():
+        for block, update in zip(targets, table, strict=True):
+            texts = [v for k, v in update.items() if k in TEXT_PROPS] + [c for c, _ in update.get("choices", [])]
+            assert texts and all(isinstance(t, str) and "__i18n__" not in t for t in texts), (block, update)
+    by_id = {b.elem_id: (en, zh) for b, en, zh in zip(targets, *updates.values(), strict=True)
+             if b.elem_id}
+    assert by_id["go"][0]["value"] == "Generate" and by_id["go"][1]["value"] == "生成"
+    assert by_id["text"][1]["label"] == i18n.labels("zh")["text"]
+    assert [c for c, _ in by_id["mode"][1]["choices"]] == ["零样本克隆", "跨语种", "指令控制"]
+    assert relabel("fr") == updates["en"]  # a language the page has not: English
+    changed = [en != zh for en, zh in zip(*updates.values(), strict=True)]
+    assert sum(changed) == len(targets) - 1, changed  # all but the switch's own "Language / 语言"
+    for js in (lang_switch_js(), lang_load_js()):
+        assert "import(" not in js and "changeLocale" not in js and "core-" not in js
+
+
 @pytest.mark.slow
 def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp_path):
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
@@ -305,6 +335,9 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
             page.locator("#lang").get_by_label("English").check()  # and back
             page.wait_for_function("() => document.querySelector('#go')?.innerText.trim() === 'Generate'",
                                    timeout=10_000)
+            # the page's state is kept (no reload): the text typed, the mode picked, now named in English
+            assert page.locator("#text textarea").input_value() == "Hello from the language test."
+            assert page.locator("#mode").get_by_label("Zero-shot clone").is_checked()
             page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Status')",
                                    timeout=10_000)
             body = page.locator("body").inner_text()

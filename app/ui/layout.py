@@ -20,7 +20,7 @@ from app.ui import history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
-from app.ui.lang_switch import lang_load_js, lang_switch_js
+from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
 from app.ui.player import IDLE_JS, STATUS_HTML, PlayerTake, player_html, player_js, take_element
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
@@ -126,7 +126,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         wire_controls(ui, h)
         wire_voices(ui, h, service)
         wire_prompt_helpers(ui, service)
-        wire_page(demo, ui, h, cfg)
+        wire_page(demo, ui, h, cfg, i18n)
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n
 
@@ -298,7 +298,7 @@ def wire_prompt_helpers(ui: SimpleNamespace, service: StudioService) -> None:
     ui.mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), ui.mode, ui.preset, **PAGE_ONLY)
 
 
-def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
+def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i18n: gr.I18n) -> None:
     timer = gr.Timer(cfg.ui.status_refresh_s)
     status_out = [ui.status, ui.banner, timer]
     timer.tick(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
@@ -306,9 +306,12 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) ->
     demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
     demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
     demo.load(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
-    # the language switch: labels in the browser, then the server's lines in the new language (its cookie)
-    switched = ui.lang.input(None, ui.lang, ui.lang, js=lang_switch_js(), **PAGE_ONLY)
+    # the language switch: the cookie and the page's lines in the browser, the labels' texts from the server
+    # (app/ui/lang_switch.py), then the server's lines in the new language (its cookie)
+    targets, relabel = relabeler(demo, i18n)
+    switched = ui.lang.input(relabel, ui.lang, targets, js=lang_switch_js(), show_progress="hidden", **PAGE_ONLY)
     switched.then(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
     ui.panels.redraw(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
-    demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private")
+    demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private").then(
+        relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)  # a language chosen earlier: its labels
     demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory
