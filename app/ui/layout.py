@@ -30,12 +30,14 @@ from app.ui.voice_files import VoiceFileEvents
 log = logging.getLogger(__name__)
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
 APP_LOADED_JS = "() => { if (window.studioAppLoaded) window.studioAppLoaded(); }"  # app/ui/early_script.js
+# API values typed as any string, by their label's key: the saved voice is any name (its choices change at run time)
+ANY_NAME = {"voice": "a saved voice's name (see /list_voices), or '' for none"}
 
 
 class StudioBlocks(gr.Blocks):
     """gr.Blocks whose API page ("Use via API") names parameters by their English labels (Gradio lists
-    translated labels there as their I18nData objects, "[object Object]"), and which refuses a malformed
-    event without writing its inputs to the log (`preprocess_data`)."""
+    translated labels there as their I18nData objects, "[object Object]") and types `ANY_NAME`'s as any string,
+    and which refuses a malformed event without writing its inputs to the log (`preprocess_data`)."""
 
     def __init__(self, *args: Any, english: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.english = english or {}  # translation key -> English label
@@ -64,6 +66,9 @@ class StudioBlocks(gr.Blocks):
                 key = label.get("key") if isinstance(label, dict) else getattr(label, "key", None)
                 if isinstance(key, str):
                     item["label"] = self.english.get(key, key)
+                if key in ANY_NAME:  # Gradio's type: a Literal of the dropdown's choices at build time
+                    item["type"] = {"type": "string", "description": ANY_NAME[key]}
+                    item["python_type"] = {"type": "str", "description": ANY_NAME[key]}
         return info
 
 
@@ -78,12 +83,6 @@ def signs_in() -> bool:
     """A Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): the page offers
     Hugging Face sign-in. Nowhere else: Gradio's LoginButton off a Space logs in with this machine's token."""
     return bool(os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"))
-
-
-def voice_api_info() -> dict[str, Any]:
-    """The saved-voice dropdown's API type: any name (its choices change at run time), so `str`, not a Literal
-    of the choices at build time. Set on the instance: a gr.Dropdown subclass would make Gradio write a .pyi."""
-    return {"type": "string", "description": "a saved voice's name (see /list_voices), or '' for none"}
 
 
 def example_rows() -> tuple[list[list], list[str]]:
@@ -185,7 +184,6 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
 def saved_voice_box(ui: SimpleNamespace, i18n: gr.I18n) -> None:
     with gr.Accordion(i18n("saved_voices"), open=False):
         ui.voice = gr.Dropdown([NO_VOICE], value="", allow_custom_value=True, label=i18n("voice"), elem_id="voice")
-        ui.voice.api_info = voice_api_info
         with gr.Row():
             ui.voice_name = gr.Textbox(label=i18n("voice_name"), max_length=64, elem_id="voice_name")
             ui.replace_voice = gr.Checkbox(False, label=i18n("replace_voice"), elem_id="replace_voice")
