@@ -348,6 +348,46 @@ def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp
             browser.close()
 
 
+@pytest.mark.slow
+def test_the_switch_keeps_a_take_playing_and_the_inputs(studio_bf16):
+    """Switching during a take of the standard player (Gradio's streamed gr.Audio, one of the relabeled
+    components): it plays on, unreloaded, the reference clip and the text stay, the labels change."""
+    from playwright.sync_api import sync_playwright
+    from studio import NO_WEB_AUDIO, fill_take
+
+    text = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
+    playing = "() => [...document.querySelectorAll('#stream_out audio')].some(a => !a.paused && !a.ended)"
+    clock = "() => Math.max(0, ...[...document.querySelectorAll('#stream_out audio')].map(a => a.currentTime))"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, "--lang=en-US"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, locale="en-US")
+            page.add_init_script(NO_WEB_AUDIO)
+            page.goto(studio_bf16[0])
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('ready')",
+                                   timeout=60_000)
+            fill_take(page, text=text, seed=11)
+            page.evaluate("window.__loaded = true")  # gone if the page reloads
+            page.locator("#go").click()
+            page.wait_for_function(f"() => ({clock})() > 0.3", timeout=180_000)
+            page.locator("#lang").get_by_label("中文").check()
+            page.wait_for_function("() => document.querySelector('#go')?.innerText.trim() === '生成'", timeout=10_000)
+            at_switch = page.evaluate(clock)
+            page.wait_for_timeout(1500)
+            assert page.evaluate(playing) and page.evaluate(clock) > at_switch + 0.5
+            assert "实时音频" in page.locator("#stream_out").inner_text()
+            assert page.evaluate("window.__loaded") and page.locator("#text textarea").input_value() == text
+            assert page.locator("#prompt_audio audio, #prompt_audio [data-testid='waveform-prompt_audio']").count()
+            page.locator("#stop").click()
+            page.wait_for_function(f"() => !({playing})()", timeout=10_000)
+            page.locator("#lang").get_by_label("English").check()
+            page.wait_for_function("() => document.querySelector('#go')?.innerText.trim() === 'Generate'",
+                                   timeout=10_000)
+            assert page.locator("#text textarea").input_value() == text
+        finally:
+            browser.close()
+
+
 def test_localized_handlers_speak_the_pages_language():
     import asyncio
     import inspect
