@@ -204,6 +204,11 @@ def test_a_stopped_request_keeps_its_stats_in_the_panels(tiny_model_dir, tmp_pat
             async for out in gen:
                 closed.append(out)
                 break  # the tab closes: the generator is closed mid-stream
+        refused = []  # an empty text on the page: the pop-up's message also comes in the details (the line
+        with pytest.raises(gr.Error) as why:  # next to Generate, app/ui/player_failure.js)
+            async for out in localized(h.synthesize)("", *args[1:], stop=StopSignal(), request=zh_page):
+                refused.append(out)
+        assert refused[-1][3] == {"error": why.value.message} and "文本" in why.value.message, (refused, why.value)
         save = localized(h.save_voice)  # as the page wires it
         saved = [await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, False, zh_page),
                  await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, True)]  # an API client
@@ -478,6 +483,12 @@ def test_standard_player_errors_pop_up_and_show_next_to_generate(page):
         page.wait_for_function("() => /text/i.test(document.querySelector('#studio_error')?.innerText || '')",
                                timeout=10_000)
         assert page.locator("#studio_error").inner_text().startswith("⚠️ Type the text")  # the message itself
+        toast = page.locator(".toast-body").last.inner_text()  # the pop-up's message, word for word
+        assert page.locator("#studio_error").inner_text().removeprefix("⚠️ ") in toast, toast
+        page.locator("#details_box .label-wrap").click()  # the details: the message only passed through them
+        page.wait_for_function("() => { const d = document.querySelector('#details');"
+                               " return d && !/Type the text/.test(d.textContent); }", timeout=10_000)
+        page.locator("#details_box .label-wrap").click()  # closed again, as the next tests expect it
         assert near_generate(page, "#studio_error")
         assert page.evaluate("document.body.dataset.studioBusy") is None
         for close in page.locator(".toast-close").all():
@@ -514,6 +525,9 @@ def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, pa
     page.locator("#go").click()
     page.wait_for_function("() => window.__busy.includes('1')", timeout=10_000)
     assert not page.locator("#studio_error").inner_text().strip()  # the old error went
+    # the seed the server used is in the box as the take starts (its headers came), not only at its end
+    page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'playing' && {LAST}.seed !== null && "
+                           f"document.querySelector('#seed input').value === {LAST}.seed", timeout=TIMEOUT_MS)
     assert page.locator("#player_controls").is_visible() and not page.locator("#stream_out").is_visible()
     page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
                            timeout=TIMEOUT_MS)

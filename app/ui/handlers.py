@@ -143,16 +143,16 @@ class Handlers:
         if stop.stopped:  # Stop while this request waited in the queue
             yield None, None, translate("Stopped before it started.", lang), None
             return
-        prepared = await self._prepare(SpeechInputs(
-            text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
-            instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
-            dialogue=bool(dialogue)), lang)
-        live = stream and live_playback()
-        if stream and not live:  # shown with the stats, so it goes into the request's record
-            prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
-        parts: list[np.ndarray] = []
         folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
+            prepared = await self._prepare(SpeechInputs(
+                text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
+                instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
+                dialogue=bool(dialogue)), lang)
+            live = stream and live_playback()
+            if stream and not live:  # shown with the stats, so it goes into the request's record
+                prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
+            parts: list[np.ndarray] = []
             try:
                 async with self.service.speak(prepared.request, prepared=prepared, caller=me,
                                               queue_wait_s=queue_s,
@@ -172,6 +172,10 @@ class Handlers:
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
             yield self._result(prepared.request, audio, path, stop, live, lang)
+        except gr.Error as e:  # the message, as the pop-up says it, also into the details: the page's failure
+            # listener puts it next to Generate (app/ui/player_failure.js)
+            yield gr.skip(), gr.skip(), gr.skip(), {"error": translate(e.message, lang)}
+            raise
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
 

@@ -21,7 +21,7 @@ from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import IDLE_JS, STATUS_HTML, PlayerTake, player_html, player_js, take_element
+from app.ui.player import IDLE_JS, STATUS_HTML, PlayerTake, player_html, player_js, seed_element, take_element
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
@@ -166,6 +166,7 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
         with gr.Row():
             ui.seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
             ui.dice = gr.Button(i18n("random_seed"), elem_id="dice")
+        seed_element(ui.seed)  # the seed the low-latency player's take used, into the box as the take starts
         with gr.Row():
             ui.stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
             ui.speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,
@@ -240,7 +241,8 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
                           concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
-    synth.failure(None, None, None, js=ui_text("player_failure.js"), **PAGE_ONLY)  # error next to Generate
+    # its error next to Generate (the handler put it into the details)
+    synth.failure(None, ui.details, ui.details, js=ui_text("player_failure.js"), **PAGE_ONLY)
     # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py)
     take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[1:], show_progress="hidden", **PAGE_ONLY)
     for done in (synth, take):  # the finished take into the page's history

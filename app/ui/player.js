@@ -245,11 +245,8 @@
         run.requestId = h['x-request-id'];
         run.serverTtfaMs = parseFloat(h['x-ttfa-ms']);
         run.seed = h['x-seed'] === undefined ? null : h['x-seed'];
-        const box = document.querySelector('#seed input');  // the seed used, into the seed box
-        if (m.status === 200 && box && run.seed !== null && box.value !== run.seed) {
-          box.value = run.seed;
-          box.dispatchEvent(new Event('input', {bubbles: true}));
-        }
+        // the seed used, into the seed box (app/ui/player.py seed_element)
+        if (m.status === 200 && run.seed !== null && window.studioSeed) window.studioSeed(run.seed);
         run.server = {queueMs: parseFloat(h['x-queue-ms']), referenceMs: parseFloat(h['x-reference-ms']),
                       serverMs: parseFloat(h['x-server-ms']), handlerMs: parseFloat(h['x-handler-ms'])};
         if (m.status === 200 && run.state === 'connecting') run.state = 'playing';

@@ -24,6 +24,10 @@ STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
 # js_on_load of the hidden take element: what player.js calls (window.studioTake.upload / .show)
 TAKE_JS = "window.studioTake = {upload, show: (value) => { props.value = value; }};"
+# the seed the server used (the X-Seed header), into the seed box at the start of a take: player.js hands it to
+# the hidden #player_seed element (`at` makes every take a change), whose change event returns it as an output
+SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: Number(seed), at: Date.now()}); };"
+SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id, a server path, a name, a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
 NOT_SHOWN = "the final WAV could not be handed to this page ({why}); the stats are the take's"
@@ -33,6 +37,14 @@ def take_element() -> gr.HTML:
     """The hidden element the low-latency player hands its takes through (its value: `PlayerTake.show`'s JSON;
     rendered as nothing)."""
     return hidden_element("player_take", TAKE_JS)
+
+
+def seed_element(seed: gr.Number) -> gr.HTML:
+    """The hidden element the low-latency player hands the seed its take used to; its change puts it into `seed`
+    (so the take can be made again)."""
+    element = hidden_element("player_seed", SEED_JS)
+    element.change(None, element, seed, js=SEED_BOX_JS, queue=False, api_visibility="private")
+    return element
 
 
 class PlayerTake:
