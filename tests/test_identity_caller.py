@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import time
+import warnings
+from types import SimpleNamespace
+
+import fastapi
+import gradio.oauth
+from starlette.testclient import TestClient
+
 from app.config import load_config
 from app.engine.owners import NOBODY, Caller, Owner
-from app.server.identity import CALLER_KEY, Identity, caller_of, page_caller
+from app.server.identity import CALLER_KEY, SESSION_COOKIE, Identity, caller_of, page_caller, session_user
 
 
 def _identity(tmp_path, **sets) -> Identity:
@@ -42,3 +50,50 @@ def test_a_page_event_prefers_the_signed_in_user_then_the_login(tmp_path):
     # a session cookie means nothing without Hugging Face sign-in on this app (no OAUTH_CLIENT_ID)
     again, _ = ident.identify(_scope("203.0.113.7", (b"cookie", b"session=forged")), None)
     assert again.owner.id.startswith("visitor:")
+
+
+def _gradio_sign_in(monkeypatch, client_secret: str, user: str) -> TestClient:
+    """Gradio's own OAuth app (gradio/oauth.py `attach_oauth`: its SessionMiddleware, key recipe and
+    sign-in routes) off a Space, where its callback stores the profile of this machine's HF token; only
+    the Hub's answer for that token is made up. Returns a client whose jar holds the signed session."""
+    monkeypatch.delenv("SYSTEM", raising=False)  # not a Space: Gradio's local sign-in, no authlib
+    monkeypatch.setattr(gradio.oauth, "OAUTH_CLIENT_SECRET", client_secret)  # read once at its import
+    monkeypatch.setattr(gradio.oauth, "get_token", lambda: "hf_test")
+    monkeypatch.setattr(gradio.oauth, "whoami", lambda: {"type": "user", "name": user, "fullname": user.title(),
+                                                         "avatarUrl": ""})
+    app = fastapi.FastAPI()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "OAuth features outside of a Space ... mocked"
+        gradio.oauth.attach_oauth(app)
+    client = TestClient(app, base_url="https://testserver")  # the cookie is Secure: HTTPS only
+    assert client.get("/login/callback", follow_redirects=False).is_redirect
+    return client
+
+
+def _session_scope(value: str) -> dict:
+    return _scope("203.0.113.8", (b"cookie", f"other=1; {SESSION_COOKIE}={value}".encode()))
+
+
+def test_gradio_oauth_session_names_the_signed_in_user(tmp_path, monkeypatch):
+    """session_user reads the cookie Gradio's OAuth writes: a Gradio upgrade that changes its key recipe,
+    cookie name or session layout fails here (docs/limits.md)."""
+    monkeypatch.setenv("OAUTH_CLIENT_ID", "client-id")
+    monkeypatch.setenv("OAUTH_CLIENT_SECRET", "space-secret")
+    signed = _gradio_sign_in(monkeypatch, "space-secret", "alice").cookies.get(SESSION_COOKIE)
+    assert signed, f"Gradio's OAuth set no {SESSION_COOKIE!r} cookie"
+    assert session_user(_session_scope(signed)) == "alice"
+    caller, _ = _identity(tmp_path).identify(_session_scope(signed), None)  # what /studio/speech sees
+    assert caller.owner == Owner("hf:alice") and caller.client == "ip:203.0.113.8"
+
+    payload, _, signature = signed.rpartition(".")  # payload: base64 JSON "." timestamp
+    flipped = "A" if payload[5] != "A" else "B"
+    assert session_user(_session_scope(payload[:5] + flipped + payload[6:] + "." + signature)) is None
+    foreign = _gradio_sign_in(monkeypatch, "another-space", "mallory").cookies.get(SESSION_COOKIE)
+    assert foreign and session_user(_session_scope(foreign)) is None  # another Space's (or key's) session
+    assert session_user(_session_scope("garbage")) is None
+    # a sign-in whose token expired (Gradio's `expires_at`, 8 h after its callback ran 9 h ago)
+    monkeypatch.setattr(gradio.oauth, "time", SimpleNamespace(time=lambda: time.time() - 9 * 3600))
+    stale = _gradio_sign_in(monkeypatch, "space-secret", "alice").cookies.get(SESSION_COOKIE)
+    assert stale and session_user(_session_scope(stale)) is None
+    monkeypatch.delenv("OAUTH_CLIENT_ID")
+    assert session_user(_session_scope(signed)) is None  # no Hugging Face sign-in on this app: ignored
