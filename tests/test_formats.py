@@ -359,8 +359,9 @@ def test_page_download_choice_in_chromium(server):
             page.locator("#text textarea").fill(TEXT)
             page.locator("#go").click()
             page.wait_for_selector("#final_out a[download]", timeout=180_000)
-            wav_path = page.locator("#final_out a[download]").get_attribute("href")
-            wav = httpx.get(wav_path if wav_path.startswith("http") else server + wav_path, timeout=30).content
+            wav_url = page.locator("#final_out a[download]").get_attribute("href")  # the page's own blob: URL
+            wav = bytes(page.evaluate("async (u) => [...new Uint8Array(await (await fetch(u)).arrayBuffer())]",
+                                      wav_url))
             ref = np.frombuffer(wav[44:], dtype="<i2").astype(np.float32) / 32768.0
             for fmt in ("mp3", "flac"):
                 page.locator("#download_format input").click()

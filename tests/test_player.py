@@ -129,21 +129,15 @@ def test_reference_path_accepts_only_uploads_and_assets(tmp_path, monkeypatch):
         assert e.value.status == 400
 
 
-def test_the_take_event_shows_a_players_take_and_refuses_anything_else(tmp_path, monkeypatch):
-    """PlayerTake.show (the hidden take element's change event): the request's record and the uploaded WAV
-    become the page's final WAV, stats line and details; a stopped take says what it kept; anything that is
-    not a take of this server (bad JSON, an id it never made, a path outside the upload folder) shows nothing."""
+def test_the_take_event_shows_a_players_take_and_refuses_anything_else():
+    """PlayerTake.show (the hidden take element's change event): the request's record becomes the page's stats
+    line and details (the final WAV stays in the page: the server answers no file, whatever the value names); a
+    stopped take says what it kept; anything that is not a take of this server (bad JSON, an id it never made)
+    shows nothing."""
     import gradio as gr
 
     from app.ui.player import PlayerTake
 
-    uploads = tmp_path / "gradio"
-    (uploads / "h").mkdir(parents=True)
-    wav = uploads / "h" / "hello.wav"
-    wav.write_bytes(b"RIFF")
-    (tmp_path / "secret.wav").write_bytes(b"RIFF")
-    (uploads / "link.wav").symlink_to(tmp_path / "secret.wav")
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
     m = Metrics()
     req = SynthesisRequest(text="Hello.", voice=object(), seed=7)
     m.request_started()
@@ -152,20 +146,18 @@ def test_the_take_event_shows_a_players_take_and_refuses_anything_else(tmp_path,
     m.request_finished(stats, 0.0, request=req,
                        n_samples=48_000, notes=("a note",))
     take = PlayerTake(SimpleNamespace(metrics=m))
-    value = {"request_id": req.request_id, "path": str(wav), "client": {"first_byte_ms": 80.4, "first_sound_ms": 95}}
-    path, line, details = take.show(json.dumps(value))
-    assert path == str(wav.resolve()) and line.startswith("TTFA 99 ms") and "seed 7" in line, line
+    value = {"request_id": req.request_id, "client": {"first_byte_ms": 80.4, "first_sound_ms": 95}}
+    line, details = take.show(json.dumps(value))
+    assert line.startswith("TTFA 99 ms") and "seed 7" in line, line
     assert line.endswith("player **low-latency** · click → first byte 80 ms → first sound 95 ms\n\n- a note"), line
     assert details["request_id"] == req.request_id and details["player"] == "webaudio", details
     assert details["client"] == {"first_byte_ms": 80.4, "first_sound_ms": 95.0}
-    assert take.show("") == (None, "", None)  # a new Generate clears the outputs
-    # the upload failed (or named a file elsewhere): the stats still show, and say why there is no WAV
-    for elsewhere in (str(tmp_path / "secret.wav"), str(uploads / "link.wav"), str(uploads), "a\0b", 7):
-        path, line, _ = take.show(json.dumps({**value, "path": elsewhere, "error": "413"}))
-        assert path is None and "could not be handed to this page (413)" in line, (elsewhere, line)
-    stopped = {"request_id": "a" * 32, "stopped": True, "samples": 36_000, "seed": "12", "path": str(wav)}
-    path, line, details = take.show(json.dumps(stopped))
-    assert path == str(wav.resolve()) and line == "Stopped: kept 1.50 s of audio · seed 12", line
+    assert take.show("") == ("", None)  # a new Generate clears the outputs
+    # a value naming a server file gets the same two outputs: no path of the server's reaches the page
+    assert take.show(json.dumps({**value, "path": "/etc/passwd"})) == (line, details)
+    stopped = {"request_id": "a" * 32, "stopped": True, "samples": 36_000, "seed": "12"}
+    line, details = take.show(json.dumps(stopped))
+    assert line == "Stopped: kept 1.50 s of audio · seed 12", line
     assert details["stopped"] and details["seed"] == 12 and details["audio_samples"] == 36_000, details
     for bad in ("{", "[]", "null", json.dumps({"request_id": "../x"}), json.dumps({**value, "request_id": "0" * 32}),
                 json.dumps({**value, "pad": "x" * 5000})):
@@ -391,6 +383,51 @@ def test_click_to_sound_both_players(studio, browser, page):
                            f"{last['requestId'][:8]}')", timeout=30_000)
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+@pytest.mark.slow
+def test_the_take_comes_down_once(studio, page):
+    """A low-latency take's audio is not sent back: nothing is uploaded from Generate until the page shows the
+    take, whose final WAV is the page's own blob: URL holding the PCM received (the previous take's URL revoked).
+    Another download format uploads it then, once per take (the server converts it)."""
+    uploads = []
+    page.on("request", lambda r: uploads.append(r.url) if r.method == "POST" and "/upload" in r.url else None)
+    first = page.locator("#final_out a[download]").get_attribute("href") if page.locator(
+        "#final_out a[download]").count() else None
+    run = play_low_latency(page)
+    assert run["state"] == "done", run
+    page.wait_for_function(f"() => (document.querySelector('#details')?.textContent || '').includes("
+                           f"'{run['requestId']}') && document.querySelector('#final_out a[download]')",
+                           timeout=30_000)
+    href = page.locator("#final_out a[download]").get_attribute("href")
+    assert href.startswith("blob:") and uploads == [], (href, uploads)
+    received = np.frombuffer(base64.b64decode(page.evaluate("window.studioPlayer.receivedBase64()")), dtype="<i2")
+    np.testing.assert_array_equal(_wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, href))), received)
+    if first and first.startswith("blob:"):  # the take it replaced: its URL is revoked
+        assert page.evaluate("async (u) => { try { await fetch(u); return true; } catch (e) { return false; } }",
+                             first) is False
+    for fmt in ("flac", "mp3"):  # another format: the take goes up once, then the server converts it
+        page.locator("#download_format input").click()
+        page.get_by_role("option", name=fmt, exact=True).click()
+        for _ in range(30):  # the button's file, once converted: the take as `fmt`
+            page.wait_for_timeout(1000)
+            with page.expect_download(timeout=30_000) as got:
+                page.locator("#download_take").click()
+            if got.value.suggested_filename.endswith(f".{fmt}"):
+                break
+        assert got.value.suggested_filename == f"hello-there-how-are-you-today.{fmt}", got.value.suggested_filename
+    assert len(uploads) == 1, uploads
+    page.locator("#download_format input").click()  # back to WAV: the button offers the page's own file
+    page.get_by_role("option", name="wav", exact=True).click()
+    for _ in range(30):
+        page.wait_for_timeout(1000)
+        with page.expect_download(timeout=30_000) as got:
+            page.locator("#download_take").click()
+        if got.value.suggested_filename.endswith(".wav"):
+            break
+    assert got.value.suggested_filename == "hello-there-how-are-you-today.wav", got.value.suggested_filename
+    np.testing.assert_array_equal(_wav_pcm(Path(got.value.path()).read_bytes()), received)
+    assert len(uploads) == 1, uploads
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
-"""The final take's download in a chosen format: the standard player's final WAV, converted on the server
-to mp3, opus, aac or flac with the API's encoders (app/audio_formats.py). The low-latency player's own
-download link stays WAV (it builds that file in the browser)."""
+"""The final take's download in a chosen format: the final WAV, converted on the server to mp3, opus, aac or
+flac with the API's encoders (app/audio_formats.py). A low-latency take's WAV lives in the page (a blob: URL):
+as WAV it is that file; another format uploads it first (app/ui/player.py TAKE_JS forServer)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ import numpy as np
 from app.audio_formats import FORMATS, SUFFIXES, available, encode_whole
 
 DOWNLOAD_FORMATS = tuple(f for f in FORMATS if f != "pcm")  # a raw PCM file is no use to a listener
+# the final WAV as the server gets it: a low-latency take's blob: file uploaded for another format, none for WAV ...
+TO_SERVER_JS = "async (final, fmt) => [window.studioTake ? await window.studioTake.forServer(final, fmt) : final, fmt]"
+# ... whose button then offers the page's own file
+PAGE_WAV_JS = ("(final, fmt, button) => [fmt === 'wav' && final && String(final.url).startsWith('blob:') ? final "
+               ": button]")
 
 
 def convert_take(path: str | None, fmt: str) -> str | None:
@@ -32,5 +37,6 @@ def build_download(final_out: gr.Audio, i18n, **page_only) -> None:
         fmt = gr.Dropdown([f for f in DOWNLOAD_FORMATS if available(f)], value="wav", label=i18n("download_format"),
                           elem_id="download_format", scale=1)
         button = gr.DownloadButton(i18n("download_take"), elem_id="download_take", scale=1)
-    final_out.change(convert_take, [final_out, fmt], button, show_progress="hidden", **page_only)
-    fmt.change(convert_take, [final_out, fmt], button, show_progress="hidden", **page_only)
+    for changed in (final_out, fmt):
+        changed.change(convert_take, [final_out, fmt], button, js=TO_SERVER_JS, show_progress="hidden",
+                       **page_only).then(None, [final_out, fmt, button], button, js=PAGE_WAV_JS, **page_only)

@@ -21,7 +21,7 @@ from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, localized, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import IDLE_JS, STATUS_HTML, PlayerTake, player_html, player_js, seed_element, take_element
+from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js, seed_element, take_element, wire_take
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
@@ -243,8 +243,9 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
     # its error next to Generate (the handler put it into the details)
     synth.failure(None, ui.details, ui.details, js=ui_text("player_failure.js"), **PAGE_ONLY)
-    # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py)
-    take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[1:], show_progress="hidden", **PAGE_ONLY)
+    # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py): its
+    # final WAV from the page's own Blob, its stats line and details from the server
+    take = wire_take(ui.take, ui.final_out, outputs[2:], h.service, **PAGE_ONLY)
     for done in (synth, take):  # the finished take into the page's history
         history.record_take(done, ui.final_out, ui.details)
     history.use_settings(ui.history_use, ui.seed, [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed, ui.stream,

@@ -15,9 +15,10 @@
      The result: the Worker also hands this page each read's bytes (the body as received, 48 kB per
      second of audio); when the body has ended (or at Stop), handOver() puts them behind a 44-byte
      RIFF/WAVE header in a Blob (the final WAV: exactly the PCM that played), named after the first words
-     of the text, uploads it through the page's hidden take element and sets that element's value (the
-     request id, the upload's path, what this page measured): the server's take event answers the page's
-     final WAV, stats line and details, the standard player's outputs (app/ui/player.py PlayerTake).
+     of the text, and shows it as the page's final WAV from a blob: URL (replay and download: its audio
+     came down once and is not sent back); the hidden take element's value (the request id, what this
+     page measured) goes to the server's take event, which answers the stats line and details, the
+     standard player's (app/ui/player.py PlayerTake).
 
      Timings (this page's performance.now(), ms; the Worker's converted through timeOrigin): click (the
      Generate click event's timeStamp), request, headers, firstByte, firstSound, end. firstSound is when
@@ -89,6 +90,7 @@
       this.mode = null;      // 'worklet' | 'buffers' once ready
       this.idleTimer = null;  // the pending suspend of the idle AudioContext
       this.toastTimer = null;
+      this.finalUrl = null;  // the blob: URL of the take in the page's final WAV (revoked by the next take's)
       this.ctx = new AudioContext({sampleRate: RATE_HZ, latencyHint: 'interactive'});
       this.gain = this.ctx.createGain();  // the volume control; everything plays through it
       this.gain.connect(this.ctx.destination);
@@ -327,35 +329,33 @@
     async finish(run) {
       if (run.state !== 'playing' && run.state !== 'done') return;  // stopped or failed; 'done' may come first
       await run.soundKnown;  // the worklet reports its start after the body may have ended
-      if (this.last === run) await this.handOver(run, false);
+      if (this.last === run) this.handOver(run, false);
       if (this.mode === 'buffers') {
         const leftMs = (run.nextFrame / RATE_HZ - this.ctx.currentTime) * 1000;
         setTimeout(() => this.done(run), Math.max(0, leftMs));
       }
     }
 
-    // the take (all of it, or what came before Stop) into the page's final WAV, stats and details: its WAV
-    // (the bytes received: exactly the PCM that played) uploaded through the hidden take element, whose
-    // value then names it (app/ui/player.py PlayerTake.show answers the outputs); the history gets the Blob
-    async handOver(run, stopped) {
+    // the take (all of it, or what came before Stop) into the page's final WAV, stats and details: its WAV (the
+    // bytes received: exactly the PCM that played) stays in this page, the final WAV a FileData of its blob: URL
+    // (the previous take's URL revoked); the take element's value (the request id, what this page measured) goes
+    // to the server, whose take event answers the stats line and details (app/ui/player.py); the history gets the Blob
+    handOver(run, stopped) {
       const take = window.studioTake;
       const nBytes = run.pcm.reduce((n, b) => n + b.length, 0) & ~1;  // an odd trailing byte is no sample
       run.wav = new Blob([wavHeader(nBytes), ...run.pcm], {type: 'audio/wav'});
       const since = (x) => (x === null ? null : Math.round((x - run.t.click) * 10) / 10);
-      const value = {request_id: run.requestId, stopped, samples: nBytes / 2, seed: run.seed, path: null,
+      const value = {request_id: run.requestId, stopped, samples: nBytes / 2, seed: run.seed,
                      client: {first_byte_ms: since(run.t.firstByte), first_sound_ms: since(run.t.firstSound)}};
       if (!take) { run.result = 'the page has no take element'; return; }
-      try {
-        value.path = (await take.upload(new File([run.wav], wavName(run.text, run.voice),
-                                                 {type: 'audio/wav'}))).path;
-      } catch (e) {
-        value.error = String(e && e.message ? e.message : e);
-      }
-      if (this.last !== run) return;
+      if (this.finalUrl) URL.revokeObjectURL(this.finalUrl);
+      this.finalUrl = URL.createObjectURL(run.wav);
+      const final = {path: this.finalUrl, url: this.finalUrl, orig_name: wavName(run.text, run.voice),
+                     size: run.wav.size, mime_type: 'audio/wav', is_stream: false, meta: {_type: 'gradio.FileData'}};
       const h = window.studioHistory, p = run.params;
       if (h && !stopped) h.expect(run.requestId, {text: p.text, instruct: p.instruct_text, dialogue: p.dialogue,
                                                   wav: run.wav});
-      take.show(JSON.stringify(value));
+      take.show(JSON.stringify(value), final);
       run.result = stopped ? 'kept' : 'shown';
     }
 

@@ -22,21 +22,44 @@ STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…
                '<div id="studio_error" role="alert"></div></div>')
 # the standard player's `synthesize` ended (either way): the page is no longer busy
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
-# js_on_load of the hidden take element: what player.js calls (window.studioTake.upload / .show)
-TAKE_JS = "window.studioTake = {upload, show: (value) => { props.value = value; }};"
+# js_on_load of the hidden take element, what player.js calls: show(value, final) hands the server the take's JSON
+# (PlayerTake.show: its stats) and the page its final WAV (`final`: a FileData of the page's own blob: URL, put into
+# #final_out by FINAL_JS); forServer(final, fmt) is the final WAV as the format download
+# (app/ui/download.py) sends it: a blob: take goes up only when a listener asks for another format (once per take)
+TAKE_JS = """window.studioTake = {final: null, uploaded: null,
+  show: (value, final = null) => { window.studioTake.final = final; props.value = value; },
+  forServer: async (final, fmt) => {
+    const t = window.studioTake;
+    if (!final || !String(final.url).startsWith('blob:')) return final;
+    if (fmt === 'wav') return null;
+    if (!t.uploaded || t.uploaded.blob !== final.url) {
+      const wav = await (await fetch(final.url)).blob();
+      const {path, url} = await upload(new File([wav], final.orig_name, {type: 'audio/wav'}));
+      t.uploaded = {blob: final.url, file: {...final, path, url}};
+    }
+    return t.uploaded.file;
+  }};"""
+FINAL_JS = "() => [window.studioTake ? window.studioTake.final : null]"  # the final WAV (or none) into #final_out
 # the seed the server used (the X-Seed header), into the seed box at the start of a take: player.js hands it to
 # the hidden #player_seed element (`at` makes every take a change), whose change event returns it as an output
 SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: Number(seed), at: Date.now()}); };"
 SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
-MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id, a server path, a name, a few numbers
+MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id and a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
-NOT_SHOWN = "the final WAV could not be handed to this page ({why}); the stats are the take's"
 
 
 def take_element() -> gr.HTML:
     """The hidden element the low-latency player hands its takes through (its value: `PlayerTake.show`'s JSON;
     rendered as nothing)."""
     return hidden_element("player_take", TAKE_JS)
+
+
+def wire_take(take: gr.HTML, final_out: gr.Audio, outputs: list[Any], service: StudioService,
+              **page_only: Any) -> gr.events.Dependency:
+    """`take`'s change: the take's final WAV (the page's own Blob) into `final_out` in the browser, and its stats
+    line and details (`outputs`) from the server. Returns the server's event (the history follows its success)."""
+    take.change(None, None, final_out, js=FINAL_JS, **page_only)
+    return take.change(PlayerTake(service).show, take, outputs, show_progress="hidden", **page_only)
 
 
 def seed_element(seed: gr.Number) -> gr.HTML:
@@ -48,18 +71,18 @@ def seed_element(seed: gr.Number) -> gr.HTML:
 
 
 class PlayerTake:
-    """The low-latency player's take into the page's final WAV, stats line and details."""
+    """The low-latency player's take into the page's stats line and details (its final WAV stays in the page)."""
 
     def __init__(self, service: StudioService) -> None:
         self.service = service
 
-    def show(self, value: str) -> tuple[Any, str, Any]:
-        """`value` (JSON from player.js): {request_id, path (the WAV in Gradio's upload folder, or null),
-        error (why there is none), stopped, samples, seed, client: {first_byte_ms, first_sound_ms}}; "" clears
-        the outputs (a new Generate). Returns (final WAV path, stats line, details). The line is English: the
-        page's translator puts it in the page's language and back (app/ui/lang_switch.py, #stats)."""
+    def show(self, value: str) -> tuple[str, Any]:
+        """`value` (JSON from player.js): {request_id, stopped, samples, seed, client: {first_byte_ms,
+        first_sound_ms}}; "" clears the outputs (a new Generate). Returns (stats line, details); the final WAV
+        stays in the page (FINAL_JS). The line is English: the page's translator puts it in the page's language
+        and back (app/ui/lang_switch.py, #stats)."""
         if not value:
-            return None, "", None
+            return "", None
         try:
             take = json.loads(value) if len(value) <= MAX_TAKE_VALUE else None
         except ValueError:
@@ -67,15 +90,11 @@ class PlayerTake:
         request_id = take.get("request_id") if isinstance(take, dict) else None
         if not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None:
             raise gr.Error("not a take of this page's player", print_exception=False)
-        found = upload_file(take.get("path"))
-        path = None if found is None else str(found)
-        why = take.get("error") if path is None else None
-        note = [NOT_SHOWN.format(why=str(why)[:200])] if why else []
         if take.get("stopped"):
             raw_seed = take.get("seed")  # the X-Seed header, as the page read it
             seed = int(raw_seed) if isinstance(raw_seed, str) and raw_seed.lstrip("-").isdigit() else None
             line, details = stopped_take(request_id, seed, int(_number(take.get("samples"))))
-            return path, line + notes_markdown(note), {**details, "player": "webaudio"}
+            return line, {**details, "player": "webaudio"}
         rec = self.service.metrics.record(request_id)
         if rec is None or rec.outcome != "ok":
             raise gr.Error("unknown take, one that did not finish, or one too old to be kept", print_exception=False)
@@ -84,8 +103,8 @@ class PlayerTake:
         client = {k: _number(measured.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
         player = ("player **low-latency** · click → first byte {} → first sound {}"
                   .format(*(f"{round(v)} ms" if v is not None else "–" for v in client.values())))
-        line = f"{rec.line()} · {player}" + notes_markdown([*rec.notes, *note])
-        return path, line, {**rec.details(), "player": "webaudio", "client": client}
+        line = f"{rec.line()} · {player}" + notes_markdown(rec.notes)
+        return line, {**rec.details(), "player": "webaudio", "client": client}
 
 
 def _number(x: Any, default: Any = 0.0) -> Any:
@@ -95,7 +114,8 @@ def _number(x: Any, default: Any = 0.0) -> Any:
 
 def upload_file(raw: Any, *also: Path) -> Path | None:
     """`raw` resolved (symlinks followed: a link out of the folders is refused), if it names a file inside
-    Gradio's upload folder (where the page's uploads go) or one of the folders `also`; else None."""
+    Gradio's upload folder (where the page's uploads go) or one of the folders `also`; else None (the
+    reference clips of app/server/studio_stream.py)."""
     from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
 
     if not isinstance(raw, str) or not raw:
