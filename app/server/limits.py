@@ -22,7 +22,7 @@ from app.server.identity import Identity, cookie, headers_of, with_cookie
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
-UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, and each low-latency take's WAV
+UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV for another download format
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
 DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
