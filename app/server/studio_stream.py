@@ -20,7 +20,6 @@ from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
-from app.ui.player import upload_file
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 UNKNOWN_REFERENCE = "unknown reference file: upload the reference recording again, or pick an example"
@@ -42,11 +41,18 @@ class StudioSpeech(BaseModel):
 
 
 def reference_path(raw: str) -> Path:
-    """`raw` resolved, if it is a file inside Gradio's upload folder or assets/; else ApiError 400."""
-    path = upload_file(raw, ASSETS_DIR)
-    if path is None:
-        raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
-    return path
+    """`raw` resolved (symlinks followed: a link out of the folders is refused), if it is a file inside Gradio's
+    upload folder (where the page's uploads go) or assets/; else ApiError 400."""
+    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
+
+    try:
+        path = Path(raw).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):  # missing, loop, NUL byte
+        path = None
+    for root in (Path(get_upload_folder()).resolve(), ASSETS_DIR.resolve()):
+        if path is not None and path.is_relative_to(root) and path != root and path.is_file():
+            return path
+    raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
 
 
 def end_page_streams(app: FastAPI) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -110,24 +109,6 @@ class PlayerTake:
 def _number(x: Any, default: Any = 0.0) -> Any:
     """`x` as a finite float (a number the page measured), else `default`."""
     return round(float(x), 1) if isinstance(x, int | float) and math.isfinite(x) and x >= 0 else default
-
-
-def upload_file(raw: Any, *also: Path) -> Path | None:
-    """`raw` resolved (symlinks followed: a link out of the folders is refused), if it names a file inside
-    Gradio's upload folder (where the page's uploads go) or one of the folders `also`; else None (the
-    reference clips of app/server/studio_stream.py)."""
-    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
-
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        path = Path(raw).resolve(strict=True)
-    except (OSError, RuntimeError, ValueError):  # missing, loop, NUL byte
-        return None
-    for root in (Path(get_upload_folder()).resolve(), *(p.resolve() for p in also)):
-        if path.is_relative_to(root) and path != root and path.is_file():
-            return path
-    return None
 
 
 def player_html() -> str:
