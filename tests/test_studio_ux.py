@@ -428,6 +428,9 @@ STOP_STANDARD = """() => { const a = document.querySelector('#stream_out audio')
 @pytest.mark.slow
 def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, standard_page):
     url, page = studio[0], standard_page
+    # the page in front, as a listener's is: a tab behind another gets no animation frames, and its <audio>
+    # stalled (3.6 s played while the server made 86 s of audio, in the suite's order)
+    page.bring_to_front()
     # the standard player starts playing when the server has made 3-15 s of audio (its HLS segments): a take
     # of ~100 s is still being made at Stop on a loaded box
     text = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
@@ -436,7 +439,7 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, st
     page.locator("#go").click()
     # Stop pressed by the page task that sees 0.3 s played while the take is still being made: Playwright's click
     # waits for frames, 17 s once on a starved page (tests/test_browser.py)
-    page.wait_for_function(STOP_STANDARD, timeout=TIMEOUT_MS)
+    page.wait_for_function(STOP_STANDARD, polling=100, timeout=TIMEOUT_MS)
     assert not page.evaluate(STREAM_PLAYING)  # at once
     # (the stopped take's stats come once the handler's stream has ended: seconds on a loaded 2-core box)
     page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('Stopped')",
