@@ -50,7 +50,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     api.add_middleware(EarlyScript)
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here
-    gate = Gate.from_config(cfg)
+    gate = Gate(cfg)
     api.add_middleware(AccessLimits, gate=gate)  # refusals cost no other middleware
     api.add_middleware(ProxyClient, server=cfg.server)  # outermost: the client a proxy names (replicas get it)
     install_error_handlers(api)

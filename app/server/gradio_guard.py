@@ -11,7 +11,9 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
-from app.server.limits import peek_body, send_json
+from fastapi.responses import JSONResponse
+
+from app.server.limits import peek_body
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ class GradioGuard:
             wrapped = _malformed_as_400(send) if method == "POST" and DIRECT_RUN_RE.fullmatch(path) else send
             return await self.app(scope, receive, wrapped)
         log.info("refused a malformed Gradio request: %s %s: %s", method, path.split("/")[2], problem[0])
-        await send_json(send, 404, {"detail": f"{problem[1]}; see the page's \"Use via API\" for its endpoints"})
+        await JSONResponse({"detail": f"{problem[1]}; see the page's \"Use via API\" for its endpoints"}, 404)(
+            scope, receive, send)
 
     def _unknown_event(self, name: str | None, body: bytes) -> tuple[str, str] | None:
         """(log line, answer) when the event the body (or `name`) asks for is none of the page's, else None."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from starlette.requests import HTTPConnection
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.config import Config, ServerConfig
@@ -28,17 +29,10 @@ COOKIE_MAX_AGE_S = 400 * 24 * 3600  # browsers cap a cookie's life at 400 days
 SECRET_FILE = ".visitor-secret"
 
 
-def headers_of(scope: dict, name: bytes) -> list[str]:
-    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
-
-
-def cookie(scope: dict, name: str) -> str | None:
-    for header in headers_of(scope, b"cookie"):
-        for part in header.split(";"):
-            key, _, value = part.strip().partition("=")
-            if key == name:
-                return value
-    return None
+def authorization(scope: dict) -> tuple[str, str]:
+    """(scheme in lower case, credentials) of the request's first Authorization header; ("", "") if none."""
+    scheme, _, token = HTTPConnection(scope).headers.get("authorization", "").partition(" ")
+    return scheme.lower(), token.strip()
 
 
 class ProxyClient:
@@ -61,7 +55,7 @@ class ProxyClient:
 def is_local(scope: dict) -> bool:
     """A loopback connection that no proxy forwarded (a proxied request is never "local")."""
     client = scope.get("client")
-    if not client or headers_of(scope, b"x-forwarded-for"):
+    if not client or "x-forwarded-for" in HTTPConnection(scope).headers:
         return False
     try:
         return ipaddress.ip_address(client[0]).is_loopback
@@ -88,7 +82,7 @@ def page_caller(scope: dict, hf_user: str | None, login_user: str | None) -> Cal
 def session_user(scope: dict) -> str | None:
     """The Hugging Face user of Gradio's OAuth session cookie (a Space with hf_oauth), else None. Read as
     gradio/oauth.py's SessionMiddleware writes it, so /studio (outside Gradio's app) knows who signed in."""
-    raw = cookie(scope, SESSION_COOKIE)
+    raw = HTTPConnection(scope).cookies.get(SESSION_COOKIE)
     if not raw or not os.environ.get("OAUTH_CLIENT_ID"):
         return None
     from itsdangerous import BadSignature, TimestampSigner  # gradio[oauth]'s, present where OAuth is
@@ -149,8 +143,8 @@ class Identity:
         return found
 
     def bearer(self, scope: dict) -> Owner | None:
-        scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
-        return self.key_owner(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        scheme, token = authorization(scope)
+        return self.key_owner(token) if scheme == "bearer" and token else None
 
     def identify(self, scope: dict, basic_user: str | None) -> tuple[Caller, str | None]:
         """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user), also written into its state, and a
@@ -186,17 +180,17 @@ class Identity:
         """(visitor id, Set-Cookie value or None): the cookie's id if its signature holds, else a new id whose
         cookie also goes into the request's own headers (a proxy behind us, e.g. the cluster's replicas,
         then sees the same visitor on this first request)."""
-        raw = cookie(scope, VISITOR_COOKIE) or ""
-        visitor, _, mac = raw.partition(".")
+        conn = HTTPConnection(scope)
+        visitor, _, mac = conn.cookies.get(VISITOR_COOKIE, "").partition(".")
         if visitor and mac and hmac.compare_digest(mac, self._sign(visitor)):
             return visitor, None
         visitor = secrets.token_hex(12)
         value = f"{visitor}.{self._sign(visitor)}"
-        others = [p.strip() for h in headers_of(scope, b"cookie") for p in h.split(";")
+        others = [p.strip() for h in conn.headers.getlist("cookie") for p in h.split(";")
                   if p.strip() and p.strip().partition("=")[0] != VISITOR_COOKIE]
         scope["headers"] = [*(h for h in scope.get("headers", ()) if h[0] != b"cookie"),
                             (b"cookie", "; ".join([*others, f"{VISITOR_COOKIE}={value}"]).encode())]
-        https = scope.get("scheme") == "https" or "https" in headers_of(scope, b"x-forwarded-proto")
+        https = scope.get("scheme") == "https" or "https" in conn.headers.getlist("x-forwarded-proto")
         attrs = "SameSite=None; Secure" if https else "SameSite=Lax"  # a Space's page is an iframe over HTTPS
         return visitor, f"{VISITOR_COOKIE}={value}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; {attrs}"
 

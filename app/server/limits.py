@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from app.config import Config
-from app.server.errors import ApiError, error_body
-from app.server.identity import Identity, cookie, headers_of, with_cookie
+from app.server.errors import ApiError, error_response
+from app.server.identity import Identity, authorization, with_cookie
 
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
@@ -75,11 +76,11 @@ def bearer_auth(identity: Identity):
 
 def basic_credentials(scope: dict) -> tuple[str, str] | None:
     """(user, password) from an `Authorization: Basic` header (the first one), else None."""
-    scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
-    if scheme.lower() != "basic":
+    scheme, token = authorization(scope)
+    if scheme != "basic":
         return None
     try:
-        user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+        user, sep, password = base64.b64decode(token, validate=True).decode("utf-8").partition(":")
     except (binascii.Error, UnicodeDecodeError):
         return None
     return (user, password) if sep else None
@@ -97,10 +98,6 @@ class Gate:
         self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
         self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
-
-    @classmethod
-    def from_config(cls, cfg: Config, on_refused: Callable[[str], None] | None = None) -> Gate:
-        return cls(cfg, on_refused)
 
     def basic_user(self, scope: dict) -> str | None:
         """The user of valid HTTP Basic credentials of a configured login, else None."""
@@ -120,11 +117,9 @@ class Gate:
         app = self.gradio_app
         if app is None:
             return False
-        for name in (f"access-token-{app.cookie_id}", f"access-token-unsecure-{app.cookie_id}"):
-            token = cookie(scope, name)
-            if token and app.tokens.get(token) is not None:
-                return True
-        return False
+        cookies = HTTPConnection(scope).cookies
+        return any(app.tokens.get(cookies.get(name, "")) is not None
+                   for name in (f"access-token-{app.cookie_id}", f"access-token-unsecure-{app.cookie_id}"))
 
     def allowed(self, scope: dict, path: str) -> bool:
         """Whether `path` may be served to this request (the /v1 routes check their key themselves)."""
@@ -132,9 +127,9 @@ class Gate:
         if path == "/metrics":
             if not (self.users or ident.any_key or self.metrics_token):
                 return True
-            scheme, _, token = (headers_of(scope, b"authorization") or [""])[0].partition(" ")
-            metrics_ok = bool(self.metrics_token) and scheme.lower() == "bearer" and secrets.compare_digest(
-                token.strip().encode(), self.metrics_token.encode())
+            scheme, token = authorization(scope)
+            metrics_ok = bool(self.metrics_token) and scheme == "bearer" and secrets.compare_digest(
+                token.encode(), self.metrics_token.encode())
             return metrics_ok or ident.bearer(scope) is not None or (bool(self.users) and self.logged_in(scope))
         if path in DOC_PATHS and ident.any_key:
             return ident.bearer(scope) is not None
@@ -170,19 +165,20 @@ class AccessLimits:
             if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
                 gate.on_refused(reason)
                 retry_s = max(1, math.ceil(wait_s))
-                return await send_json(send, 429, error_body(
-                    429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; try again in "
-                    f"{retry_s} s", code="rate_limit_exceeded"), {"retry-after": str(retry_s)})
-        if not gate.allowed(scope, path):
-            if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
-                return await send_json(send, 401, error_body(
-                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"),
-                    {"www-authenticate": "Bearer"})
-            return await send_json(send, 401, error_body(
-                401, "log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
-                "[server] auth / COSYVOICE_AUTH)", code="login_required"),
-                {"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
-        return await self.app(scope, receive, send)
+                refused = ApiError(429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; "
+                                   f"try again in {retry_s} s", code="rate_limit_exceeded",
+                                   headers={"retry-after": str(retry_s)})
+                return await error_response(refused)(scope, receive, send)
+        if gate.allowed(scope, path):
+            return await self.app(scope, receive, send)
+        if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
+            refused = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key", headers={"www-authenticate": "Bearer"})
+        else:
+            refused = ApiError(401, "log in first: open the page and sign in, or send HTTP Basic credentials (the "
+                               "server's [server] auth / COSYVOICE_AUTH)", code="login_required",
+                               headers={"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
+        await error_response(refused)(scope, receive, send)
 
 
 async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
@@ -209,11 +205,3 @@ def _fn_index(body: bytes) -> int | None:
     except (ValueError, AttributeError):  # not JSON, or not an object
         return None
     return value if isinstance(value, int) else None
-
-
-async def send_json(send: Any, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
-    raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
-                            *((k.encode(), v.encode()) for k, v in (headers or {}).items())]})
-    await send({"type": "http.response.body", "body": raw})

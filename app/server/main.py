@@ -93,7 +93,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
     api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/server/early_script.py)
-    gate = Gate.from_config(cfg, service.metrics.share_refused)
+    gate = Gate(cfg, service.metrics.share_refused)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)
 
