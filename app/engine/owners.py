@@ -12,7 +12,6 @@ from pathlib import Path
 
 from app.engine.voices import VoiceInfo, VoiceStore
 
-SCOPES = ("private", "shared")
 OWNER_DIR_PREFIX = "o-"
 
 
@@ -50,10 +49,8 @@ class OwnedVoices:
     """The saved voices of every owner under one folder; `of(owner)` is the `VoiceStore` that owner may use."""
 
     def __init__(self, root: str | Path, scope: str, max_transcript_chars: int | None = None) -> None:
-        if scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
         self.root = Path(root).expanduser().resolve()
-        self.scope = scope
+        self.scope = scope  # "private" or "shared": the config's resolved [voices] scope
         self.model_fingerprint = ""  # set once the model is loaded (voices of another model are refused)
         self.max_transcript_chars = max_transcript_chars
         self._lock = threading.Lock()  # one for every store: a name's two files are written together
