@@ -78,9 +78,10 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
     Closing this iterator closes the running request (vLLM aborts it)."""
     plan, seq = Interleave(prompt_text_ids, prompt_speech, mix_ratio), []
     out: list[int] = []  # every output so far incl. fills: the official RAS window runs over it
-    blocks = _blocks(plan, text_ids)
+    blocks, i = _blocks(plan, text_ids), -1
     try:
-        async for i, block in _enumerate(blocks):
+        async for block in blocks:
+            i += 1
             seq += block.feed
             n = block.max_new if not block.final else (max_final or base.max_tokens)
             req = replace(base, request_id=f"{base.request_id}-b{i}", prompt_ids=tuple(seq),
@@ -121,13 +122,6 @@ async def _blocks(plan: Interleave, text_ids: AsyncIterator[list[int]]) -> Async
     yield plan.finish()
 
 
-async def _enumerate(it: AsyncIterator[Block]) -> AsyncIterator[tuple[int, Block]]:
-    i = 0
-    async for x in it:
-        yield i, x
-        i += 1
-
-
 class TextFeed:
     """Arriving text -> token ids, a sentence at a time: a sentence is normalised and tokenised once it
     is complete (terminal punctuation then a space) or flushed, so the ids do not depend on how the
@@ -139,11 +133,10 @@ class TextFeed:
     def add(self, delta: str) -> list[list[int]]:
         self.buf += delta
         self.n_chars += len(delta)
-        out, m = [], _END.search(self.buf)
-        while m is not None:
+        out = []
+        while m := _END.search(self.buf):
             out.append(self._ids(self.buf[:m.end()]))
             self.buf = self.buf[m.end():]
-            m = _END.search(self.buf)
         return [o for o in out if o]
 
     def flush(self) -> list[list[int]]:
