@@ -65,18 +65,6 @@ class SpeechTokenSource(Protocol):
 _END = object()
 
 
-def _without_stop_tokens(sampler, logp: Tensor, decoded, generator: torch.Generator) -> int:
-    """Sample with every stop id banned (fixed-length mode)."""
-    logp = logp.clone()
-    logp[sorted(STOP_TOKENS)] = -float("inf")
-    return sampler(logp, decoded, generator)
-
-
-def _after(sampler, history: list[int], logp: Tensor, decoded, generator: torch.Generator) -> int:
-    """Sample with `history` in front of this request's tokens (the RAS window)."""
-    return sampler(logp, history + list(decoded), generator)
-
-
 class TorchLMBackend:
     """Reference backend: the PyTorch `SpeechLM`, one worker thread per active request."""
 
@@ -107,11 +95,15 @@ class TorchLMBackend:
 
     def _decode(self, req: LMRequest, emit, cancel: threading.Event) -> None:
         s = req.sampling.resolved(self.llm.dims)  # the pipeline resolves; direct callers get the yaml's too
-        sampler = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
-        if req.history:  # the window spans the earlier requests' outputs
-            sampler = partial(_after, sampler, list(req.history[-s.win_size:]))
-        if req.ignore_eos:
-            sampler = partial(_without_stop_tokens, sampler)
+        ras = partial(ras_sample, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size, tau_r=s.tau_r)
+        history = list(req.history[-s.win_size:])  # the RAS window spans the earlier requests' outputs
+
+        def sampler(logp: Tensor, decoded, generator: torch.Generator) -> int:
+            if req.ignore_eos:  # fixed length: every stop id banned
+                logp = logp.clone()
+                logp[sorted(STOP_TOKENS)] = -float("inf")
+            return ras(logp, history + list(decoded) if history else decoded, generator)
+
         generator = torch.Generator(device="cpu").manual_seed(req.seed)
         lm_input = self.llm.embed_lm_ids(req.prompt_ids)
         for token in self.llm.decode(lm_input, req.min_tokens, req.max_tokens, generator, sampler):
