@@ -48,8 +48,6 @@ class Token2WavScheduler:
                  flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1,
                  finish_batch: Callable[[list[Any], list[Any], float], Iterator[tuple[int, Any, BaseException | None]]]
                  | None = None) -> None:
-        if n_workers < 1 or max_batch < 1:
-            raise ValueError("n_workers and max_batch must be >= 1")
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
         self.finish_batch = finish_batch
         self.device = torch.device(device)
