@@ -115,27 +115,22 @@ class RASLogitsProcessor(LogitsProcessor):
 
     def apply(self, logits: Tensor) -> Tensor:
         with record_function_or_nullcontext("cosyvoice2: RAS logits processor"):
-            return self._apply(logits)
-
-    def _apply(self, logits: Tensor) -> Tensor:
-        if self.head_bias is not None:  # logits [R, V] float32 (vLLM's sampler converts before us)
-            logits.add_(self.head_bias)
-        if not self.rows:
-            return logits
-        if self._cache is None:
-            order = sorted(self.rows)
-            batch = RASBatch.build([self.rows[i][0] for i in order], logits.device, self.pin)
-            index = torch.tensor(order, device=logits.device)
-            self._cache = (index, [self.rows[i][1] for i in order], batch)
-        index, outputs, batch = self._cache
-        history, ban_eos = batch.history(outputs, logits.device)
-        every = len(outputs) == logits.shape[0]  # every row is a RAS row (rows are 0..R-1): no gather
-        rows = logits if every else logits.index_select(0, index)
-        if self.graphs is not None and logits.dtype == torch.float32:
-            new = self.graphs(rows, batch, history, ban_eos)  # a static buffer: copied out below
-            return logits.copy_(new) if every else logits.index_copy_(0, index, new)
-        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        if every:
-            return ras_log_probs(logits, batch, history, ban_eos, dtype).to(logits.dtype)
-        new = ras_log_probs(rows, batch, history, ban_eos, dtype)
-        return logits.index_copy_(0, index, new.to(logits.dtype))
+            if self.head_bias is not None:  # logits [R, V] float32 (vLLM's sampler converts before us)
+                logits.add_(self.head_bias)
+            if not self.rows:
+                return logits
+            if self._cache is None:
+                order = sorted(self.rows)
+                batch = RASBatch.build([self.rows[i][0] for i in order], logits.device, self.pin)
+                index = torch.tensor(order, device=logits.device)
+                self._cache = (index, [self.rows[i][1] for i in order], batch)
+            index, outputs, batch = self._cache
+            history, ban_eos = batch.history(outputs, logits.device)
+            every = len(outputs) == logits.shape[0]  # every row is a RAS row (rows are 0..R-1): no gather
+            rows = logits if every else logits.index_select(0, index)
+            if self.graphs is not None and logits.dtype == torch.float32:
+                new = self.graphs(rows, batch, history, ban_eos)  # a static buffer: copied out below
+                return logits.copy_(new) if every else logits.index_copy_(0, index, new)
+            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            new = ras_log_probs(rows, batch, history, ban_eos, dtype).to(logits.dtype)
+            return new if every else logits.index_copy_(0, index, new)
