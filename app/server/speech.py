@@ -38,11 +38,6 @@ class ClosingStreamingResponse(StreamingResponse):
             await self._on_close()
 
 
-def wav_stream_header() -> bytes:
-    """RIFF/WAVE header for 16-bit mono 24 kHz PCM of unknown length (data and RIFF sizes 0xFFFFFFFF)."""
-    return audio_formats.wav_header(None)
-
-
 def pcm_bytes(chunk: AudioChunk) -> bytes:
     return to_int16_pcm(chunk.samples).tobytes()  # already little-endian int16
 
@@ -98,24 +93,20 @@ async def _unless_gone(work: Awaitable[list[AudioChunk]], gone: Callable[[], Awa
         task.cancel()
 
 
-def sends_whole(req: SynthesisRequest, fmt: str) -> bool:
-    """Whether `req` in `fmt` is made to the end before its response: not streamed (speed != 1), or a format
-    that is only readable everywhere with its exact length in its header (audio_formats.WHOLE_ONLY)."""
-    return not req.stream or fmt in audio_formats.WHOLE_ONLY
-
-
 async def speech_response(service: StudioService, req: SynthesisRequest, fmt: str,
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None, caller: Caller = NOBODY,
                           stop: asyncio.Event | None = None, params: dict[str, str] | None = None,
                           gone: Callable[[], Awaitable[None]] | None = None) -> Response:
     """The response for `req` in format `fmt` (one of audio_formats.FORMATS, available: checked by the door),
-    streamed or whole (`sends_whole`); `ApiError` before any audio (a whole one: before any byte). `prepared`
-    (what made `req`) goes into the request's metrics record; `caller`'s client (app/server/identity.py) holds one of
-    its fair-share places until the body ends. `gone()` returns when the client disconnects: a whole response
-    stops being made then (a streamed one stops when its body can no longer be sent)."""
+    streamed, or whole when `req` is not streamed (speed != 1) or `fmt` is only readable everywhere with its
+    exact length in its header (audio_formats.WHOLE_ONLY); `ApiError` before any audio (a whole one: before any
+    byte). `prepared` (what made `req`) goes into the request's metrics record; `caller`'s client
+    (app/server/identity.py) holds one of its fair-share places until the body ends. `gone()` returns when the
+    client disconnects: a whole response stops being made then (a streamed one stops when its body can no longer
+    be sent)."""
     assert fmt in audio_formats.FORMATS, fmt
-    whole = sends_whole(req, fmt)
+    whole = not req.stream or fmt in audio_formats.WHOLE_ONLY
     t_arrival = time.perf_counter()
     stack = contextlib.AsyncExitStack()
     try:
@@ -148,7 +139,7 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
     async def body() -> AsyncIterator[bytes]:
         try:
             if fmt == "wav":
-                yield wav_stream_header()
+                yield audio_formats.wav_header(None)  # 16-bit mono 24 kHz of unknown length
             for chunk in head:
                 if chunk.samples.size:
                     yield pcm_bytes(chunk)

@@ -23,7 +23,7 @@ from app.engine.service import StudioService
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
 from app.server.openai_api import V1_PARAMS
-from app.server.speech import pcm_bytes, prepare_or_raise, wav_stream_header
+from app.server.speech import pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def ws_router(service: StudioService, identity: Identity,
             # the speech route's fair share, admission and request record (metrics, the page's panels)
             async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens, stop=stop) as (_, chunks):
                 if fmt == "wav":
-                    await ws.send_bytes(wav_stream_header())
+                    await ws.send_bytes(audio_formats.wav_header(None))
                 async for chunk in chunks:
                     if chunk.samples.size:
                         await ws.send_bytes(pcm_bytes(chunk))
