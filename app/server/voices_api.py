@@ -54,26 +54,17 @@ Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
 
 def voices_router(service: StudioService, route_class: type) -> APIRouter:
-    """The routes above for `service`; a new voice is refused while the model is not ready."""
+    """/voices, /voices/{id}, and a voice as a `.cvvoice` file (/voices/{id}/export, /voices/import) for
+    `service`; a new voice is refused while the model is not ready."""
     router = APIRouter(route_class=route_class)
-    add_collection_routes(router, service)
-    add_item_routes(router, service)
-    add_file_routes(router, service)
-    return router
-
-
-def add_collection_routes(router: APIRouter, service: StudioService) -> None:
-    """POST and GET /voices."""
-    cfg = service.cfg
-    limit = cfg.limits.max_transcript_chars
-    upload_bytes = cfg.limits.max_upload_mb * 1024 * 1024
+    max_mb, limit = service.cfg.limits.max_upload_mb, service.cfg.limits.max_transcript_chars
 
     @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503))
     async def create_voice(request: Request,
                            audio: Annotated[UploadFile, File(description=(
                                "the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; 1-30 s of one "
                                "speaker), at most [limits] max_upload_mb"), json_schema_extra={
-                                   "maxLength": upload_bytes})],
+                                   "maxLength": max_mb * 1024 * 1024})],
                            transcript: Annotated[str, Form(max_length=max(TRANSCRIPT_HARD_CAP, limit),
                                                            json_schema_extra={"maxLength": limit}, description=(
                                "the words spoken in the clip ([limits] max_transcript_chars); blank: Whisper "
@@ -88,7 +79,7 @@ def add_collection_routes(router: APIRouter, service: StudioService) -> None:
         owner = caller_of(request.scope).owner
         with refused():  # the upload is read once the name and transcript have passed
             info, notes = await voice_door.save(service, owner, name or f"voice-{secrets.token_hex(4)}",
-                                                partial(_read_upload, audio, cfg.limits.max_upload_mb), transcript,
+                                                partial(_read_upload, audio, max_mb), transcript,
                                                 overwrite=overwrite)
         # what the reference checks trimmed or warn about (e.g. heavily clipped); [] when all is well
         return {**voice_json(info, owner.admin), "warnings": list(notes)}
@@ -99,10 +90,6 @@ def add_collection_routes(router: APIRouter, service: StudioService) -> None:
         owner = caller_of(request.scope).owner
         voices = await asyncio.to_thread(service.voices.visible, owner)
         return {"object": "list", "data": [voice_json(v, owner.admin) for v in voices]}
-
-
-def add_item_routes(router: APIRouter, service: StudioService) -> None:
-    """GET and DELETE /voices/{id}."""
 
     @router.get("/voices/{voice_id}", responses=error_responses(404))
     async def get_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
@@ -120,11 +107,6 @@ def add_item_routes(router: APIRouter, service: StudioService) -> None:
         with refused():
             await asyncio.to_thread(voice_door.delete, service, caller_of(request.scope).owner, voice_id, owner)
         return {"id": voice_id, "object": "voice", "deleted": True}
-
-
-def add_file_routes(router: APIRouter, service: StudioService) -> None:
-    """GET /voices/{id}/export and POST /voices/import: a voice as a `.cvvoice` file."""
-    max_mb = service.cfg.limits.max_upload_mb
 
     @router.get("/voices/{voice_id}/export", response_class=Response,
                 responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"},
@@ -153,6 +135,8 @@ def add_file_routes(router: APIRouter, service: StudioService) -> None:
         with refused():
             info = await voice_door.import_file(service, owner, upload, name, overwrite=overwrite)
         return {**voice_json(info, owner.admin), "warnings": []}
+
+    return router
 
 
 def attachment(filename: str) -> str:
