@@ -6,6 +6,7 @@ Design notes: docs/cluster.md.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from fastapi import FastAPI, Request  # at module level: the routes' annotations are resolved by name
@@ -44,7 +45,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.server.identity import ProxyClient
     from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
-    from app.server.studio_stream import add_studio_routes, page_stops
+    from app.server.studio_stream import add_studio_routes
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(EarlyScript)
@@ -56,14 +57,15 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     install_error_handlers(api)
     add_ops_routes(api, cfg, replicas, page)
     add_forward_route(api, cfg, replicas)
-    add_studio_routes(api, page, page_stops())  # before the page: its mount at "/" takes every path not routed by then
+    # before the page: its mount at "/" takes every path not routed by then
+    add_studio_routes(api, page, weakref.WeakValueDictionary())
     return mount_page(api, gate, page)
 
 
 def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
     """/health and /metrics: every replica's, merged."""
     from app.cluster.page import LOCAL_CLIENT
-    from app.server.main import may_see_details
+    from app.server.identity import caller_of
 
     async def each(request: Request, path: str) -> list[Any]:
         """Every live replica's whole answer to GET `path` (the caller's headers), or the exception."""
@@ -80,7 +82,7 @@ def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
         """200 when at least one replica is ready, else 503; each replica's /health under "replicas"."""
         body = merge_health(await each(request, "/health"))
         await page.observe(body)  # the page's status is this fresh too
-        if not may_see_details(request.scope):  # anybody: ready, backend, model name, version, voices
+        if not caller_of(request.scope).admin:  # anybody: ready, backend, model name, version, voices
             body = page.public_health(ready=body["ready"])
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
@@ -98,7 +100,7 @@ def add_ops_routes(api: FastAPI, cfg: Config, replicas: Any, page: Any) -> None:
             texts[rid] = a["body"].decode()
             states[rid] = "ready" if "\ncosyvoice_ready 1.0" in "\n" + texts[rid] else "not_ready"
         merged = merge_metrics(texts, states)
-        if not may_see_details(request.scope):  # no paths, engine arguments or versions (docs/access.md)
+        if not caller_of(request.scope).admin:  # no paths, engine arguments or versions (docs/access.md)
             from app.server.prometheus import public_text
 
             merged = public_text(merged, page.model_name())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request  # at module level: the routes' annotations are resolved by name
@@ -70,11 +71,6 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
     return app
 
 
-def may_see_details(scope: dict) -> bool:
-    """/health's and /metrics' details: for admins (the admin key, this machine: app/server/identity.py)."""
-    return caller_of(scope).admin
-
-
 def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tuple[Any, Any]:
     """The FastAPI app without the page: /health, /metrics, /v1 and /studio for `service`, behind
     `AccessLimits`; returns (app, gate). `build_server` mounts the page on it; a Ray Serve replica
@@ -87,7 +83,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     from app.server.limits import AccessLimits, Gate
     from app.server.openai_api import api_router
     from app.server.prometheus import add_metrics_route
-    from app.server.studio_stream import add_studio_routes, page_stops
+    from app.server.studio_stream import add_studio_routes
     from app.server.ws_speech import ws_router
 
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
@@ -101,12 +97,12 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     def health(request: Request):
         """200 when ready to synthesise, else 503. Anybody: ready, backend, model name, version; the admin key
         and local clients: also the reason, counters and engine facts (paths, engine arguments)."""
-        body = service.health() if may_see_details(request.scope) else service.public_health()
+        body = service.health() if caller_of(request.scope).admin else service.public_health()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     add_metrics_route(api, service)
 
-    stops = page_stops()  # the page's Stop reaches its takes through either door
+    stops = weakref.WeakValueDictionary()  # the page's Stop reaches its takes through either door
     api.include_router(ws_router(service, gate.identity, stops))  # before api_router's catch-all /v1 route
     api.include_router(api_router(service, gate.identity))
     add_studio_routes(api, service, stops)

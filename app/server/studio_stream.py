@@ -20,9 +20,9 @@ from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
+from app.ui.i18n import lang_of, say
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
-UNKNOWN_REFERENCE = "unknown reference file: upload the reference recording again, or pick an example"
 
 
 class StudioSpeech(BaseModel):
@@ -52,7 +52,8 @@ def reference_path(raw: str) -> Path:
     for root in (Path(get_upload_folder()).resolve(), ASSETS_DIR.resolve()):
         if path is not None and path.is_relative_to(root) and path != root and path.is_file():
             return path
-    raise ApiError(400, UNKNOWN_REFERENCE, param="prompt_audio", code="unknown_reference")
+    raise ApiError(400, "unknown reference file: upload the reference recording again, or pick an example",
+                   param="prompt_audio", code="unknown_reference")
 
 
 def end_page_streams(app: FastAPI) -> None:
@@ -86,21 +87,23 @@ QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upl
                "/gradio_api/heartbeat/", "/assets/", "/static/", "/theme.css", "/gradio_api/stream/")
 
 
-def page_stops() -> weakref.WeakValueDictionary[str, asyncio.Event]:
-    """The running page takes' Stop events by request id (/studio/speech and the WebSocket door); an entry
-    goes with its take (the event is held only by the take's stream: weak values)."""
-    return weakref.WeakValueDictionary()
-
-
 def add_studio_routes(app: FastAPI, service: StudioService,
                       stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
-    """Add /studio/speech and the Stop of a page take (`stops`: `page_stops()`) to `app` (before Gradio
-    is mounted at "/")."""
+    """Add /studio/speech and the Stop of a page take to `app` (before Gradio is mounted at "/"). `stops`: the
+    running page takes' Stop events by request id, from this route and the WebSocket door; an entry goes with
+    its take (the event is held only by the take's stream: weak values)."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
         """Speak `text` in the reference voice; the body is raw PCM (s16le, mono, 24 kHz) as it is made."""
+        try:
+            return await speak(body, request)
+        except ApiError as e:  # the page's own route: the same status and code, the message in its language
+            e.message = say(e.message, lang_of(request))
+            raise
+
+    async def speak(body: StudioSpeech, request: Request):
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # AccessLimits
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
