@@ -134,17 +134,16 @@ class Identity:
     def any_key(self) -> bool:
         return bool(self.keys)
 
-    def key_owner(self, token: str) -> Owner | None:
-        """The owner of API key `token` (every key compared in constant time), else None."""
+    def bearer(self, scope: dict) -> Owner | None:
+        """The owner of the API key in `Authorization: Bearer` (every key compared in constant time), else None."""
+        scheme, token = authorization(scope)
+        if scheme != "bearer" or not token:
+            return None
         found = None
         for key, owner in self.keys:
             if secrets.compare_digest(token.encode(), key.encode()):
                 found = owner
         return found
-
-    def bearer(self, scope: dict) -> Owner | None:
-        scheme, token = authorization(scope)
-        return self.key_owner(token) if scheme == "bearer" and token else None
 
     def identify(self, scope: dict, basic_user: str | None) -> tuple[Caller, str | None]:
         """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user), also written into its state, and a
@@ -160,13 +159,11 @@ class Identity:
             hf_user = session_user(scope) if self.private else None  # as the page's profile: private scope only
             owner = Owner(f"hf:{hf_user}" if hf_user else f"visitor:{visitor}" if visitor else "")
             client = f"ip:{ip}"
-        caller = scope.setdefault("state", {})[CALLER_KEY] = Caller(owner, client, self.is_admin(scope, owner))
+        # an admin: the admin key, or this machine itself: a loopback connection no proxy forwarded, unless a
+        # trusted proxy runs on this machine (then every client arrives from loopback)
+        admin = owner.admin or (not self.local_proxy and is_local(scope))
+        caller = scope.setdefault("state", {})[CALLER_KEY] = Caller(owner, client, admin)
         return caller, set_cookie
-
-    def is_admin(self, scope: dict, owner: Owner) -> bool:
-        """The admin key, or this machine itself: a loopback connection no proxy forwarded, unless a trusted
-        proxy runs on this machine (then every client arrives from loopback)."""
-        return owner.admin or (not self.local_proxy and is_local(scope))
 
     # --- the visitor cookie ------------------------------------------------------------------------
 
