@@ -141,11 +141,12 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
 
     async def create_speech(body: SpeechRequest, request: Request):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
+        caller = caller_of(request.scope)
         if body.model.casefold() not in {m.casefold() for m in models}:
             service.metrics.input_refused("unknown_model")
             raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
                            "loaded CosyVoice2 model)", param="model", code="model_not_found")
-        if body.fixed_tokens and not (cfg.server.bench_options_open or caller_of(request.scope).owner.admin):
+        if body.fixed_tokens and not (cfg.server.bench_options_open or caller.owner.admin):
             service.metrics.input_refused("bench_option")
             raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
                            "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
@@ -166,7 +167,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
-            owner=caller_of(request.scope).owner, dialogue=body.dialogue), V1_PARAMS)
+            owner=caller.owner, dialogue=body.dialogue), V1_PARAMS)
         notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
             if NO_TRANSCRIPT_NOTE in prepared.notes else {}
         async def gone() -> None:  # the body is read: the next message is the disconnect
@@ -174,8 +175,7 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
                 pass
 
         return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                     params=V1_PARAMS, caller=caller_of(request.scope),
-                                     gone=gone)
+                                     params=V1_PARAMS, caller=caller, gone=gone)
 
     create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
     router.post("/audio/speech", response_class=Response, responses={
