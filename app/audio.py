@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from app.message import Message
+
 OUTPUT_SAMPLE_RATE_HZ = 24_000  # HiFT output and prompt-mel rate
 PROMPT_SAMPLE_RATE_HZ = 16_000  # speech tokenizer and CAM++ rate
 TOKEN_RATE_HZ = 25  # speech tokens per second
@@ -95,14 +97,15 @@ def _decode_with_av(data: bytes, name: str, label: str, demuxer: str) -> tuple[n
     try:
         with av.open(io.BytesIO(data), format=demuxer) as container:
             if not container.streams.audio:
-                raise AudioError(f"{name}: no audio stream")
+                raise AudioError(Message("no_stream", "{name}: no audio stream", name=name))
             stream = container.streams.audio[0]
             chunks = [_av_frame_to_float(f) for f in container.decode(stream)]
             sr = int(stream.codec_context.sample_rate)
     except FFmpegError as e:  # the same words as the ffmpeg CLI's failure: what it is and what to do
-        raise AudioError(f"{name}: this {label} audio cannot be decoded (PyAV: {e}); {_CONVERT}") from e
+        raise AudioError(Message("cannot_decode", "{name}: this {label} audio cannot be decoded ({why}); {convert}",
+                                 name=name, label=label, why=f"PyAV: {e}", convert=_CONVERT)) from e
     if not chunks:
-        raise AudioError(f"{name}: the audio stream holds no samples")
+        raise AudioError(Message("no_samples", "{name}: the audio stream holds no samples", name=name))
     return np.concatenate(chunks, axis=1), sr
 
 
@@ -124,11 +127,14 @@ def _decode_with_ffmpeg(exe: str, data: bytes, name: str, label: str, demuxer: s
         try:
             done = subprocess.run(cmd, capture_output=True, timeout=FFMPEG_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired as e:
-            raise AudioError(f"{name}: decoding this {label} audio took over {FFMPEG_TIMEOUT_S} s; {_CONVERT}") from e
+            raise AudioError(Message("decode_slow", "{name}: decoding this {label} audio took over {seconds} s; "
+                                     "{convert}", name=name, label=label, seconds=FFMPEG_TIMEOUT_S,
+                                     convert=_CONVERT)) from e
         if done.returncode != 0 or not out.is_file():
             lines = done.stderr.decode("utf-8", "replace").replace(str(src), "input").strip().splitlines()
-            raise AudioError(f"{name}: this {label} audio cannot be decoded (ffmpeg: "
-                             f"{lines[-1] if lines else done.returncode}); {_CONVERT}")
+            raise AudioError(Message("cannot_decode", "{name}: this {label} audio cannot be decoded ({why}); {convert}",
+                                     name=name, label=label, why=f"ffmpeg: {lines[-1] if lines else done.returncode}",
+                                     convert=_CONVERT))
         samples, sr = sf.read(out, dtype="float32", always_2d=True)  # [N, C]
     return np.ascontiguousarray(samples.T), int(sr)
 
@@ -138,20 +144,22 @@ def _decode_other(data: bytes, name: str, suffix: str, err: Exception) -> tuple[
     container = _sniff_container(data[:16], suffix)
     if container is None:  # not a container we know: do not hand arbitrary bytes to ffmpeg
         reason = str(err).rsplit(": ", 1)[-1]  # drop soundfile's "Error opening <BytesIO ...>"
-        raise AudioError(f"{name}: not a readable audio file ({reason}); upload a WAV, FLAC, OGG or MP3 "
-                         "recording") from err
+        raise AudioError(Message("not_audio", "{name}: not a readable audio file ({reason}); upload a WAV, FLAC, "
+                                 "OGG or MP3 recording", name=name, reason=reason)) from err
     label, demuxer = container
     try:
         import av  # noqa: F401
     except ImportError:
         exe = shutil.which("ffmpeg")
         if exe is None:
-            raise AudioError(f"{name}: {label} audio is not supported without ffmpeg; install ffmpeg or PyAV "
-                             f"(`pip install av`), or {_CONVERT}") from err
+            raise AudioError(Message("needs_ffmpeg", "{name}: {label} audio is not supported without ffmpeg; install "
+                                     "ffmpeg or PyAV (`pip install av`), or {convert}", name=name, label=label,
+                                     convert=_CONVERT)) from err
         try:
             return _decode_with_ffmpeg(exe, data, name, label, demuxer)
         except AudioError as e:  # say what was tried: PyAV might be what the admin reaches for
-            raise AudioError(f"{e} (decoders tried: libsndfile, ffmpeg; PyAV is not installed)") from err
+            raise AudioError(Message("decoders_tried", "{error} (decoders tried: libsndfile, ffmpeg; PyAV is not "
+                                     "installed)", error=e)) from err
     return _decode_with_av(data, name, label, demuxer)
 
 
@@ -163,7 +171,7 @@ def _read_bytes(src: str | Path | bytes) -> tuple[bytes, str, str]:
         path = Path(src)
         name, suffix = str(path), path.suffix
         if not path.is_file():
-            raise AudioError(f"audio file not found: {path}")
+            raise AudioError(Message("no_file", "audio file not found: {path}", path=str(path)))
         try:
             data = path.read_bytes()
         except OSError as e:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from app.config import ServerConfig
 from app.engine.metrics import Metrics
+from app.message import Message
 
 
 class BusyError(RuntimeError):
@@ -32,8 +33,8 @@ class Admission:
             self._slots = asyncio.Semaphore(srv.concurrency_limit)
         if self._slots.locked() and self.waiting >= srv.queue_max_size:
             self.metrics.request_finished(None, 0.0, "rejected")
-            raise BusyError(f"the server is busy ({srv.concurrency_limit} requests running, {self.waiting} "
-                            "waiting); try again in a few seconds")
+            raise BusyError(Message("busy", "the server is busy ({running} requests running, {waiting} waiting); try "
+                                    "again in a few seconds", running=srv.concurrency_limit, waiting=self.waiting))
         t0 = time.monotonic()
         self.waiting += 1
         try:

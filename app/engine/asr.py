@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.audio import AudioError
 from app.config import AsrConfig
+from app.message import Message
 from app.model.asr import AsrInputError, AsrModelError, Transcript, WhisperAsr, fetch_asr_model
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class Transcriber:
     def __init__(self, cfg: AsrConfig) -> None:
         self.cfg = cfg
         self.status = "not loaded" if cfg.enabled else "off"
-        self.error = "" if cfg.enabled else "automatic transcription is off ([asr] enabled = false)"
+        self.error = "" if cfg.enabled else Message("asr_off", "automatic transcription is off ([asr] enabled = false)")
         self._asr: WhisperAsr | None = None
         self._load_lock = asyncio.Lock()  # one load, however many first uses arrive together
         self._run_lock = asyncio.Lock()  # one clip at a time: each decode uses every core (or the GPU)
@@ -53,7 +54,8 @@ class Transcriber:
             try:  # the path (not the bytes) keeps the file's suffix for format errors
                 got = await asyncio.to_thread(asr.transcribe, src, self.cfg.language)
             except (AsrInputError, AudioError) as e:
-                raise AsrUnavailable(f"the reference could not be transcribed: {e}") from e
+                raise AsrUnavailable(Message("asr_failed", "the reference could not be transcribed: {error}",
+                                             error=e)) from e
             self._cache[key] = got
             while len(self._cache) > TRANSCRIPT_CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -78,7 +80,7 @@ class Transcriber:
                 self.status = f"loading {c.model_id}"
                 self._asr = await asyncio.to_thread(WhisperAsr.load, folder, c.device)
             except AsrModelError as e:
-                self.error = f"automatic transcription is unavailable: {e}"
+                self.error = Message("asr_unavailable", "automatic transcription is unavailable: {error}", error=e)
                 self.status = "unavailable"
                 log.warning("%s", self.error)
                 raise AsrUnavailable(self.error) from e

@@ -11,6 +11,7 @@ import secrets
 import unicodedata
 
 from app.engine.requests import MODES
+from app.message import Message
 
 MAX_SEED = 2**31 - 1
 SPEED_RANGE = (0.5, 2.0)
@@ -66,12 +67,14 @@ def check_text(text: object, limit: int, *, param: str = "input") -> str:
         raise InputError(f"'{param}' must be a string", param)
     text = clean_text(text)
     if not text:
-        raise InputError("Type the text to speak (it is empty or only control characters / special tokens).", param)
+        raise InputError(Message("text_empty", "Type the text to speak (it is empty or only control characters / "
+                                 "special tokens)."), param)
     if len(text) > limit:
-        raise InputError(f"The text has {len(text)} characters; the limit is {limit}. Shorten it or split it.", param)
+        raise InputError(Message("text_too_long", "The text has {n} characters; the limit is {limit}. Shorten it or "
+                                 "split it.", n=len(text), limit=limit), param)
     if not speakable(text):
-        raise InputError("The text has nothing speakable (only punctuation, symbols or emoji): type some words.",
-                         param)
+        raise InputError(Message("text_unspeakable", "The text has nothing speakable (only punctuation, symbols or "
+                                 "emoji): type some words."), param)
     return text
 
 
@@ -85,7 +88,8 @@ def check_instruct(instruct_text: object, mode: str, limit: int) -> str:
     """The instruction without special tokens (the pipeline appends <|endofprompt|>); needed in instruct mode."""
     instruct_text = clean_text(str(instruct_text or ""))
     if mode == "instruct" and not speakable(instruct_text):
-        raise InputError("Instruct mode needs an instruction, e.g. 'Speak slowly and calmly.'", "instruct_text")
+        raise InputError(Message("no_instruction", "Instruct mode needs an instruction, e.g. 'Speak slowly and "
+                                 "calmly.'"), "instruct_text")
     if len(instruct_text) > limit:
         raise InputError(f"The instruction has {len(instruct_text)} characters; the limit is {limit}.",
                          "instruct_text")
@@ -105,8 +109,8 @@ def check_seed(seed: object) -> int:
     """None or -1: a random seed; else an integer in 0..MAX_SEED."""
     if seed is None:
         return secrets.randbelow(MAX_SEED + 1)
-    bad = InputError(f"The seed must be an integer between 0 and {MAX_SEED} (or -1 for a random one), got "
-                     f"{_shown(seed)}.", "seed")
+    bad = InputError(Message("bad_seed", "The seed must be an integer between 0 and {max} (or -1 for a random one), "
+                             "got {got}.", max=MAX_SEED, got=_shown(seed)), "seed")
     if isinstance(seed, bool):
         raise bad
     try:  # ints stay exact (a float of 10**400 overflows); 3.0 and "3" are fine, 3.5 and "x" are not
@@ -133,7 +137,8 @@ def check_speed(speed: object, stream: bool) -> float:
         raise InputError(f"Speed must be between {SPEED_RANGE[0]} and {SPEED_RANGE[1]}, got {_shown(speed)}.",
                          "speed")
     if stream and value != 1.0:
-        raise InputError("Speed works only without streaming: turn streaming off or set speed to 1.0.", "speed")
+        raise InputError(Message("speed_needs_no_stream", "Speed works only without streaming: turn streaming off or "
+                                 "set speed to 1.0."), "speed")
     return value
 
 

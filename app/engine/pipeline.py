@@ -22,6 +22,7 @@ from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
 from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
+from app.message import Message
 from app.model.flow.graphs import EstimatorGraphs
 from app.model.flow.incremental import FlowState, VoicePrefix
 from app.model.flow.paged import KVPool, PoolFull, block_bytes, blocks_needed
@@ -224,9 +225,10 @@ class Synthesizer:
         for i, turn in enumerate(req.parts, 1):
             sentences = self.model.frontend.split_text(turn.text)
             if not sentences:
-                raise EmptyTextError(f"turn {i} ([{turn.speaker}]) has nothing speakable after normalisation; type "
-                                     "some words" if req.turns else
-                                     "the text has nothing speakable after normalisation; type some words")
+                raise EmptyTextError(Message("turn_unspeakable", "turn {i} ([{speaker}]) has nothing speakable after "
+                                             "normalisation; type some words", i=i, speaker=turn.speaker)
+                                     if req.turns else Message("normalised_empty", "the text has nothing speakable "
+                                                               "after normalisation; type some words"))
             out += [Turn(text, turn.voice, turn.speaker) for text in sentences]
         return out
 

@@ -18,12 +18,12 @@ from app.engine.inputs import InputError
 from app.engine.owners import ANYONE, Owner
 from app.engine.requests import SynthesisRequest, Turn
 from app.engine.voices import VoiceError
+from app.message import Message, said
 from app.model.frontend import PromptAudioError, VoiceFeatures
 
-NO_TRANSCRIPT_NOTE = "no transcript: used cross-lingual mode (the voice without its words)"
-NO_REFERENCE = "Upload or record a reference clip, or pick a saved voice."
-TRANSCRIBED_NOTE = 'transcribed the reference ({language}): "{text}" (type the transcript to correct it)'
-HEARD_NOTHING_NOTE = "Whisper heard no words in the reference: type its transcript"
+NO_TRANSCRIPT_NOTE = Message("no_transcript", "no transcript: used cross-lingual mode (the voice without its words)")
+NO_REFERENCE = Message("no_reference", "Upload or record a reference clip, or pick a saved voice.")
+HEARD_NOTHING_NOTE = Message("heard_nothing", "Whisper heard no words in the reference: type its transcript")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Prepared:
 
 def _named(e: Exception, reference: str | Path | bytes | None) -> str:
     """`str(e)` with a server path reduced to its file name (paths are never echoed to clients)."""
-    msg = str(e)
+    msg = said(e)  # a Message keeps its key (Message.replace)
     if isinstance(reference, str | Path):
         msg = msg.replace(str(reference), Path(reference).name)
     return msg
@@ -75,13 +75,16 @@ async def load_voice(service, name: str, owner: Owner = ANYONE, *, param: str = 
         return await asyncio.to_thread(store.load, name)
     except VoiceError as e:
         if param != "text":
-            raise InputError(f"{e}; pick a saved voice (GET /v1/voices lists them) or upload a reference clip",
-                             param, code="voice_not_found") from e
+            raise InputError(Message("voice_not_found", "{error}; pick a saved voice (GET /v1/voices lists them) or "
+                                     "upload a reference clip", error=e), param, code="voice_not_found") from e
         names = sorted(await asyncio.to_thread(store.names))
         shown = ", ".join(names[:SHOWN_NAMES]) + (", …" if len(names) > SHOWN_NAMES else "")
-        choice = f", or use one of: {shown}" if names else " (no voices are saved yet)"
-        raise InputError(f"Unknown speaker [{name}]: there is no saved voice named {name}; save a voice named "
-                         f"{name} first{choice}.", param, code="voice_not_found") from e
+        raise InputError(Message("unknown_speaker", "Unknown speaker [{name}]: there is no saved voice named {name}; "
+                                 "save a voice named {name} first, or use one of: {shown}.", name=name, shown=shown)
+                         if names else
+                         Message("unknown_speaker_none", "Unknown speaker [{name}]: there is no saved voice named "
+                                 "{name}; save a voice named {name} first (no voices are saved yet).", name=name),
+                         param, code="voice_not_found") from e
 
 
 async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str]:
@@ -94,11 +97,12 @@ async def fill_transcript(service, reference: str | Path | bytes, transcript: ob
     try:
         got = await service.asr.transcribe(reference)
     except AsrUnavailable as e:
-        return "", str(e)
+        return "", said(e)
     made = inputs.check_transcript(got.text[:limit], limit)
     if not made:
         return "", HEARD_NOTHING_NOTE
-    return made, TRANSCRIBED_NOTE.format(language=got.language, text=made)
+    return made, Message("transcribed_note", 'transcribed the reference ({language}): "{text}" (type the transcript '
+                         "to correct it)", language=got.language, text=made)
 
 
 async def reference_voice(service, reference: str | Path | bytes, transcript: object, *,

@@ -14,6 +14,7 @@ from app.engine.pipeline import EmptyTextError
 from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError
 from app.engine.voice_file import VoiceFileError
 from app.engine.voices import VoiceError
+from app.message import Message, said
 
 RETRY_AFTER_S = 2  # busy / not ready / out of memory: worth retrying at once
 ENGINE_RETRY_AFTER_S = 30  # a dead engine restarts in 15-60 s
@@ -36,7 +37,7 @@ class Refusal:
 
 def refusal(e: BaseException) -> Refusal | None:
     """The refusal `e` stands for, or None when `e` is not one (subclasses before their bases)."""
-    msg = str(e)
+    msg = said(e)  # a Message keeps its key for the page's language
     if isinstance(e, InputError):
         return Refusal(400, e.code, msg, param=e.param)
     if isinstance(e, VoiceFileError):  # a .cvvoice file: its own code (other_model, file_too_large, ...)
@@ -55,7 +56,8 @@ def refusal(e: BaseException) -> Refusal | None:
     if isinstance(e, NotReadyError):
         return Refusal(503, "not_ready", msg, "Not ready", RETRY_AFTER_S)
     if isinstance(e, GpuOutOfMemoryError):
-        return Refusal(503, "gpu_out_of_memory", f"Synthesis failed: {msg}", retry_after_s=RETRY_AFTER_S)
+        return Refusal(503, "gpu_out_of_memory", Message("failed", "Synthesis failed: {error}", error=e),
+                       retry_after_s=RETRY_AFTER_S)
     if isinstance(e, ValueError):  # e.g. the prompt plus the output does not fit the engine's max_model_len
-        return Refusal(400, "invalid_request", f"Synthesis failed: {msg}")
+        return Refusal(400, "invalid_request", Message("failed", "Synthesis failed: {error}", error=e))
     return None

@@ -26,6 +26,7 @@ from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.engine.voices import VoiceFeatureCache
+from app.message import Message
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
 from app.model.loader import CosyVoice2Model, load_model
@@ -101,7 +102,7 @@ class StudioService:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.status = "waiting to start"
+        self.status = Message("state_waiting", "waiting to start")
         self.ready = False
         self.error = ""
         self.random_model = False  # True: running on generated weights (output is noise)
@@ -129,25 +130,25 @@ class StudioService:
             self.model_dir, self.random_model = await asyncio.to_thread(resolve_model_dir, self.cfg.model,
                                                                         self._set_status)
             m = self.cfg.model
-            self.status = "loading model"
+            self.status = Message("state_loading", "loading model")
             self.model = await asyncio.to_thread(
                 load_model, self.model_dir, device=m.device, llm_dtype=m.llm_dtype, flow_dtype=m.flow_dtype,
                 hift_dtype=m.hift_dtype, text_frontend=m.text_frontend, nsf_noise=self.cfg.streaming.nsf_noise)
             self.voices.model_fingerprint = await asyncio.to_thread(model_fingerprint, self.model_dir)
-            self.status = "starting engine"
+            self.status = Message("state_starting", "starting engine")
             self.backend = await make_backend(self.cfg, self.model)
             self.synth = Synthesizer(self.model, self.backend, self.cfg)
-            self.status = "warming up"
+            self.status = Message("state_warming", "warming up")
             await self._warm_up()
         except Exception as e:  # shown on the page and in /health; the process keeps serving the page
             # a traceback, but for a bad model folder of the user's (its message says what is wrong)
             log.error("start failed: %s", e, exc_info=not isinstance(e, ModelFolderError))
             self.error = str(e) or type(e).__name__
-            self.status = f"error: {self.error}"
+            self.status = Message("state_error", "error: {error}", error=self.error)
             return
         self.start_s = time.perf_counter() - t0
         self.ready = True
-        self.status = "ready"
+        self.status = Message("state_ready", "ready")
         log.info("ready in %.1f s (model %s, backend %s)", self.start_s, self.model_dir, self.backend.name)
 
     def _set_status(self, status: str) -> None:
@@ -166,7 +167,7 @@ class StudioService:
 
     async def aclose(self) -> None:
         self.ready = False
-        self.status = "stopped"
+        self.status = Message("state_stopped", "stopped")
         if self.synth is not None:
             await self.synth.aclose()
         elif self.backend is not None:
@@ -177,14 +178,16 @@ class StudioService:
     def require_ready(self) -> Synthesizer:
         if not self.ready or self.synth is None:
             if self.error:
-                raise NotReadyError(f"the model failed to start: {self.error}")
-            raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
+                raise NotReadyError(Message("start_failed", "the model failed to start: {error}", error=self.error))
+            raise NotReadyError(Message("loading", "the model is still loading ({status}); try again in a moment",
+                                        status=self.status))
         return self.synth
 
     async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
         """Features of a reference clip (file path or its bytes), cached by content and transcript."""
         if self.model is None:
-            raise NotReadyError(f"the model is still loading ({self.status}); try again in a moment")
+            raise NotReadyError(Message("loading", "the model is still loading ({status}); try again in a moment",
+                                        status=self.status))
         return await self.voice_cache.get(src, prompt_text, self.model.frontend.voice_from_audio)
 
     def engine_fault(self) -> str | None:

@@ -61,4 +61,4 @@ def _unknown():
     except VoiceError as e:
         if e.code != "invalid_name":
             raise
-        raise VoiceError(str(e), code="not_found") from e
+        raise VoiceError(e.args[0], code="not_found") from e

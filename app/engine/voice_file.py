@@ -30,6 +30,7 @@ from app.engine.voices import (
     check_name,
     voice_bytes,
 )
+from app.message import Message
 from app.model.frontend import VoiceFeatures
 from app.model.llm import SPEECH_TOKEN_SIZE
 from app.model.onnx_models import SPEAKER_EMBED_DIM
@@ -76,8 +77,8 @@ def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | 
     unless every check passes. `VoiceFileError` for the file, `VoiceError` for the name (invalid, or taken
     without `overwrite`)."""
     if not store.model_fingerprint:
-        raise VoiceFileError("the voice file cannot be checked yet: the model is still loading; try again in a "
-                             "moment", code="not_ready")
+        raise VoiceFileError(Message("voice_file_not_ready", "the voice file cannot be checked yet: the model is still "
+                                     "loading; try again in a moment"), code="not_ready")
     vf = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
     created = min(vf.created, time.time())  # a file's future date would keep it atop every listing
     return store.save(check_name(name or vf.name), vf.features, overwrite=overwrite, created=created)
@@ -87,16 +88,18 @@ def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> V
     """The checked voice in `data`; `VoiceFileError` saying what is wrong. `model_fingerprint`: this
     deployment's (a voice only works with the model whose tokenizers made it)."""
     if len(data) > max_bytes:
-        raise VoiceFileError(f"the voice file is larger than {max_bytes / (1 << 20):g} MB ([limits] max_upload_mb); "
-                             "a real one is under 1 MB: is it a .cvvoice file?", code="file_too_large")
+        raise VoiceFileError(Message("voice_file_too_large", "the voice file is larger than {mb:g} MB ([limits] "
+                                     "max_upload_mb); a real one is under 1 MB: is it a .cvvoice file?",
+                                     mb=max_bytes / (1 << 20)), code="file_too_large")
     if not data:
-        raise VoiceFileError("the voice file is empty")
+        raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why="is empty"))
     meta, arrays = _read_v1(data) if data[:4] == b"PK\3\4" else _read_v2(data)
     got = meta["model_fingerprint"]
     if got != model_fingerprint:
-        raise VoiceFileError(f"the voice file was made with another model (fingerprint {got[:32]!r}; this server's "
-                             f"is {model_fingerprint!r}): a voice works only with the model that made it. Save "
-                             "it again here from its recording", code="other_model")
+        raise VoiceFileError(Message("voice_file_other_model", "the voice file was made with another model "
+                                     "(fingerprint {got!r}; this server's is {ours!r}): a voice works only with "
+                                     "the model that made it. Save it again here from its recording", got=got[:32],
+                                     ours=model_fingerprint), code="other_model")
     _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
     text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
     features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
@@ -110,8 +113,8 @@ def _read_v2(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         arrays = safetensors.numpy.load(data)
         raw = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
     except (SafetensorError, ValueError, TypeError, RecursionError) as e:  # cut short, not safetensors, ...
-        raise VoiceFileError(f"the voice file is not a readable .cvvoice file ({str(e)[:120]}); it may be cut "
-                             f"short: {REDO}") from e
+        raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why=f"is not a readable .cvvoice file "
+                                     f"({str(e)[:120]}); it may be cut short: {REDO}")) from e
     if set(arrays) != set(ARRAY_DTYPES):
         raise VoiceFileError(f"the voice file holds the arrays {sorted(arrays)[:8]}; a .cvvoice file holds exactly "
                              f"{sorted(ARRAY_DTYPES)}")
@@ -177,19 +180,21 @@ def _members(data: bytes) -> dict[str, bytes]:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, RuntimeError,
             NotImplementedError, ValueError) as e:  # truncated, not a zip, bad CRC, ...
-        raise VoiceFileError(f"the voice file is not a readable .cvvoice archive ({e}); it may be cut short: "
-                             f"{REDO}") from e
+        raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why=f"is not a readable .cvvoice "
+                                     f"archive ({e}); it may be cut short: {REDO}")) from e
 
 
 def _meta(meta: object, version: int) -> dict:
     """The voice's fields typed and checked (not yet against the arrays)."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise VoiceFileError(f"the voice file is not a CosyVoice2 Studio voice (its format is not {FORMAT_NAME!r})")
+        raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why="is not a CosyVoice2 Studio voice "
+                                     f"(its format is not {FORMAT_NAME!r})"))
     got = meta.get("version")
     if type(got) is not int or got != version:
         newer = type(got) is int and got > FORMAT_VERSION
-        raise VoiceFileError(f"the voice file has format version {json.dumps(got)[:20]}; this server reads version "
-                             f"{version}" + ("; update the server" if newer else ""))
+        raise VoiceFileError(Message("voice_file_version", "the voice file has format version {got}; this server reads "
+                                     "version {version}{advice}", got=json.dumps(got)[:20], version=version,
+                                     advice="; update the server" if newer else ""))
     for key, kind in (("name", str), ("prompt_text", str), ("model_fingerprint", str), ("prompt_seconds", float),
                       ("created", float)):
         v = meta.get(key)

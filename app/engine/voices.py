@@ -25,6 +25,7 @@ import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
 from app.audio import TOKEN_RATE_HZ
+from app.message import Message
 from app.model.frontend import VoiceFeatures
 
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
@@ -94,7 +95,8 @@ def check_name(name: str) -> str:
         raise VoiceError(f"a voice name must be text, got {type(name).__name__}", code="invalid_name")
     norm = unicodedata.normalize("NFC", name.strip())
     if not NAME_RE.fullmatch(norm) or norm.startswith(("_", "-")):
-        raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}", code="invalid_name")
+        raise VoiceError(Message("invalid_name", "invalid voice name {name!r}: use {rule}", name=name, rule=NAME_RULE),
+                         code="invalid_name")
     return norm
 
 
@@ -191,7 +193,8 @@ class VoiceStore:
         path = self._path(name)
         info = self._read_info(path) if path.is_file() else None
         if info is None:
-            raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
+            raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=check_name(name)),
+                             code="not_found")
         return info
 
     def load(self, name: str) -> VoiceFeatures:
@@ -239,8 +242,8 @@ class VoiceStore:
     def refuse_taken(self, name: str, overwrite: bool = False) -> None:
         name = check_name(name)  # (not _path: save calls this under the lock that an old pair's conversion takes)
         if not overwrite and ((self.root / f"{name}{SUFFIX}").exists() or (self.root / f"{name}.json").exists()):
-            raise VoiceError(f"a voice named {name!r} exists already; delete it first or choose another name",
-                             code="exists")
+            raise VoiceError(Message("voice_exists", "a voice named {name!r} exists already; delete it first or choose "
+                                     "another name", name=name), code="exists")
 
     def delete(self, name: str) -> None:
         """Remove `name`; `VoiceError` if there is no such voice."""
@@ -248,7 +251,8 @@ class VoiceStore:
         old = [self.root / f"{path.stem}.json", self.root / f"{path.stem}.npz"]  # a damaged unconverted pair
         with self._lock:
             if not path.exists() and not any(p.exists() for p in old):
-                raise VoiceError(f"no saved voice named {check_name(name)!r}", code="not_found")
+                raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=check_name(name)),
+                                 code="not_found")
             for p in (*old, path):  # unlisted first
                 p.unlink(missing_ok=True)
 

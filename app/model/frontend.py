@@ -27,6 +27,7 @@ from app.audio import (
     frame_levels_dbfs,
     resample_rates,
 )
+from app.message import Message
 from app.model.features import cmn, kaldi_fbank, prompt_mel, whisper_log_mel
 from app.model.hparams import FeatDims
 from app.model.onnx_models import SpeakerEncoderOnnx, SpeechTokenizerOnnx
@@ -102,8 +103,9 @@ def check_reference(wave: Tensor, sample_rate: int, prompt_text: str) -> tuple[T
     loudest = float(levels.max())
     if loudest < SILENCE_DBFS:
         level = "all samples are zero" if loudest <= -199 else f"its loudest part is at {loudest:.0f} dBFS"
-        raise PromptAudioError(f"the reference clip is silent ({level}; speech needs at least {SILENCE_DBFS:.0f} "
-                               "dBFS): check the microphone and record again")
+        raise PromptAudioError(Message("silent", "the reference clip is silent ({level}; speech needs at least "
+                                       "{dbfs:.0f} dBFS): check the microphone and record again", level=level,
+                                       dbfs=SILENCE_DBFS))
     sound_s = float((levels >= SILENCE_DBFS).sum()) * frame_s
     if sound_s < MIN_SOUND_SECONDS:
         raise PromptAudioError(f"the reference clip is almost silent: only {sound_s:.2f} s is louder than "
@@ -118,12 +120,13 @@ def check_reference(wave: Tensor, sample_rate: int, prompt_text: str) -> tuple[T
         n_frames = int(MAX_PROMPT_SECONDS * sample_rate) // frame_len  # the window, <= MAX_PROMPT_SECONDS
         start = busiest_window(levels, n_frames)
         x = x[start * frame_len: (start + n_frames) * frame_len]
-        notes.append(f"the reference clip is {seconds:.1f} s, over the {MAX_PROMPT_SECONDS:.0f} s limit: its "
-                     f"{start * frame_s:.1f}-{(start + n_frames) * frame_s:.1f} s part (the most speech) was used")
+        notes.append(Message("trimmed", "the reference clip is {seconds:.1f} s, over the {limit:.0f} s limit: its "
+                             "{start:.1f}-{end:.1f} s part (the most speech) was used", seconds=seconds,
+                             limit=MAX_PROMPT_SECONDS, start=start * frame_s, end=(start + n_frames) * frame_s))
     clipped = clipped_fraction(x)
     if clipped >= CLIP_WARN_FRACTION:
-        notes.append(f"the reference clip is heavily clipped ({clipped:.1%} of samples at the peak): the voice may "
-                     "sound distorted; record at a lower input level")
+        notes.append(Message("clipped", "the reference clip is heavily clipped ({share:.1%} of samples at the peak): "
+                             "the voice may sound distorted; record at a lower input level", share=clipped))
     return torch.from_numpy(np.ascontiguousarray(x))[None], tuple(notes)
 
 

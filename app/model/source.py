@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ModelConfig
+from app.message import Message
 from app.model.hparams import ModelFolderError
 from app.model.loader import REQUIRED_FILES, check_model_dir
 
@@ -104,13 +105,14 @@ def resolve_model_dir(m: ModelConfig, set_status: Callable[[str], None]) -> tupl
         check_model_dir(path)
         return path, is_random(path)
     if m.download:
-        set_status(f"looking for {m.repo_id} (cache, then the Hugging Face Hub)")
+        set_status(Message("state_looking", "looking for {repo} (cache, then the Hugging Face Hub)", repo=m.repo_id))
         try:
-            path = download_model(m.repo_id, lambda done, total: set_status(
-                f"downloading {m.repo_id}: {done / 1e9:.2f} / {total / 1e9:.2f} GB"))
+            path = download_model(m.repo_id, lambda done, total: set_status(Message(
+                "state_downloading", "downloading {repo}: {done:.2f} / {total:.2f} GB", repo=m.repo_id,
+                done=done / 1e9, total=total / 1e9)))
             return path, is_random(path)
         except Exception as e:  # offline, DNS, HTTP errors, HF_HUB_OFFLINE=1: all mean "use the fallback"
             log.warning("cannot download %s (%s): falling back to a generated tiny random model",
                         m.repo_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    set_status("generating a tiny random model (no weights available; output will be noise)")
+    set_status(Message("state_random", "generating a tiny random model (no weights available; output will be noise)"))
     return random_model(Path(m.random_model_dir).expanduser().resolve()), True
