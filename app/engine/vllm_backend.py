@@ -65,7 +65,7 @@ class VLLMBackend:
         self._ids = itertools.count()
         self._closed = False
         self._facts = self._read_facts()  # the engine's resolved config is fixed once it runs
-        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop (set by start)
+        self._loop = asyncio.get_running_loop()  # the serving loop (made there, by start)
         self._watched: Any = None  # the engine whose output-handler task we watch
         self._recovery: asyncio.Task | None = None  # restarting after a death (kept when out of restarts)
         self._death = self._restart_error = ""  # why the engine died / its last restart failed ("" = fine)
@@ -78,18 +78,16 @@ class VLLMBackend:
         to change) when it cannot start, including when this process already runs an engine.
         `extra_engine_args`: more `AsyncEngineArgs` (benchmarks: vLLM's profiler)."""
         global _running
-        vcfg = cfg.vllm if isinstance(cfg, Config) else cfg
         if _running is not None:
             raise EngineStartError("a vLLM engine already runs in this process; share that VLLMBackend "
                                    "(one engine per process owns the step loop)")
         _running = "starting"
         try:
-            backend = await cls._start(vcfg, Path(model_dir), extra_engine_args or {})
+            _running = backend = await cls._start(cfg.vllm if isinstance(cfg, Config) else cfg, Path(model_dir),
+                                                  extra_engine_args or {})
         except BaseException:
             _running = None
             raise
-        _running = backend
-        backend._loop = asyncio.get_running_loop()
         return backend
 
     @classmethod
@@ -210,7 +208,7 @@ class VLLMBackend:
             return (f"engine died: {self._death}; {self._restart_error or 'no restarts left'} "
                     f"([vllm] max_restarts = {most}); restart the server")
         if engine is not None and engine.errored:  # died, not yet handled on the loop: hand it over
-            if self._loop is not None and not self._loop.is_closed():
+            if not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._on_engine_stopped, engine)
             return f"engine died: {death_reason(engine)}"
         return None
