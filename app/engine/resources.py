@@ -5,6 +5,7 @@ Design notes: docs/design.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -111,22 +112,18 @@ class ResourceProbe:
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
             name = nv.nvmlDeviceGetName(handle)
             per_pid: dict[int, float] = {}
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(handle) + _mps_clients(nv, handle):
+            procs = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+            # a CUDA MPS server's clients (where the host runs one), which NVML lists apart: the compute list
+            # then holds the server only (none without MPS or where the driver cannot say)
+            with contextlib.suppress(nv.NVMLError, AttributeError):
+                procs += nv.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+            for p in procs:
                 used = getattr(p, "usedGpuMemory", None)  # None where the driver does not say (e.g. MIG)
                 per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0.0) + (used or 0) / MIB
         except nv.NVMLError:
             return None, {}
         name = name.decode() if isinstance(name, bytes) else str(name)
         return {"index": index, "name": name, "used_mib": mem.used / MIB, "total_mib": mem.total / MIB}, per_pid
-
-
-def _mps_clients(nv: Any, handle: Any) -> list[Any]:
-    """The processes of a CUDA MPS server (where the host runs one), which NVML lists apart: its
-    compute list then holds the server only. [] without MPS or where the driver cannot say."""
-    try:
-        return list(nv.nvmlDeviceGetMPSComputeRunningProcesses(handle))
-    except (nv.NVMLError, AttributeError):
-        return []
 
 
 def _torch_allocator() -> dict[str, Any] | None:
