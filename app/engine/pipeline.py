@@ -71,13 +71,11 @@ class Synthesizer:
         self.hift_graphs = HiftGraphs() if e.hift_graphs and self.cuda else None  # captured by `capture_graphs`
         self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
-        finish_batch = self._vocode_chunks if e.hift_batch else None
+        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
+        finish_batch = partial(vocode_chunks, model.hift, graphs=self.hift_graphs,
+                               sizes=self.hift_batch_sizes) if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=self._flow_batch, finish_batch=finish_batch)
-
-    def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
-        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
-        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
 
     def _flow_batch(self, items: list) -> list:
         # the scheduler's flow_fn: one flow call for its jobs (the paged graphs read once the pool exists)
@@ -280,19 +278,15 @@ class Synthesizer:
                 finally:  # idempotent; also when the scheduler is closed
                     t2w.drop_flow_state()
 
-    @property
-    def flow_path(self) -> str:
-        """Which flow path streaming hops take: "paged incremental" (the O(chunk) path; a stream that finds its
-        pool full re-solves), "incremental" (unpaged buffers), "re-solve" (off, or on CUDA before warm-up)."""
-        if not self.incremental:
-            return "re-solve"
-        return "paged incremental" if self.flow_pool is not None else "incremental"
-
     def facts(self) -> dict[str, Any]:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
         e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
+        # which flow path streaming hops take: "paged incremental" (the O(chunk) path; a stream that finds its pool
+        # full re-solves), "incremental" (unpaged buffers), "re-solve" (off, or on CUDA before warm-up)
+        path = "re-solve" if not self.incremental else (
+            "paged incremental" if self.flow_pool is not None else "incremental")
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
-                                 "flow_path": self.flow_path, "flow_work": self.flow_work.snapshot(),
+                                 "flow_path": path, "flow_work": self.flow_work.snapshot(),
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
         if self.hift_graphs is not None:  # engine.hift_graphs on a GPU
