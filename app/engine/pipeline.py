@@ -151,6 +151,8 @@ class Synthesizer:
         # tokens stay on the CPU here: a CUDA copy from the event loop would wait for the GPU's queue
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
         t2w = seg.t2w
+        run = lambda item: self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker,
+                                              on_worker=u.pin)
         incremental = t2w.incremental and plan.streaming and not seg.resolve
         if incremental and not self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
             # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
@@ -158,21 +160,18 @@ class Synthesizer:
             seg.resolve = True
             self.resolved_streams += 1
             t2w.drop_flow_state()
-        # incremental: the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
-        item = IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)), tokens[:, : plan.n_tokens],
-                               plan.finalize, plan.token_offset) if incremental else t2w.flow_item(tokens, plan)
-        try:
-            return await self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker,
-                                            on_worker=u.pin)
+        if not incremental:
+            return await run(t2w.flow_item(tokens, plan))
+        try:  # the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
+            return await run(IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)),
+                                             tokens[:, : plan.n_tokens], plan.finalize, plan.token_offset))
         except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
             seg.resolve = True
             self.resolved_streams += 1
             t2w.drop_flow_state()
-            return await self._t2w.run_flow(t2w.flow_item(tokens, plan), ChunkFinish(u, plan),
-                                            deadline=u.deadline(), key=u.worker, on_worker=u.pin)
+            return await run(t2w.flow_item(tokens, plan))
         finally:  # this stream's job is over (done, failed or cancelled): count what it holds
-            if incremental:
-                self.flow_budget.update(t2w, t2w.flow_state_bytes)
+            self.flow_budget.update(t2w, t2w.flow_state_bytes)
 
     def _bytes_after(self, t2w: Token2WavStream, plan: ChunkPlan) -> int:
         # the bytes a stream's state may hold after this hop (its own: a voice prefix is held once, by the cache);
