@@ -138,10 +138,8 @@ class Synthesizer:
         text_ids = self.model.frontend.text_ids(segment)
         lm_ids = tuple(build_lm_ids(text_ids, *self.prompt(req, voice)))
         s = self.sampling
-        if req.fixed_tokens:  # benchmark mode: a set output length whatever the (random) weights sample
-            min_tokens = max_tokens = req.fixed_tokens
-        else:
-            min_tokens, max_tokens = s.length_limits(len(text_ids))
+        # benchmark mode (fixed_tokens): a set output length whatever the (random) weights sample
+        min_tokens, max_tokens = (req.fixed_tokens,) * 2 if req.fixed_tokens else s.length_limits(len(text_ids))
         return LMRequest(
             request_id=f"{req.request_id}-{index}", prompt_ids=lm_ids, min_tokens=min_tokens,
             max_tokens=max_tokens, seed=req.seed + index, sampling=s, ignore_eos=bool(req.fixed_tokens))
