@@ -261,7 +261,7 @@ class Synthesizer:
                     samples = np.zeros(0, dtype=np.float32)
                 else:
                     samples = await self._run_t2w(u, plan)
-                is_final = u.is_last_segment and plan.finalize
+                is_final = seg_i == len(u.segments) - 1 and plan.finalize
                 index = u.n_chunks
                 u.emitted(samples.shape[0])
                 yield AudioChunk(samples=samples, index=index, segment=seg_i, is_final=is_final,

@@ -76,10 +76,6 @@ class Utterance:
             self._voice_keys[id(voice)] = hashlib.sha1(data).hexdigest()
         return self._voice_keys[id(voice)]
 
-    @property
-    def is_last_segment(self) -> bool:
-        return self.segment is not None and self.segment.index == len(self.segments) - 1
-
     def deadline(self) -> float:
         """When this request's next chunk is needed: a first chunk's listener waits since the start; a
         later chunk is due when the audio already sent has played out."""
