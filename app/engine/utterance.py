@@ -90,9 +90,8 @@ class Utterance:
 
     def take_next_lm(self) -> tuple[AsyncIterator[list[int]] | None, asyncio.Future | None]:
         """(the LM stream `start_next_lm` began, the task of its first tokens), or (None, None)."""
-        lm, first = self._next_lm or (None, None)
-        self._next_lm = None
-        return lm, first
+        taken, self._next_lm = self._next_lm or (None, None), None
+        return taken
 
     async def drop_next_lm(self) -> None:
         """The request ended before reaching the segment whose LM was started: abort that LM request."""
