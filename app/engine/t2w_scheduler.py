@@ -36,8 +36,7 @@ class _Job:
     fn: Callable[[], Any] | None = field(compare=False)  # a plain job
     item: Any = field(compare=False)  # a flow job's input (has .batch_key), for flow_fn
     finish: Callable[[Any, float], Any] | None = field(compare=False)  # (flow output, flow wall s) -> result
-    fut: asyncio.Future = field(compare=False)
-    loop: asyncio.AbstractEventLoop = field(compare=False)
+    fut: asyncio.Future = field(compare=False)  # of the awaiting request's loop
     on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
 
 
@@ -66,8 +65,7 @@ class Token2WavScheduler:
 
     async def _submit(self, key: int | None, deadline: float, fn=None, item=None, finish=None,
                       on_worker=None) -> Any:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
         with self._cv:
             if self._closed:
                 raise RuntimeError("the token2wav scheduler is shut down")
@@ -77,7 +75,7 @@ class Token2WavScheduler:
                 for t in self._threads:
                     t.start()
             heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), fn, item, finish, fut, loop, on_worker))
+                           _Job(deadline, next(self._seq), fn, item, finish, fut, on_worker))
             self._cv.notify_all()
         return await fut
 
@@ -90,8 +88,6 @@ class Token2WavScheduler:
                        on_worker: Callable[[int], None] | None = None) -> T:
         """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs; with
         `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs."""
-        if self.flow_fn is None:
-            raise RuntimeError("this scheduler has no flow_fn")
         return await self._submit(key, deadline, item=item, finish=finish, on_worker=on_worker)
 
     def queued(self) -> int:
@@ -189,7 +185,7 @@ class Token2WavScheduler:
 
     def _hand_back(self, job: _Job, result: Any, error: BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            job.loop.call_soon_threadsafe(_resolve, job.fut, result, error)
+            job.fut.get_loop().call_soon_threadsafe(_resolve, job.fut, result, error)
 
     def shutdown(self) -> None:
         """Finish queued jobs, then stop the threads."""
