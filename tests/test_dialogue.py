@@ -121,12 +121,24 @@ def test_prepare_resolves_speakers_and_refuses_unknown_ones(tiny, tmp_path):
 
 
 def test_the_unknown_speaker_message_reads_in_chinese_too():
-    """The page shows the same refusal translated (app/ui/locales/messages.toml), with the names kept."""
-    from app.ui.i18n import translate
+    """The page says the same refusal in Chinese (its key, app/ui/locales/messages.toml), with the names kept."""
+    from app.engine.prepare import load_voice
+    from app.engine.voices import VoiceError
+    from app.ui.i18n import say
+
+    def refused(names: list[str]) -> InputError:  # a script's [carol] where the owner's voices are `names`
+        def load(name: str):
+            raise VoiceError(f"no saved voice named {name!r}", code="not_found")
+
+        store = SimpleNamespace(load=load, names=lambda: names)
+        with pytest.raises(InputError) as e:
+            asyncio.run(load_voice(SimpleNamespace(voices=SimpleNamespace(of=lambda owner: store)), "carol",
+                                   param="text"))
+        return e.value
 
     head = "Unknown speaker [carol]: there is no saved voice named carol; save a voice named carol first"
-    listed = translate(head + ", or use one of: alice, bob.", "zh")
-    assert listed == ("未知的说话人 [carol]：没有名为 carol 的已保存声音；请先保存名为 carol 的声音，"
-                      "或使用其中之一：alice, bob。"), listed
-    none = translate(head + " (no voices are saved yet).", "zh")
-    assert none.startswith("未知的说话人 [carol]：") and "目前还没有已保存的声音" in none, none
+    listed, none = refused(["alice", "bob"]), refused([])
+    assert (str(listed), str(none)) == (head + ", or use one of: alice, bob.", head + " (no voices are saved yet).")
+    assert say(listed, "zh") == ("未知的说话人 [carol]：没有名为 carol 的已保存声音；请先保存名为 carol 的声音，"
+                                 "或使用其中之一：alice, bob。"), say(listed, "zh")
+    assert say(none, "zh").startswith("未知的说话人 [carol]：") and "目前还没有已保存的声音" in say(none, "zh")

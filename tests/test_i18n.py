@@ -36,15 +36,15 @@ def test_every_label_and_message_has_chinese():
     for key in en_labels:
         assert CJK.search(zh_labels[key]) or key in ("lang",), key
     for key, message in i18n.locale("messages")["messages"].items():
-        en, zh = message["en"], message["zh"]
-        assert CJK.search(zh) and not CJK.search(en), key
-        assert re.findall(r"{(\w+)", en) == re.findall(r"{(\w+)", zh), key  # the same fields
+        en, zh = message.get("en"), message["zh"]
+        assert CJK.search(zh) or zh == "{error}", key
+        if en is not None:  # the page's own line: its English here too
+            assert not CJK.search(en), key
+            assert re.findall(r"{(\w+)", en) == re.findall(r"{(\w+)", zh), key  # the same fields
     # pop-up titles; the panels' axes, legends, columns, facts
     for table in (i18n.locale("messages")["titles"], catalog()["words"]):
         for en, zh in table.items():
             assert CJK.search(zh) or en == zh == "MiB", en
-    for _, zh in [*i18n.patterns("messages"), *i18n.patterns("status")]:
-        assert CJK.search(zh), zh
     PANEL_TEXT = catalog()["text"]
     assert set(PANEL_TEXT["en"]) == set(PANEL_TEXT["zh"])
     for key, en in PANEL_TEXT["en"].items():
@@ -53,56 +53,99 @@ def test_every_label_and_message_has_chinese():
 
 
 def test_every_line_the_page_shows_is_translated():
-    """What the standard player, the voice box and the status line write, in Chinese for a Chinese page (the same
-    English for an API client); the stats line's numbers are kept."""
+    """The stats line under both players (from the take's details), in Chinese for a Chinese page, the same
+    English for an API client; the numbers are kept, the mode named as the Mode radio names it."""
     from app.engine.metrics import RequestRecord
     from app.engine.requests import RequestStats
-    from app.ui.handlers import NO_FFMPEG_NOTE
+    from app.ui.handlers import stopped_take, take_line
 
     stats = RequestStats(ttfa_ms=123.4, wall_s=1.0, audio_s=2.0, n_tokens=25, n_segments=1, n_chunks=2, lm_s=0.1,
                          flow_s=0.2, hift_s=0.3)  # RTF 0.5, 25 tokens/s
     rec = RequestRecord(seq=1, t=0.0, outcome="ok", queue_wait_s=0.25, request_id="a" * 32, seed=11,
                         mode="zero_shot", stats=stats)
-    line = rec.line()
-    zh = i18n.translate(line, "zh")
+    details = rec.details()
+    line = take_line(details, "en")  # API clients: the machine-stable English
+    assert line == ("TTFA 123 ms · RTF 0.50 · 25.0 tokens/s · audio 2.00 s · LM 0.10 s · flow 0.20 s · vocoder 0.30 s"
+                    " · queue 0.25 s · reference 0.00 s · mode zero_shot · seed 11"), line
+    zh = take_line(details, "zh")
     assert zh.startswith("首音延迟 123 毫秒 · 实时率 0.50") and "种子 11" in zh and "声码器 0.30 秒" in zh, zh
     assert not re.search(r"\b(?:ms|tokens|audio|queue|reference|seed)\b", zh), zh
-    assert "模式 零样本克隆 · 种子 11" in zh and "zero_shot" not in zh, zh  # the mode as the Mode radio names it
-    assert i18n.translate(line, "en") == line  # API clients: the machine-stable English
-    assert i18n.translate(line + " · player", "zh").endswith("种子 11 · player")  # the page's player goes on
-    for en in ("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "Stopped: kept 3.12 s of audio · seed 11",
-               "Stopped before it started.", "streaming… 1.25 s", NO_FFMPEG_NOTE, "Deleted voice **bob**.",
-               "Saved voice **bob** (3.0 s).",
-               "Saved voice **bob** (3.0 s) (no transcript: it will speak in cross-lingual mode).",
-               "the server is busy (3 requests running, 10 waiting); try again in a few seconds",
-               "bob exists already. Tick \"Replace a saved voice of that name\" to overwrite it.",
-               "notes.wav: not a readable audio file (Format not recognised); upload a WAV, FLAC, OGG or MP3",
-               "a.mp4: this MP4 audio cannot be decoded (ffmpeg: bad); convert it to WAV, FLAC, OGG or MP3"):
-        got = i18n.translate(en, "zh")
-        assert CJK.search(got) and not re.search(r"\b(?:kept|Stopped|streaming|Saved|voice|busy|Tick)\b", got), got
-    assert "3.12 秒" in i18n.translate("Stopped: kept 3.12 s of audio · mode zero_shot · seed 11", "zh")
-    assert "模式 指令控制 · 种子 11" in i18n.translate("Stopped: kept 3.12 s of audio · mode instruct · seed 11", "zh")
-    for status in ("waiting to start", "loading model", "starting engine", "warming up", "ready",
-                   "downloading FunAudioLLM/CosyVoice2-0.5B: 0.10 / 2.00 GB", "error: boom"):
-        assert CJK.search(i18n.status_text(status, "zh")) and i18n.status_text(status, "en") == status, status
+    assert "模式 零样本克隆 · 种子 11" in zh and "zero_shot" not in zh, zh
+    player = {**details, "player": "webaudio", "client": {"first_byte_ms": 80.4, "first_sound_ms": None}}
+    assert take_line(player, "en") == line + " · player **low-latency** · click → first byte 80 ms → first sound –"
+    assert take_line(player, "zh") == zh + " · 播放器 **低延迟** · 点击 → 首字节 80 毫秒 → 首个声音 –"
+    assert take_line({**details, "notes": ["a note"]}, "zh").endswith("种子 11\n\n- a note")
+    stopped = stopped_take("a" * 32, 11, 74_880, "zero_shot")
+    assert take_line(stopped, "en") == "Stopped: kept 3.12 s of audio · mode zero_shot · seed 11"
+    assert take_line(stopped, "zh") == "已停止：保留了 3.12 秒音频 · 模式 零样本克隆 · 种子 11"
+    assert "模式 指令控制 · 种子 11" in take_line(stopped_take("a" * 32, 11, 74_880, "instruct"), "zh")
+    assert take_line(stopped_take("a" * 32, 11, 74_880), "en") == "Stopped: kept 3.12 s of audio · seed 11"
+    assert take_line({"error": "boom"}, "zh") == take_line(None, "zh") == ""  # no take: no line
     for title in ("Busy", "Not ready", "Name taken", "Not an audio file", "Error"):
         assert CJK.search(i18n.title_in(title, "zh")) and i18n.title_in(title, "en") == title
 
 
+def message_sites() -> dict[str, set[str]]:
+    """Key -> its English templates, of every `Message(key, template, ...)` in app/ (found by reading the code)."""
+    import ast
+
+    sites: dict[str, set[str]] = {}
+    for path in sorted(set((REPO / "app").rglob("*.py")) - {REPO / "app" / "message.py"}):  # (its class: no site)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Message":
+                key, template = node.args[:2]
+                assert isinstance(key, ast.Constant) and isinstance(template, ast.Constant), (path, node.lineno)
+                sites.setdefault(key.value, set()).add(template.value)
+    return sites
+
+
+def fields(template: str) -> set[str]:
+    import string
+
+    return {f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f}
+
+
+def untranslated(sites: dict[str, set[str]], table: dict) -> list[str]:
+    """The keys of `sites` with no Chinese in `table`, or whose Chinese names a field their English lacks (it may
+    leave one out), or that are said with two different Englishes."""
+    return [key for key, templates in sites.items()
+            if len(templates) != 1 or "zh" not in table.get(key, {})
+            or not fields(table[key]["zh"]) <= fields(next(iter(templates)))]
+
+
+def test_every_message_key_has_its_chinese():
+    """The messages.toml table tied to the code: every key said in app/ has its Chinese with its fields, and every
+    Chinese without an English there belongs to a key the code says; a missing one fails."""
+    from app.message import Message
+
+    sites, table = message_sites(), i18n.locale("messages")["messages"]
+    assert len(sites) > 60 and untranslated(sites, table) == [], untranslated(sites, table)
+    assert {k for k, v in table.items() if "en" not in v} == set(sites)
+    assert untranslated(sites, {k: v for k, v in table.items() if k != "no_stream"}) == ["no_stream"]
+    for key, (template,) in sites.items():  # each renders in both languages
+        said = Message(key, template, **dict.fromkeys(fields(template), 1.0))
+        assert i18n.say(said, "en") == said and (CJK.search(i18n.say(said, "zh")) or key == "decoders_tried"), key
+
+
 def test_engine_messages_translate():
-    zh = {m: i18n.translate(m, "zh") for m in (
-        "Upload or record a reference clip, or pick a saved voice.",
-        "Type the text to speak (it is empty or only control characters / special tokens).",
-        "no transcript: used cross-lingual mode (the voice without its words)",
-        'transcribed the reference (en): "Hello there." (type the transcript to correct it)',
-        "automatic transcription is unavailable: cannot download openai/whisper-large-v3-turbo (offline)",
-        "the model is still loading (warming up); try again in a moment",
-    )}
-    for en, got in zh.items():
-        assert CJK.search(got), (en, got)
-    assert "Hello there." in zh['transcribed the reference (en): "Hello there." (type the transcript to correct it)']
-    assert i18n.translate("Something new.", "zh") == "Something new."  # unknown: unchanged
-    assert i18n.translate("Type the text to speak.", "en") == "Type the text to speak."
+    """What the engine raises is said in Chinese by its key, its fields kept (a field that is a message said too);
+    English as raised for API clients; any other text as it is."""
+    from app.config import load_config
+    from app.engine.inputs import InputError, check_seed, check_text
+    from app.engine.service import NotReadyError, StudioService
+
+    for call, part in ((lambda: check_text(" ", 10), "请输入要朗读的文本"),
+                       (lambda: check_text("a" * 11, 10), "文本有 11 个字符，上限为 10"),
+                       (lambda: check_seed("x"), "随机种子必须是 0 到 2147483647 之间的整数")):
+        with pytest.raises(InputError) as e:
+            call()
+        assert part in i18n.say(e.value, "zh") and i18n.say(e.value, "en") == str(e.value), str(e.value)
+    with pytest.raises(NotReadyError) as e:
+        StudioService(load_config()).require_ready()
+    assert i18n.say(e.value, "zh") == "模型仍在加载（等待启动），请稍后再试", i18n.say(e.value, "zh")
+    assert str(e.value) == "the model is still loading (waiting to start); try again in a moment"
+    assert i18n.say(ValueError("Something new."), "zh") == "Something new."  # unknown: unchanged
+    assert i18n.say("Type the text to speak.", "zh") == "Type the text to speak."  # plain text: no key
 
 
 def test_an_upload_refusal_speaks_the_pages_language(tmp_path, monkeypatch):
@@ -388,24 +431,23 @@ def test_the_switch_keeps_a_take_playing_and_the_inputs(studio_bf16):
             browser.close()
 
 
-def test_localized_handlers_speak_the_pages_language():
-    import asyncio
+def test_handlers_speak_the_pages_language():
+    """A handler takes the page's request (Gradio injects it, it is no input) and says its lines and refusals in
+    the page's language; an API client (no request) reads English."""
     import inspect
 
     import gradio as gr
 
+    from app.ui.handlers import Handlers
+
     zh_request = SimpleNamespace(cookies={i18n.LANG_COOKIE: "zh"}, headers={})
-
-    async def delete_voice(voice: str | None) -> tuple[str, str]:
-        if not voice:
-            raise gr.Error("Pick a saved voice to delete.", title="Error")
-        return f"Deleted voice **{voice}**.", ""
-
-    wrapped = i18n.localized(delete_voice)
-    assert list(inspect.signature(wrapped).parameters) == ["voice", "request"]  # Gradio injects the request
-    assert asyncio.run(wrapped("bob", zh_request)) == ("已删除声音 **bob**。", "")
-    assert asyncio.run(wrapped("bob")) == ("Deleted voice **bob**.", "")  # API clients: English
+    deleted = []
+    store = SimpleNamespace(delete=deleted.append)
+    h = Handlers(SimpleNamespace(cfg=None, voices=SimpleNamespace(of=lambda owner, of=None: store)))
+    assert list(inspect.signature(h.delete_voice).parameters) == ["voice", "request", "profile"]
+    assert h.delete_voice("bob", zh_request) == ("已删除声音 **bob**。", "")
+    assert h.delete_voice("bob") == ("Deleted voice **bob**.", "") and deleted == ["bob", "bob"]  # API clients
     with pytest.raises(gr.Error) as e:
-        asyncio.run(wrapped("", zh_request))
+        h.delete_voice("", zh_request)
     assert (e.value.message, e.value.title) == ("请选择要删除的已保存声音。", "错误")
     assert "微型随机模型" in i18n.t("zh", "banner", repo="FunAudioLLM/CosyVoice2-0.5B")

@@ -41,7 +41,7 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need, st
 
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
-from app.ui.handlers import notes_markdown
+from app.ui.handlers import notes_markdown, take_line
 from app.ui.panels import REQUEST_ID_CHARS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_request_records_are_found_by_id_while_kept_and_build_the_stats():
     assert m.record("") is None and m.record("0" * 32) is None
     rec = m.record(reqs[1].request_id)
     assert rec is not None and (rec.seed, rec.mode, rec.voice, rec.notes) == (41, "cross_lingual", "alice", ("a note",))
-    line = rec.line()
+    line = take_line(rec.details(), "en")  # the stats line, said from the take's details
     for part in ("TTFA 123 ms", "RTF 0.50", "50.0 tokens/s", "audio 2.00 s", "queue 0.25 s",
                  "reference 0.50 s", "mode cross_lingual", "seed 41"):
         assert part in line, (part, line)
@@ -274,6 +274,13 @@ def test_reference_paths_are_confined_and_the_routes_need_the_login(studio):
         assert "passwd" not in r.text and "/etc" not in r.text and str(uploads) not in r.text and "app.py" not in r.text
     assert speech(url, prompt_audio=None).status_code == 400
     assert speech(url, prompt_audio=str(PROMPT_WAV), mode="sing").json()["error"]["param"] == "mode"
+    # the page's own route answers in the page's language (its cookie): the same status, code and field
+    en, zh = (httpx.post(f"{url}/studio/speech", json={"text": " ", "prompt_audio": str(PROMPT_WAV)}, auth=LOGIN,
+                         headers=cookie, timeout=60) for cookie in ({}, {"Cookie": "studio_lang=zh"}))
+    assert en.status_code == zh.status_code == 400 and en.json()["error"]["message"].startswith("Type the text")
+    assert zh.json()["error"]["message"].startswith("请输入要朗读的文本"), zh.text
+    assert {k: v for k, v in en.json()["error"].items() if k != "message"} == {
+        k: v for k, v in zh.json()["error"].items() if k != "message"}
     # an example asset is a valid reference; without the page's login (or HTTP Basic) nothing is spoken
     assert speech(url, auth=None, prompt_audio=str(PROMPT_WAV), prompt_text=PROMPT_TEXT).status_code == 401
     r = speech(url, prompt_audio=str(PROMPT_WAV), prompt_text=PROMPT_TEXT)

@@ -180,7 +180,7 @@ def test_a_stopped_request_keeps_its_stats_in_the_panels(tiny_model_dir, tmp_pat
     from app.config import CONFIG_DIR, load_config
     from app.engine.service import StudioService
     from app.ui import handlers
-    from app.ui.i18n import LANG_COOKIE, localized
+    from app.ui.i18n import LANG_COOKIE
     from app.ui.panels import table_frame
 
     monkeypatch.setattr(handlers, "live_playback", lambda: True)  # live chunks are yielded (no Gradio here)
@@ -206,10 +206,10 @@ def test_a_stopped_request_keeps_its_stats_in_the_panels(tiny_model_dir, tmp_pat
                 break  # the tab closes: the generator is closed mid-stream
         refused = []  # an empty text on the page: the pop-up's message also comes in the details (the line
         with pytest.raises(gr.Error) as why:  # next to Generate, app/ui/player_failure.js)
-            async for out in localized(h.synthesize)("", *args[1:], stop=StopSignal(), request=zh_page):
+            async for out in h.synthesize("", *args[1:], stop=StopSignal(), request=zh_page):
                 refused.append(out)
         assert refused[-1][3] == {"error": why.value.message} and "文本" in why.value.message, (refused, why.value)
-        save = localized(h.save_voice)  # as the page wires it
+        save = h.save_voice  # as the page wires it (Gradio passes the request)
         saved = [await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, False, zh_page),
                  await save("ux-bob", str(EXAMPLE_WAV), EXAMPLE_TRANSCRIPT, True)]  # an API client
         with pytest.raises(gr.Error) as taken:

@@ -68,17 +68,6 @@ class RequestRecord:
                 "wall_s": s.wall_s, "tokens_per_s": s.tokens_per_s, "n_tokens": s.n_tokens, "n_chunks": s.n_chunks,
                 "n_segments": s.n_segments}
 
-    def line(self) -> str:
-        """The stats line under both players: latency, speed and where the time went. Plain text (API clients
-        and the page show it as it is; the page translates it)."""
-        t = self.timings()
-        rtf = t["rtf"] if t["rtf"] is not None else float("inf")  # None: no audio
-        t = {k: v or 0 for k, v in t.items()}
-        return (f"TTFA {t['ttfa_ms']:.0f} ms · RTF {rtf:.2f} · {t['tokens_per_s']:.1f} tokens/s · "
-                f"audio {t['audio_s']:.2f} s · LM {t['lm_s']:.2f} s · flow {t['flow_s']:.2f} s · "
-                f"vocoder {t['vocoder_s']:.2f} s · queue {self.queue_wait_s:.2f} s · "
-                f"reference {self.reference_s:.2f} s · mode {self.mode} · seed {self.seed}")
-
     def details(self) -> dict[str, Any]:
         """The details JSON of both players (strict JSON: no NaN)."""
         def r(x: float | None, digits: int) -> float | None:

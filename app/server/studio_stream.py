@@ -20,6 +20,7 @@ from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
+from app.ui.i18n import lang_of, say
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 
@@ -96,6 +97,13 @@ def add_studio_routes(app: FastAPI, service: StudioService,
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
         """Speak `text` in the reference voice; the body is raw PCM (s16le, mono, 24 kHz) as it is made."""
+        try:
+            return await speak(body, request)
+        except ApiError as e:  # the page's own route: the same status and code, the message in its language
+            e.message = say(e.message, lang_of(request))
+            raise
+
+    async def speak(body: StudioSpeech, request: Request):
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # AccessLimits
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,20 +29,20 @@ from app.engine.prepare import Prepared, SpeechInputs, prepare
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voices import VoiceError
+from app.message import Message, said
 from app.server.identity import caller_of, page_caller
 from app.server.limits import ARRIVAL_KEY
-from app.ui.i18n import lang_of, status_text, t, title_in, translate
+from app.ui.i18n import error, lang_of, mode_names, say, t, title_in
 from app.ui.stop import StopSignal, until_stopped
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
 # segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
-NO_FFMPEG_NOTE = "ffmpeg is not installed: live playback is off, the final WAV plays when done"
+NO_FFMPEG_NOTE = Message("no_ffmpeg_note", "ffmpeg is not installed: live playback is off, the final WAV plays when "
+                         "done")
 NAME_WORDS, NAME_CHARS = 6, 40  # the final WAV's file name: at most this many words / characters (player.js too)
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
 WORD_RE = re.compile(r"[^\W_]+")
-PAGE_ADVICE = {"voice_exists": ". Replace it: tick \"Replace a saved voice of that name\" on the page, or pass "
-               "overwrite=True through the API."}  # a refusal's code -> what the page adds to its message
 log = logging.getLogger(__name__)
 
 
@@ -89,31 +90,55 @@ def live_playback() -> bool:
     return shutil.which("ffmpeg") is not None
 
 
-def _error(e: BaseException, path: str) -> gr.Error:  # the message of `e`, the server's path as its file name
-    return gr.Error(str(e).replace(path, Path(path).name), print_exception=False)
+def _named(e: BaseException, path: str) -> str:  # what `e` says, the server's path as its file name
+    return said(e).replace(path, Path(path).name)
 
 
-def page_error(e: Exception) -> gr.Error:
-    """A refusal (app/engine/refusals.py) as the page's pop-up: its title and message, no traceback in the
-    log (one line for a refused input); `e` itself when it is not a refusal (a bug: Gradio logs it)."""
+def page_error(e: Exception, lang: str = "en") -> gr.Error:
+    """A refusal (app/engine/refusals.py) as the page's pop-up in `lang`: its title and message, no traceback in
+    the log (one line for a refused input); `e` itself when it is not a refusal (a bug: Gradio logs it)."""
     r = refusal(e)
     if r is None:
         raise e
     if r.status == 400:
         log.info("refused input: %s", r.message)
-    return gr.Error(r.message + PAGE_ADVICE.get(r.code, ""), title=r.title, print_exception=False)
+    message = r.message if r.code != "voice_exists" else Message(  # what the page adds: its own box
+        "voice_exists_page", "{error}. Replace it: tick \"Replace a saved voice of that name\" on the page, or pass "
+        "overwrite=True through the API.", error=r.message)
+    return error(message, lang, r.title)
 
 
-def stopped_take(request_id: str, seed: int | None, n_samples: int, mode: str | None = None) -> tuple[str, dict]:
-    """A take ended by the page's Stop, either player's: its stats line (English) and details."""
-    parts = [f"Stopped: kept {n_samples / OUTPUT_SAMPLE_RATE_HZ:.2f} s of audio", f"mode {mode}" if mode else "",
-             f"seed {seed}" if seed is not None else ""]
-    line = " · ".join(p for p in parts if p)
-    return line, {"stopped": True, "seed": seed, **({"mode": mode} if mode else {}), "request_id": request_id,
-                  "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": n_samples}
+def stopped_take(request_id: str, seed: int | None, n_samples: int, mode: str | None = None) -> dict:
+    """The details of a take ended by the page's Stop, either player's (`take_line` says it)."""
+    return {"stopped": True, "seed": seed, **({"mode": mode} if mode else {}), "request_id": request_id,
+            "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "audio_samples": n_samples}
 
 
-def notes_markdown(notes: tuple[str, ...] | list[str]) -> str:
+STATS_S = ("ttfa_ms", "tokens_per_s", "audio_s", "lm_s", "flow_s", "vocoder_s", "queue_wait_s", "reference_s")
+
+
+def take_line(details: dict | None, lang: str, notes: Sequence[str] | None = None) -> str:
+    """The stats line under both players in `lang`, from a take's details (RequestRecord.details(), a stopped
+    take's, the low-latency player's `player` and `client`) and notes (the record's Messages; else the details'
+    English ones); "" for none or a failed take. The language switch says it again from the details box."""
+    d = details if isinstance(details, dict) and "request_id" in details else None
+    if d is None:
+        return ""
+    mode = mode_names("zh").get(d.get("mode"), d.get("mode")) if lang == "zh" else d.get("mode")
+    if d.get("stopped"):
+        parts = [t(lang, "stopped", seconds=d["audio_samples"] / d["sample_rate"]),
+                 t(lang, "stopped_mode", mode=mode) if mode else "",
+                 t(lang, "stopped_seed", seed=d["seed"]) if d.get("seed") is not None else ""]
+        return " · ".join(p for p in parts if p)
+    rtf = d["rtf"] if d.get("rtf") is not None else float("inf")  # None: no audio
+    line = t(lang, "stats", **{k: d.get(k) or 0 for k in STATS_S}, rtf=rtf, mode=mode, seed=d.get("seed"))
+    if d.get("player") == "webaudio":  # the low-latency player's own measures (ms since the click)
+        ms = {k: (d.get("client") or {}).get(f"{k}_ms") for k in ("first_byte", "first_sound")}
+        line += t(lang, "stats_player", **{k: "–" if v is None else t(lang, "ms", n=round(v)) for k, v in ms.items()})
+    return line + notes_markdown([say(n, lang) for n in (d.get("notes") or () if notes is None else notes)])
+
+
+def notes_markdown(notes: Sequence[str]) -> str:
     """The notes as a Markdown list below the stats line ("" for none)."""
     return "\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""
 
@@ -141,7 +166,7 @@ class Handlers:
         me = caller(request, profile)
         stop = stop if stop is not None else StopSignal()
         if stop.stopped:  # Stop while this request waited in the queue
-            yield None, None, translate("Stopped before it started.", lang), None
+            yield None, None, say(Message("stopped_before", "Stopped before it started."), lang), None
             return
         folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
@@ -162,19 +187,19 @@ class Handlers:
                         if chunk.samples.size:
                             parts.append(chunk.samples)
                         if live and chunk.samples.size:
-                            progress = translate(f"streaming… {sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ:.2f} s",
-                                                 lang)
+                            progress = say(Message("streaming", "streaming… {seconds:.2f} s",
+                                                   seconds=sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ), lang)
                             for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
                                 yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
             except Exception as e:
-                raise page_error(e) from e
+                raise page_error(e, lang) from e
             path = folder / wav_name(text, voice)
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
             yield self._result(prepared.request, audio, path, stop, live, lang)
-        except gr.Error as e:  # the message, as the pop-up says it, also into the details: the page's failure
-            # listener puts it next to Generate (app/ui/player_failure.js)
-            yield gr.skip(), gr.skip(), gr.skip(), {"error": translate(e.message, lang)}
+        except gr.Error as e:  # the message, as the pop-up says it (in `lang`), also into the details: the page's
+            # failure listener puts it next to Generate (app/ui/player_failure.js)
+            yield gr.skip(), gr.skip(), gr.skip(), {"error": e.message}
             raise
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
@@ -184,9 +209,9 @@ class Handlers:
         try:
             prepared = await prepare(self.service, inputs)
         except (NotReadyError, InputError) as e:
-            raise page_error(e) from e
+            raise page_error(e, lang) from e
         for note in prepared.notes:
-            note = translate(note, lang)
+            note = say(note, lang)
             gr.Warning(note[0].upper() + note[1:])
         return prepared
 
@@ -195,14 +220,12 @@ class Handlers:
         final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
         player's (app/ui/player.py PlayerTake.show)."""
         if stop.stopped:
-            line, details = stopped_take(req.request_id, req.seed, int(audio.size), req.mode)
-            line = translate(line, lang)
+            details = stopped_take(req.request_id, req.seed, int(audio.size), req.mode)
             # the live player is reset (no buffered audio plays on), the take so far is the final WAV
-            return None, (str(path) if audio.size else None), line, details
+            return None, (str(path) if audio.size else None), take_line(details, lang), details
         rec = self.service.metrics.record(req.request_id)
         assert rec is not None and rec.outcome == "ok", rec
-        line = translate(rec.line(), lang) + notes_markdown([translate(n, lang) for n in rec.notes])
-        return (gr.skip() if live else None), str(path), line, rec.details()
+        return (gr.skip() if live else None), str(path), take_line(rec.details(), lang, rec.notes), rec.details()
 
     @staticmethod
     async def begin(stop: StopSignal | None = None) -> tuple[Any, ...]:
@@ -227,10 +250,10 @@ class Handlers:
         try:
             decode_audio(prompt_audio)
         except (AudioError, OSError) as e:
-            msg = _error(e, prompt_audio).message
+            msg = _named(e, prompt_audio)
             log.info("refused upload: %s", msg)
             lang = lang_of(request)
-            gr.Warning(translate(msg, lang), title=title_in("Not an audio file", lang))
+            gr.Warning(say(msg, lang), title=title_in("Not an audio file", lang))
             return None
         return prompt_audio
 
@@ -245,30 +268,33 @@ class Handlers:
         """Compute the reference's features and store them under `name` among the caller's voices; returns
         (message, the saved name). A voice of that name is replaced only with `overwrite` (the page's
         "Replace a saved voice..." box), else refused."""
+        lang = lang_of(request)  # the message and each note (features.notes) in the page's language
         if not prompt_audio:
-            raise gr.Error("Upload or record the reference clip to save first.")
+            raise error(Message("need_clip_to_save", "Upload or record the reference clip to save first."), lang)
         try:
             info, found = await voice_door.save(self.service, caller(request, profile).owner, name or "",
                                                 prompt_audio, prompt_text, overwrite=bool(overwrite))
         except OSError as e:
-            raise _error(e, prompt_audio) from e
+            raise error(_named(e, prompt_audio), lang) from e
         except (VoiceError, InputError, NotReadyError) as e:
-            raise page_error(e) from e
-        lang = lang_of(request)  # the message and each note (features.notes) in the page's language
-        note = "" if info.prompt_text else " (no transcript: it will speak in cross-lingual mode)"
-        notes = "".join(f"\n\n- {translate(n, lang)}" for n in found)
-        return translate(f"Saved voice **{info.name}** ({info.prompt_seconds:.1f} s){note}.", lang) + notes, info.name
+            raise page_error(e, lang) from e
+        done = (Message("saved_voice", "Saved voice **{name}** ({seconds:.1f} s).", name=info.name,
+                        seconds=info.prompt_seconds) if info.prompt_text else
+                Message("saved_voice_cross", "Saved voice **{name}** ({seconds:.1f} s) (no transcript: it will speak "
+                        "in cross-lingual mode).", name=info.name, seconds=info.prompt_seconds))
+        return say(done, lang) + "".join(f"\n\n- {say(n, lang)}" for n in found), info.name
 
     def delete_voice(self, voice: str | None, request: gr.Request = None,
                      profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
         """Delete the caller's saved voice `voice`. Returns (message, "")."""
+        lang = lang_of(request)
         if not voice:
-            raise gr.Error("Pick a saved voice to delete.")
+            raise error(Message("pick_to_delete", "Pick a saved voice to delete."), lang)
         try:
             voice_door.delete(self.service, caller(request, profile).owner, voice)
         except VoiceError as e:
-            raise page_error(e) from e
-        return f"Deleted voice **{voice}**.", ""
+            raise page_error(e, lang) from e
+        return say(Message("deleted_voice", "Deleted voice **{name}**.", name=voice), lang), ""
 
     def list_voices(self, request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> list[dict]:
         """The caller's saved voices of the loaded model: name, transcript, length, creation time."""
@@ -281,6 +307,14 @@ class Handlers:
         names = self.service.voices.of(caller(request, profile).owner).names()  # each page load
         return gr.Dropdown(choices=[NO_VOICE, *names], value=current if current in names else "")
 
+    def stats(self, details: dict | None, request: gr.Request = None) -> Any:
+        """The take's stats line again, in the page's language (the language switch): from the details box, its
+        notes from the request's record while the metrics keep it; unchanged while no take is shown."""
+        if not isinstance(details, dict) or "request_id" not in details:
+            return gr.skip()
+        rec = self.service.metrics.record(str(details["request_id"]))
+        return take_line(details, lang_of(request), rec.notes if rec is not None else None)
+
     # --- status --------------------------------------------------------------------------------
 
     def status(self, request: gr.Request = None):
@@ -291,9 +325,9 @@ class Handlers:
             text = t(lang, "status_ready", backend=facts.get("backend", "?"), device=facts.get("device"),
                      model=s.model_name())  # the name, never the server's path
         elif s.error:
-            text = t(lang, "status_failed", error=translate(s.error, lang))
+            text = t(lang, "status_failed", error=say(s.error, lang))
         else:
-            text = t(lang, "status_loading", status=status_text(s.status, lang))
+            text = t(lang, "status_loading", status=say(s.status, lang))
         if not live_playback():
             text += "  \n" + t(lang, "no_ffmpeg")
         banner = gr.Markdown(visible=s.random_model,

@@ -1,25 +1,15 @@
 /* demo.load's JS (app/ui/lang_switch.py): defines window.studioI18n.apply(lang), which puts IDS' texts (what
-   the page's own players write) in `lang`: PHRASES swapped and UNITS after numbers, errors and the stats line
-   by PATTERNS (the server's, app/ui/locales/messages.toml) with the modes' names, kept so while the players
-   rewrite them (one observer per element, not the body); then a language chosen earlier (its cookie) is
-   applied again, and the switch set. */
+   the page's own players write; the server says its own lines in the page's language) in `lang`: PHRASES
+   swapped and UNITS after numbers, kept so while the players rewrite them (one observer per element, not the
+   body); then a language chosen earlier (its cookie) is applied again, and the switch set. */
 () => {
   (() => {
     const PHRASES = __PHRASES__, IDS = __IDS__;
-    const PATTERNS = __PATTERNS__.map(([p, r]) => [new RegExp('^(?:' + p + ')$', 's'), r]);
     const UNITS = __UNITS__.map(([en, cn]) => [new RegExp('(\\d) ' + en + '\\b', 'g'), '$1 ' + cn]);
-    const [MODE, MODES] = __MODES__;  // "模式 zero_shot" -> "模式 零样本克隆" (app/ui/i18n.py named_modes)
     const phrases = (text) => {
       for (const [en, cn] of PHRASES) text = text.split(en).join(cn);
       for (const [re, r] of UNITS) text = text.replace(re, r);
       return text;
-    };
-    const named = (text) => text.replace(new RegExp(MODE + ' (\\w+)', 'g'),
-                                         (m, id) => (MODES[id] ? MODE + ' ' + MODES[id] : m));
-    const zh = (text) => {  // a pattern's English rest (e.g. after the stats line) gets the phrases too
-      const t = text.trim(), pre = text.slice(0, text.indexOf(t)), post = text.slice(pre.length + t.length);
-      for (const [re, r] of PATTERNS) if (re.test(t)) return pre + phrases(named(t.replace(re, r))) + post;
-      return phrases(text);
     };
     const self = window.studioI18n = window.studioI18n || {lang: 'en', watched: new Set()};
     const orig = new WeakMap();  // text node -> [its English, what we wrote]
@@ -27,7 +17,7 @@
       const v = n.nodeValue, rec = orig.get(n);
       if (self.lang === 'zh') {
         if (rec && v === rec[1]) return;  // ours
-        const out = v.startsWith('⚠️ ') ? '⚠️ ' + zh(v.slice(3)) : zh(v);
+        const out = phrases(v);
         orig.set(n, [v, out]);
         if (out !== v) n.nodeValue = out;
       } else if (rec && v === rec[1]) {

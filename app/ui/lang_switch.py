@@ -1,5 +1,5 @@
 """The page's language switch: the labels (gr.I18n texts sent as updates), the `studio_lang` cookie, the
-players' lines.
+players' own lines.
 
 Design notes: docs/design.md.
 """
@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Callable
 
 import gradio as gr
 from gradio.i18n import I18nData
 
 from app.ui import ui_text
-from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, LANGS, labels, locale, mode_names, patterns
+from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, LANGS, labels, locale
 
 # the elements whose text the page's own players write (player.js, player.html), and gr.Examples' labels
-PAGE_IDS = ("studio_player_line", "studio_busy", "studio_error", "player_pause", "stats", "examples")
+PAGE_IDS = ("studio_player_line", "studio_busy", "player_pause", "examples")
 
 
 def page_phrases() -> dict[str, str]:
@@ -71,11 +70,8 @@ def lang_switch_js() -> str:
 
 def lang_load_js() -> str:
     """demo.load's JS: the page translator, a language chosen earlier (its cookie) applied again, the switch set."""
-    regexes = [[p.pattern, re.sub(r"\\(\d)", r"$\1", zh)] for p, zh in patterns("messages")]  # groups: $1 in JS
     phrases = sorted(page_phrases().items(), key=lambda kv: -len(kv[0]))  # longest first
-    modes = [labels("zh")["mode"], mode_names("zh")]  # "模式 zero_shot" -> "模式 零样本克隆" (i18n.named_modes)
     dump = functools.partial(json.dumps, ensure_ascii=False)
     return (ui_text("lang_load.js").replace("__SET_LANG__", _set_lang_js()).replace("__COOKIE__", LANG_COOKIE)
             .replace("__IDS__", dump(PAGE_IDS)).replace("__PHRASES__", dump(phrases))
-            .replace("__UNITS__", dump(list(locale("page")["units"].items())))
-            .replace("__MODES__", dump(modes)).replace("__PATTERNS__", dump(regexes)))
+            .replace("__UNITS__", dump(list(locale("page")["units"].items()))))

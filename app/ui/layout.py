@@ -19,7 +19,7 @@ from app.engine.voice_file import SUFFIX
 from app.ui import history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
-from app.ui.i18n import labels, localized, make_i18n
+from app.ui.i18n import labels, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
 from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js, seed_element, take_element, wire_take
 from app.ui.presets import apply_preset, preset_dropdown
@@ -238,7 +238,7 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
                        js=ui_text("player_gate.js"), **PAGE_ONLY)
     # the standard player: the previous take is cleared at once, then the request queues
     begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
-    synth = begin.success(localized(h.synthesize), inputs, outputs, api_name="synthesize",
+    synth = begin.success(h.synthesize, inputs, outputs, api_name="synthesize",
                           concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
     # its error next to Generate (the handler put it into the details)
@@ -273,14 +273,14 @@ def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> Non
     in Gradio's pop-up and clears the voice message (the previous action's). Their outputs show no progress: Gradio
     draws an "Error" badge over every output of a failed event, which would cover the saved-voice dropdown."""
     quiet = {"show_progress": "hidden"}
-    save = ui.save.click(localized(h.save_voice), [ui.voice_name, ui.prompt_audio, ui.prompt_text, ui.replace_voice],
+    save = ui.save.click(h.save_voice, [ui.voice_name, ui.prompt_audio, ui.prompt_text, ui.replace_voice],
                          [ui.voice_msg, ui.voice], api_name="save_voice", **quiet)
-    delete = ui.delete.click(localized(h.delete_voice), ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
+    delete = ui.delete.click(h.delete_voice, ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
                              js=ui_text("confirm_delete.js"), **quiet)
     gr.api(h.list_voices, api_name="list_voices")
     files = VoiceFileEvents(service)
-    export = ui.export.click(localized(files.export_voice), ui.voice, ui.exported, api_name="export_voice", **quiet)
-    import_ = ui.import_.click(localized(files.import_voice), [ui.import_file, ui.replace_voice],
+    export = ui.export.click(files.export_voice, ui.voice, ui.exported, api_name="export_voice", **quiet)
+    import_ = ui.import_.click(files.import_voice, [ui.import_file, ui.replace_voice],
                                [ui.voice_msg, ui.voice], api_name="import_voice", **quiet)
     for event in (save, delete, export, import_):
         event.failure(None, None, ui.voice_msg, js="() => ''", **PAGE_ONLY)
@@ -312,6 +312,7 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i1
     targets, relabel = relabeler(demo, i18n)
     switched = ui.lang.input(relabel, ui.lang, targets, js=lang_switch_js(), show_progress="hidden", **PAGE_ONLY)
     switched.then(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
+    switched.then(h.stats, ui.details, ui.stats, show_progress="hidden", **PAGE_ONLY)  # the take's stats line
     ui.panels.redraw(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
     demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private").then(
         relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)  # a language chosen earlier: its labels

@@ -17,7 +17,7 @@ import pandas as pd
 from app.engine.resources import NO_GPU_NOTE
 from app.engine.service import Studio
 from app.ui.handlers import viewer
-from app.ui.i18n import lang_of, locale, status_text
+from app.ui.i18n import lang_of, locale, say
 
 WINDOW = 180  # memory samples plotted (~3 min at one tick a second)
 N_REQUESTS = 30  # requests in the latency table's source and the headline
@@ -198,7 +198,7 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
 def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
     m = service.metrics
     w = catalog()["text"]["zh" if lang == "zh" else "en"]
-    parts = [f"**{status_text(service.status, lang)}**", w["active"].format(n=m.active_streams)]
+    parts = [f"**{say(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
         parts.append(w["gpu"].format(name=d["name"], used=d["used_mib"] / 1024, total=d["total_mib"] / 1024))
@@ -229,7 +229,7 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
         facts = {"facts": w["unavailable"].format(error=f"{type(e).__name__}: {e}")}
     counters = service.metrics.counters()  # what /health and /metrics read
-    live: dict[str, Any] = {"status": status_text(service.status, lang), "active streams": counters["active_streams"]}
+    live: dict[str, Any] = {"status": say(service.status, lang), "active streams": counters["active_streams"]}
     if service.backend is not None and service.backend.name == "vllm":  # the vLLM engine's own count
         live["unfinished engine requests"] = service.backend.health().unfinished
     for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):

@@ -14,7 +14,8 @@ import gradio as gr
 
 from app.engine.service import StudioService
 from app.ui import hidden_element, ui_text
-from app.ui.handlers import notes_markdown, stopped_take
+from app.ui.handlers import stopped_take, take_line
+from app.ui.i18n import lang_of
 
 # next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
 STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…</span>'
@@ -75,11 +76,10 @@ class PlayerTake:
     def __init__(self, service: StudioService) -> None:
         self.service = service
 
-    def show(self, value: str) -> tuple[str, Any]:
+    def show(self, value: str, request: gr.Request = None) -> tuple[str, Any]:
         """`value` (JSON from player.js): {request_id, stopped, samples, seed, client: {first_byte_ms,
-        first_sound_ms}}; "" clears the outputs (a new Generate). Returns (stats line, details); the final WAV
-        stays in the page (FINAL_JS). The line is English: the page's translator puts it in the page's language
-        and back (app/ui/lang_switch.py, #stats)."""
+        first_sound_ms}}; "" clears the outputs (a new Generate). Returns (stats line in the page's language,
+        details); the final WAV stays in the page (FINAL_JS)."""
         if not value:
             return "", None
         try:
@@ -92,18 +92,16 @@ class PlayerTake:
         if take.get("stopped"):
             raw_seed = take.get("seed")  # the X-Seed header, as the page read it
             seed = int(raw_seed) if isinstance(raw_seed, str) and raw_seed.lstrip("-").isdigit() else None
-            line, details = stopped_take(request_id, seed, int(_number(take.get("samples"))))
-            return line, {**details, "player": "webaudio"}
+            details = {**stopped_take(request_id, seed, int(_number(take.get("samples")))), "player": "webaudio"}
+            return take_line(details, lang_of(request)), details
         rec = self.service.metrics.record(request_id)
         if rec is None or rec.outcome != "ok":
             raise gr.Error("unknown take, one that did not finish, or one too old to be kept", print_exception=False)
         measured = take.get("client")
         measured = measured if isinstance(measured, dict) else {}
         client = {k: _number(measured.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
-        player = ("player **low-latency** · click → first byte {} → first sound {}"
-                  .format(*(f"{round(v)} ms" if v is not None else "–" for v in client.values())))
-        line = f"{rec.line()} · {player}" + notes_markdown(rec.notes)
-        return line, {**rec.details(), "player": "webaudio", "client": client}
+        details = {**rec.details(), "player": "webaudio", "client": client}
+        return take_line(details, lang_of(request), rec.notes), details
 
 
 def _number(x: Any, default: Any = 0.0) -> Any:

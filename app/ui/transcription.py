@@ -37,11 +37,11 @@ class TranscriptionEvents:
         """Whisper's transcript of `prompt_audio` (retries a model that failed to load before)."""
         lang = lang_of(request)
         if not prompt_audio:
-            raise error(t("en", "need_audio"), lang)
+            raise error(t(lang, "need_audio"), lang)
         try:
             text, language = await self._run(prompt_audio, lang, progress, retry=True)
         except AsrUnavailable as e:
-            raise error(str(e), lang) from e
+            raise error(e, lang) from e
         if not text:
             raise error(HEARD_NOTHING_NOTE, lang)
         gr.Info(t(lang, "transcribed", language=language))

@@ -17,7 +17,9 @@ from app.engine import voice_door
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voice_file import SUFFIX
 from app.engine.voices import VoiceError
+from app.message import Message
 from app.ui.handlers import caller, page_error
+from app.ui.i18n import error, lang_of, say
 
 
 class VoiceFileEvents:
@@ -28,13 +30,14 @@ class VoiceFileEvents:
                            profile: gr.OAuthProfile | None = None) -> AsyncIterator[str]:
         """The caller's saved voice `voice` as a `<name>.cvvoice` file (its path; docs/api.md: the format).
         A generator so that its folder goes once Gradio has copied the file (no file left per click)."""
+        lang = lang_of(request)
         if not voice:
-            raise gr.Error("Pick a saved voice to export.")
+            raise error(Message("pick_to_export", "Pick a saved voice to export."), lang)
         try:
             info, data = await asyncio.to_thread(voice_door.export, self.service, caller(request, profile).owner,
                                                  voice)
         except VoiceError as e:
-            raise page_error(e) from e
+            raise page_error(e, lang) from e
         folder = Path(tempfile.mkdtemp(prefix="voice-"))
         try:
             path = folder / f"{info.name}{SUFFIX}"
@@ -47,13 +50,16 @@ class VoiceFileEvents:
                            profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
         """Add the voice in a `.cvvoice` file to the caller's voices under the file's name; returns (message,
         its name). A voice of that name is replaced only with `overwrite`, else refused."""
+        lang = lang_of(request)
         if not file:
-            raise gr.Error("Choose a .cvvoice file to import.")
+            raise error(Message("choose_voice_file", "Choose a .cvvoice file to import."), lang)
         try:
             info = await voice_door.import_file(self.service, caller(request, profile).owner, file,
                                                 overwrite=bool(overwrite))
         except OSError as e:  # its message would name the server's upload folder
-            raise gr.Error("the voice file could not be read; upload it again") from e
+            raise error(Message("voice_file_unread", "the voice file could not be read; upload it again"), lang) from e
         except (VoiceError, NotReadyError) as e:
-            raise page_error(e) from e
-        return f"Imported voice **{info.name}** ({info.prompt_seconds:.1f} s).", info.name
+            raise page_error(e, lang) from e
+        done = Message("imported_voice", "Imported voice **{name}** ({seconds:.1f} s).", name=info.name,
+                       seconds=info.prompt_seconds)
+        return say(done, lang), info.name
