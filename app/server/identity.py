@@ -128,11 +128,8 @@ class Identity:
         # a proxy on this machine (nginx on 127.0.0.1): then a loopback connection is any client's, not an admin's
         self.local_proxy = srv.trust_proxy or any(ipaddress.ip_address(a) in net for net in srv.proxy_networks
                                                   for a in ("127.0.0.1", "::1"))
+        self.any_key = bool(self.keys)
         self._voices_dir, self._secret = srv.voices_dir, b""
-
-    @property
-    def any_key(self) -> bool:
-        return bool(self.keys)
 
     def bearer(self, scope: dict) -> Owner | None:
         """The owner of the API key in `Authorization: Bearer` (every key compared in constant time), else None."""

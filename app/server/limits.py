@@ -33,13 +33,12 @@ MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= ba
 
 
 class RateLimiter:
-    """A token bucket per client key: bursts of up to `per_minute`, refilled at per_minute / 60 per second.
-    Event-loop only. `acquire(key)` takes a token and returns 0.0, or returns the wait in s, taking nothing."""
+    """A token bucket per client key: bursts of up to `per_minute` (>= 1: Gate makes none for 0), refilled at
+    per_minute / 60 per second. Event-loop only. `acquire(key)` takes a token and returns 0.0, or returns the
+    wait in s, taking nothing."""
 
     def __init__(self, per_minute: int, *, max_clients: int = MAX_CLIENTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if per_minute < 1:
-            raise ValueError("per_minute must be >= 1")
         self.capacity, self.rate_per_s = float(per_minute), per_minute / 60.0
         self.max_clients, self.clock = max_clients, clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, monotonic s)
