@@ -63,10 +63,9 @@ def end_page_streams(app: FastAPI) -> None:
     from starlette.routing import Mount
 
     for route in app.routes:
-        gradio_app = route.app if isinstance(route, Mount) and route.path == "" else None
-        if gradio_app is not None and hasattr(gradio_app, "stop_event"):
-            gradio_app.get_blocks()._queue.close()  # its /queue/data streams end at their next wake-up
-            gradio_app.stop_event.set()  # the heartbeat streams end now
+        if isinstance(route, Mount) and route.path == "":  # the page: a gradio.routes.App (stop_event from init)
+            route.app.get_blocks()._queue.close()  # its /queue/data streams end at their next wake-up
+            route.app.stop_event.set()  # the heartbeat streams end now
 
 
 def quiet_access_log() -> None:
