@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from app.engine.inputs import InputError, speakable
 from app.engine.voices import NAME_RE
+from app.message import Message
 from app.model.tokenizer import SPECIAL_TOKENS
 
 # a speaker tag: a voice name in brackets (NAME_RE's characters); the model's own tags are told apart below
@@ -39,11 +40,13 @@ def parse_script(script: str, *, param: str = "text") -> list[ScriptTurn]:
     turns.append(ScriptTurn(speaker, script[start:].strip()))
     lead, turns = turns[0], turns[1:]
     if not turns:
-        raise InputError(f"A dialogue needs speaker tags: write {SYNTAX}.", param, code="invalid_dialogue")
+        raise InputError(Message("no_tags", "A dialogue needs speaker tags: write {syntax}.", syntax=SYNTAX), param,
+                         code="invalid_dialogue")
     for i, turn in enumerate(turns, 1):
         if not speakable(turn.text):
-            raise InputError(f"Turn {i} ([{turn.speaker}]) has nothing to say: write its words after the tag, or "
-                             "remove the tag.", param, code="invalid_dialogue")
+            raise InputError(Message("turn_empty", "Turn {i} ([{speaker}]) has nothing to say: write its words after "
+                                     "the tag, or remove the tag.", i=i, speaker=turn.speaker), param,
+                             code="invalid_dialogue")
     return ([lead] if speakable(lead.text) else []) + turns
 
 
@@ -52,6 +55,6 @@ def speakers(turns: list[ScriptTurn], limit: int, *, param: str = "text") -> lis
     more than `limit` ([limits] max_dialogue_speakers)."""
     names = list(dict.fromkeys(t.speaker for t in turns if t.speaker))
     if len(names) > limit:
-        raise InputError(f"The dialogue has {len(names)} speakers; the limit is {limit} ([limits] "
-                         "max_dialogue_speakers).", param, code="invalid_dialogue")
+        raise InputError(Message("too_many_speakers", "The dialogue has {n} speakers; the limit is {limit} ([limits] "
+                                 "max_dialogue_speakers).", n=len(names), limit=limit), param, code="invalid_dialogue")
     return names

@@ -91,8 +91,8 @@ def check_instruct(instruct_text: object, mode: str, limit: int) -> str:
         raise InputError(Message("no_instruction", "Instruct mode needs an instruction, e.g. 'Speak slowly and "
                                  "calmly.'"), "instruct_text")
     if len(instruct_text) > limit:
-        raise InputError(f"The instruction has {len(instruct_text)} characters; the limit is {limit}.",
-                         "instruct_text")
+        raise InputError(Message("instruction_too_long", "The instruction has {n} characters; the limit is {limit}.",
+                                 n=len(instruct_text), limit=limit), "instruct_text")
     return instruct_text
 
 
@@ -100,8 +100,9 @@ def check_transcript(prompt_text: object, limit: int) -> str:
     """The reference's transcript; "" (cross-lingual fallback) when it has nothing speakable."""
     prompt_text = clean_text(str(prompt_text or ""))
     if len(prompt_text) > limit:
-        raise InputError(f"The transcript has {len(prompt_text)} characters; a reference clip's transcript has at "
-                         f"most {limit}. Give the words spoken in the clip.", "prompt_text")
+        raise InputError(Message("transcript_too_long", "The transcript has {n} characters; a reference clip's "
+                                 "transcript has at most {limit}. Give the words spoken in the clip.",
+                                 n=len(prompt_text), limit=limit), "prompt_text")
     return prompt_text if speakable(prompt_text) else ""
 
 

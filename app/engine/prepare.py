@@ -178,7 +178,7 @@ async def _own_voice(service, x: SpeechInputs, mode: str) -> VoiceFeatures:
     lim = service.cfg.limits
     inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
     if x.dialogue:
-        raise InputError("Text before the first speaker tag needs a voice: pick a saved voice or a reference clip "
-                         f"for it, or start the script with a tag ({dialogue.SYNTAX}).", "text",
-                         code="invalid_dialogue")
+        raise InputError(Message("lead_needs_voice", "Text before the first speaker tag needs a voice: pick a saved "
+                                 "voice or a reference clip for it, or start the script with a tag ({syntax}).",
+                                 syntax=dialogue.SYNTAX), "text", code="invalid_dialogue")
     raise InputError(NO_REFERENCE, "reference", code="missing_reference")
