@@ -102,7 +102,6 @@ class VLLMBackend:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
         export = check_lm_folder(model_path)
-        max_pos = export.get("max_position_embeddings")  # for the start failure's advice
         env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         try:
             from vllm.platforms import current_platform
@@ -122,7 +121,7 @@ class VLLMBackend:
                        model_path, kwargs, started_at=t0, env=env)
         except Exception as e:  # pydantic ValidationError, ValueError, RuntimeError from the engine core, ...
             unset_env(env)
-            raise EngineStartError(explain_start_failure(e, cfg, max_pos)) from e
+            raise EngineStartError(explain_start_failure(e, cfg, export.get("max_position_embeddings"))) from e
 
     # --- requests ------------------------------------------------------------------------------
 
