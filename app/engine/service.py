@@ -127,8 +127,8 @@ class StudioService:
         """Resolve, load, start the backend, warm up. Never raises: failures end in `status`/`error`."""
         t0 = time.perf_counter()
         try:
-            self.model_dir, self.random_model = await asyncio.to_thread(resolve_model_dir, self.cfg.model,
-                                                                        self._set_status)
+            self.model_dir, self.random_model = await asyncio.to_thread(
+                resolve_model_dir, self.cfg.model, lambda status: setattr(self, "status", status))
             m = self.cfg.model
             self.status = Message("state_loading", "loading model")
             self.model = await asyncio.to_thread(
@@ -150,9 +150,6 @@ class StudioService:
         self.ready = True
         self.status = Message("state_ready", "ready")
         log.info("ready in %.1f s (model %s, backend %s)", self.start_s, self.model_dir, self.backend.name)
-
-    def _set_status(self, status: str) -> None:
-        self.status = status
 
     async def _warm_up(self) -> None:
         """HiFT graphs captured, then one short request through every stage (first-call costs are paid before
