@@ -52,8 +52,7 @@ class Token2WavScheduler:
         self.device = torch.device(device)
         # one CUDA stream per worker (the default stream for a single worker): workers overlap on the GPU;
         # made here so that warm-up can capture each worker's CUDA graphs before any job runs
-        use_cuda = self.device.type == "cuda"
-        self.streams = [torch.cuda.Stream(self.device) if use_cuda and n_workers > 1 else None
+        self.streams = [torch.cuda.Stream(self.device) if self.device.type == "cuda" and n_workers > 1 else None
                         for _ in range(n_workers)]
         self._heaps: list[list[_Job]] = [[] for _ in range(n_workers)]
         self._shared: list[_Job] = []  # jobs without a key: any worker
@@ -119,8 +118,7 @@ class Token2WavScheduler:
 
     def _work(self, w: int) -> None:
         stream = self.streams[w]
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             while True:
                 with self._cv:
                     while not self._ready(w) and not self._closed:
