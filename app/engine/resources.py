@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import prometheus_client
 
 MIB = 1024 * 1024
 # vLLM's in-process Prometheus gauges; gpu_cache_usage_perc is the name before vLLM 0.10
@@ -23,11 +24,7 @@ NO_GPU_NOTE = "no GPU: showing CPU and RAM"
 def vllm_gauges(registry: Any = None) -> dict[str, float]:
     """vLLM's KV-cache usage (0..1, mean over engines) and running/waiting requests (sums), from the gauges
     its stat logger keeps in this process's prometheus_client registry; {} when vLLM never ran here."""
-    if registry is None:
-        prom = sys.modules.get("prometheus_client")  # imported by vLLM; never imported for a torch-only app
-        if prom is None:
-            return {}
-        registry = prom.REGISTRY
+    registry = prometheus_client.REGISTRY if registry is None else registry  # vLLM's is the process default
     values: dict[str, list[float]] = {}
     for metric in registry.restricted_registry([*KV_USAGE_GAUGES, RUNNING_GAUGE, WAITING_GAUGE]).collect():
         values.setdefault(metric.name, []).extend(s.value for s in metric.samples if s.name == metric.name)
