@@ -81,8 +81,9 @@ class VoiceFeatures:
 
 
 def _too_short(seconds: float) -> PromptAudioError:
-    return PromptAudioError(f"the reference clip is {seconds:.2f} s long; it must be at least "
-                            f"{MIN_PROMPT_SECONDS:.0f} s (3-10 s of clear speech work best)")
+    return PromptAudioError(Message("too_short", "the reference clip is {seconds:.2f} s long; it must be at least "
+                                    "{min:.0f} s (3-10 s of clear speech work best)", seconds=seconds,
+                                    min=MIN_PROMPT_SECONDS))
 
 
 def check_reference(wave: Tensor, sample_rate: int, prompt_text: str) -> tuple[Tensor, tuple[str, ...]]:
@@ -108,15 +109,16 @@ def check_reference(wave: Tensor, sample_rate: int, prompt_text: str) -> tuple[T
                                        dbfs=SILENCE_DBFS))
     sound_s = float((levels >= SILENCE_DBFS).sum()) * frame_s
     if sound_s < MIN_SOUND_SECONDS:
-        raise PromptAudioError(f"the reference clip is almost silent: only {sound_s:.2f} s is louder than "
-                               f"{SILENCE_DBFS:.0f} dBFS; record at least {MIN_SOUND_SECONDS} s of speech")
+        raise PromptAudioError(Message("almost_silent", "the reference clip is almost silent: only {sound:.2f} s is "
+                                       "louder than {dbfs:.0f} dBFS; record at least {min} s of speech",
+                                       sound=sound_s, dbfs=SILENCE_DBFS, min=MIN_SOUND_SECONDS))
     notes = []
     if seconds > MAX_PROMPT_SECONDS:
         if prompt_text.strip():
-            raise PromptAudioError(
-                f"the reference clip is {seconds:.1f} s; the limit is {MAX_PROMPT_SECONDS:.0f} s. Trim it to the part "
-                f"whose words you typed, or clear the transcript to use its best {MAX_PROMPT_SECONDS:.0f} s "
-                "(cross-lingual mode)")
+            raise PromptAudioError(Message(
+                "too_long_with_transcript", "the reference clip is {seconds:.1f} s; the limit is {limit:.0f} s. Trim "
+                "it to the part whose words you typed, or clear the transcript to use its best {limit:.0f} s "
+                "(cross-lingual mode)", seconds=seconds, limit=MAX_PROMPT_SECONDS))
         n_frames = int(MAX_PROMPT_SECONDS * sample_rate) // frame_len  # the window, <= MAX_PROMPT_SECONDS
         start = busiest_window(levels, n_frames)
         x = x[start * frame_len: (start + n_frames) * frame_len]
