@@ -137,8 +137,7 @@ class VLLMBackend:
             common["allowed_token_ids"] = list(range(SPEECH_TOKEN_SIZE))
         if self.cfg.ras:  # the logits processor turns logits into the RAS distribution; plain draw after it
             # unset fields (a caller that did not resolve the config) take RASParams' defaults, the official yaml's
-            ras = {k: v for k, v in (("top_p", s.top_p), ("top_k", s.top_k), ("win_size", s.win_size),
-                                     ("tau_r", s.tau_r)) if v is not None}
+            ras = {k: getattr(s, k) for k in ("top_p", "top_k", "win_size", "tau_r") if getattr(s, k) is not None}
             ras.update(min_tokens=req.min_tokens, eos=EOS_TOKEN, n_valid=N_SPEECH_ROWS)
             if req.history:  # only the window's tail travels to the engine
                 ras["history"] = list(req.history[-s.win_size:] if s.win_size else req.history)
