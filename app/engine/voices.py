@@ -136,10 +136,7 @@ class VoiceStore:
     def _path(self, name: str) -> Path:
         """`<name>.safetensors`, a voice saved before it (`.npz` + `.json`) converted first."""
         name = check_name(name)
-        path = self.root / f"{name}{SUFFIX}"
-        # belt and braces: NAME_RE already rules out separators and dots
-        if path.parent != self.root:
-            raise VoiceError(f"invalid voice name {name!r}: use {NAME_RULE}", code="invalid_name")
+        path = self.root / f"{name}{SUFFIX}"  # in root: NAME_RE rules out separators and dots
         if not path.exists() and (self.root / f"{name}.json").is_file():
             self._convert(name)
         return path
@@ -170,13 +167,9 @@ class VoiceStore:
         for old in self.root.glob("*.json"):
             if (self.root / f"{old.stem}.npz").is_file() and NAME_RE.fullmatch(old.stem):
                 self._path(old.stem)
-        out = []
-        for path in self.root.glob(f"*{SUFFIX}"):
-            info = self._read_info(path)
-            if info is None or (self.model_fingerprint and info.model_fingerprint != self.model_fingerprint):
-                continue
-            out.append(info)
-        return sorted(out, key=lambda v: (-v.created, v.name))
+        fp = self.model_fingerprint
+        infos = [i for p in self.root.glob(f"*{SUFFIX}") if (i := self._read_info(p))]
+        return sorted((i for i in infos if not fp or i.model_fingerprint == fp), key=lambda v: (-v.created, v.name))
 
     def names(self) -> list[str]:
         return [v.name for v in self.list()]
@@ -190,8 +183,7 @@ class VoiceStore:
         return info if path.stem == info.name else None
 
     def info(self, name: str) -> VoiceInfo:
-        path = self._path(name)
-        info = self._read_info(path) if path.is_file() else None
+        info = self._read_info(self._path(name))  # None for a missing file too
         if info is None:
             raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=check_name(name)),
                              code="not_found")
