@@ -215,13 +215,10 @@ def _array(member: str, raw: bytes, dtype: np.dtype) -> np.ndarray:
     """A `.npy` member as `dtype`, its header checked before its data is read (no pickle, no object arrays)."""
     f = io.BytesIO(raw)
     try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, got = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, got = np.lib.format.read_array_header_2_0(f)
-        else:
+        version, fmt = np.lib.format.read_magic(f), np.lib.format
+        if version not in ((1, 0), (2, 0)):
             raise ValueError(f"npy version {version}")
+        shape, fortran, got = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
         raise VoiceFileError(f"the voice file's {member} is not a NumPy array ({str(e)[:120]}); {REDO}") from e
     if got != dtype or fortran:
