@@ -45,15 +45,12 @@ def _shown(value: object) -> str:
         return f"a {type(value).__name__} too long to show"
 
 
-def _strip_controls(s: str) -> str:
-    """`s` without control/format characters and lone surrogates; tabs become spaces, CRLF becomes LF."""
-    s = s.replace("\r\n", "\n").replace("\t", " ")
-    return "".join(ch for ch in s if ch == "\n" or unicodedata.category(ch) not in _DROPPED_CATEGORIES)
-
-
 def clean_text(s: str) -> str:
-    """User text as the model may see it: controls stripped, special tokens and their marks removed, trimmed."""
-    return SPECIAL_MARK_RE.sub(" ", SPECIAL_TOKEN_RE.sub(" ", _strip_controls(s))).strip()
+    """User text as the model may see it: controls stripped (tabs become spaces, CRLF becomes LF), special
+    tokens and their marks removed, trimmed."""
+    s = s.replace("\r\n", "\n").replace("\t", " ")
+    s = "".join(ch for ch in s if ch == "\n" or unicodedata.category(ch) not in _DROPPED_CATEGORIES)
+    return SPECIAL_MARK_RE.sub(" ", SPECIAL_TOKEN_RE.sub(" ", s)).strip()
 
 
 def speakable(s: str) -> bool:
@@ -108,8 +105,7 @@ def check_transcript(prompt_text: object, limit: int) -> str:
 
 def check_seed(seed: object) -> int:
     """None or -1: a random seed; else an integer in 0..MAX_SEED."""
-    if seed is None:
-        return secrets.randbelow(MAX_SEED + 1)
+    seed = -1 if seed is None else seed
     bad = InputError(Message("bad_seed", "The seed must be an integer between 0 and {max} (or -1 for a random one), "
                              "got {got}.", max=MAX_SEED, got=_shown(seed)), "seed")
     if isinstance(seed, bool):
