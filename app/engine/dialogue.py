@@ -27,7 +27,7 @@ class ScriptTurn:
     text: str
 
 
-def parse_script(script: str, *, param: str = "text") -> list[ScriptTurn]:
+def parse_script(script: str) -> list[ScriptTurn]:
     """The turns of a (cleaned) script, in order; `InputError` (code "invalid_dialogue") when it has no
     speaker tag, or a turn has nothing to say."""
     turns: list[ScriptTurn] = []
@@ -40,21 +40,21 @@ def parse_script(script: str, *, param: str = "text") -> list[ScriptTurn]:
     turns.append(ScriptTurn(speaker, script[start:].strip()))
     lead, turns = turns[0], turns[1:]
     if not turns:
-        raise InputError(Message("no_tags", "A dialogue needs speaker tags: write {syntax}.", syntax=SYNTAX), param,
+        raise InputError(Message("no_tags", "A dialogue needs speaker tags: write {syntax}.", syntax=SYNTAX), "text",
                          code="invalid_dialogue")
     for i, turn in enumerate(turns, 1):
         if not speakable(turn.text):
             raise InputError(Message("turn_empty", "Turn {i} ([{speaker}]) has nothing to say: write its words after "
-                                     "the tag, or remove the tag.", i=i, speaker=turn.speaker), param,
+                                     "the tag, or remove the tag.", i=i, speaker=turn.speaker), "text",
                              code="invalid_dialogue")
     return ([lead] if speakable(lead.text) else []) + turns
 
 
-def speakers(turns: list[ScriptTurn], limit: int, *, param: str = "text") -> list[str]:
+def speakers(turns: list[ScriptTurn], limit: int) -> list[str]:
     """The distinct speakers of `turns` (first appearance order, without the lead's ""); `InputError` when
     more than `limit` ([limits] max_dialogue_speakers)."""
     names = list(dict.fromkeys(t.speaker for t in turns if t.speaker))
     if len(names) > limit:
         raise InputError(Message("too_many_speakers", "The dialogue has {n} speakers; the limit is {limit} ([limits] "
-                                 "max_dialogue_speakers).", n=len(names), limit=limit), param, code="invalid_dialogue")
+                                 "max_dialogue_speakers).", n=len(names), limit=limit), "text", code="invalid_dialogue")
     return names
