@@ -69,11 +69,17 @@ class RequestRecord:
                 "n_segments": s.n_segments}
 
     def details(self) -> dict[str, Any]:
-        """The details JSON of both players (strict JSON: no NaN)."""
+        """The details JSON of both players (strict JSON: no NaN). `first_audio_path_ms`: where the first audio's
+        time went (ms since the request began, but `flow_call` and `vocoder`: the first chunk's own durations);
+        None without stats."""
         def r(x: float | None, digits: int) -> float | None:
             return None if x is None else round(x, digits)
 
-        t = self.timings()
+        t, s = self.timings(), self.stats
+        path = None if s is None else {
+            "lm_first_token": s.first_token_ms, "first_chunk_tokens_in": s.first_hop_ms,
+            "flow_call": s.chunk_flow_ms[0] if s.chunk_flow_ms else None, "vocoder": s.first_hift_ms,
+            "wave_ready": s.first_wave_ms, "first_audio": t["ttfa_ms"]}
         return {"seed": self.seed, "mode": self.mode, "stream": self.stream, "speed": self.speed,
                 "voice": self.voice or None, "request_id": self.request_id, "sample_rate": OUTPUT_SAMPLE_RATE_HZ,
                 "audio_samples": self.n_samples, "audio_s": r(t["audio_s"], 3), "ttfa_ms": r(t["ttfa_ms"], 1),
@@ -81,18 +87,7 @@ class RequestRecord:
                 "lm_s": r(t["lm_s"], 3), "flow_s": r(t["flow_s"], 3), "vocoder_s": r(t["vocoder_s"], 3),
                 "queue_wait_s": round(self.queue_wait_s, 3), "reference_s": round(self.reference_s, 3),
                 "chunks": t["n_chunks"], "segments": t["n_segments"], "notes": list(self.notes),
-                "first_audio_path_ms": self._first_audio_path(t["ttfa_ms"])}
-
-    def _first_audio_path(self, ttfa_ms: float | None) -> dict[str, float | None] | None:
-        """Where the first audio's time went (ms since the request began, but `flow_call` and `vocoder`:
-        the first chunk's own durations); None without stats."""
-        s = self.stats
-        if s is None:
-            return None
-        path = {"lm_first_token": s.first_token_ms, "first_chunk_tokens_in": s.first_hop_ms,
-                "flow_call": s.chunk_flow_ms[0] if s.chunk_flow_ms else None, "vocoder": s.first_hift_ms,
-                "wave_ready": s.first_wave_ms, "first_audio": ttfa_ms}
-        return {k: None if v is None else round(v, 1) for k, v in path.items()}
+                "first_audio_path_ms": path and {k: r(v, 1) for k, v in path.items()}}
 
     def row(self) -> dict[str, Any]:
         """A plain dict: the record's own fields and its `timings()` (the panels' table and charts, /health)."""
@@ -151,9 +146,7 @@ class Metrics:
         `request` and the rest describe it for the page (`record`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        about: dict[str, Any] = {} if request is None else dict(
-            request_id=request.request_id, seed=request.seed, mode=request.mode, stream=request.stream,
-            speed=request.speed)
+        about = {k: getattr(request, k) for k in ("request_id", "seed", "mode", "stream", "speed") if request}
         self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, n_samples=n_samples,
                                voice=voice, notes=tuple(notes), reference_s=reference_s, stats=stats, stopped=stopped,
                                owner=owner, **about))
