@@ -56,14 +56,6 @@ class Prepared:
     owner: str = ""  # who asked (`Owner.id`): the page's panels show a caller their own requests
 
 
-def _named(e: Exception, reference: str | Path | bytes | None) -> str:
-    """`str(e)` with a server path reduced to its file name (paths are never echoed to clients)."""
-    msg = said(e)  # a Message keeps its key (Message.replace)
-    if isinstance(reference, str | Path):
-        msg = msg.replace(str(reference), Path(reference).name)
-    return msg
-
-
 SHOWN_NAMES = 10  # voice names an unknown-speaker message lists at most
 
 
@@ -87,37 +79,30 @@ async def load_voice(service, name: str, owner: Owner = ANYONE, *, param: str = 
                          param, code="voice_not_found") from e
 
 
-async def fill_transcript(service, reference: str | Path | bytes, transcript: object) -> tuple[str, str]:
-    """(transcript, note): the cleaned transcript, or for a blank one Whisper's (the note says so); where
-    Whisper is unavailable, "" and the note says why (the voice is then cross-lingual)."""
-    limit = service.cfg.limits.max_transcript_chars
-    transcript = inputs.check_transcript(transcript, limit)
-    if transcript or not service.asr.cfg.enabled:  # off: today's cross-lingual fallback, nothing to say
-        return transcript, ""
-    try:
-        got = await service.asr.transcribe(reference)
-    except AsrUnavailable as e:
-        return "", said(e)
-    made = inputs.check_transcript(got.text[:limit], limit)
-    if not made:
-        return "", HEARD_NOTHING_NOTE
-    return made, Message("transcribed_note", 'transcribed the reference ({language}): "{text}" (type the transcript '
-                         "to correct it)", language=got.language, text=made)
-
-
 async def reference_voice(service, reference: str | Path | bytes, transcript: object, *,
                           transcribe: bool = True) -> VoiceFeatures:
     """A reference clip's features (cached by content + transcript), or `InputError` saying what is wrong.
-    A blank transcript is transcribed first (`transcribe`); what was done is in the features' notes."""
-    note = ""
-    if transcribe:  # checked there (and Whisper's transcript too)
-        transcript, note = await fill_transcript(service, reference, transcript)
-    else:
-        transcript = inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
+    A blank transcript is Whisper's where `transcribe` (a note says so, or why Whisper could not: the voice is
+    then cross-lingual); what was done is in the features' notes."""
+    limit = service.cfg.limits.max_transcript_chars
+    transcript, note = inputs.check_transcript(transcript, limit), ""
+    if not transcript and transcribe and service.asr.cfg.enabled:  # off: the cross-lingual fallback, no note
+        try:
+            got = await service.asr.transcribe(reference)
+        except AsrUnavailable as e:
+            note = said(e)
+        else:
+            transcript = inputs.check_transcript(got.text[:limit], limit)
+            note = HEARD_NOTHING_NOTE if not transcript else Message(
+                "transcribed_note", 'transcribed the reference ({language}): "{text}" (type the transcript to '
+                "correct it)", language=got.language, text=transcript)
     try:
         voice = await service.voice_from_audio(reference, transcript)
     except (AudioError, PromptAudioError, OSError) as e:
-        raise InputError(_named(e, reference), "reference", code="invalid_audio") from e
+        msg = said(e)  # a Message keeps its key (Message.replace); a server path is never echoed to clients
+        if isinstance(reference, str | Path):
+            msg = msg.replace(str(reference), Path(reference).name)
+        raise InputError(msg, "reference", code="invalid_audio") from e
     return replace(voice, notes=(note, *voice.notes)) if note else voice
 
 
