@@ -20,13 +20,6 @@ from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, LANGS, labels, locale
 PAGE_IDS = ("studio_player_line", "studio_busy", "player_pause", "examples")
 
 
-def page_phrases() -> dict[str, str]:
-    """English -> Chinese of what the page's players write, and gr.Examples' labels (Gradio does not translate
-    them)."""
-    en, zh = labels("en"), labels("zh")
-    return {**locale("page")["phrases"], **{en[k]: zh[k] for k in EXAMPLE_KEYS}}
-
-
 TEXT_PROPS = ("label", "info", "placeholder", "value")  # the props a gr.I18n text may fill (a Button's: value)
 
 
@@ -70,7 +63,9 @@ def lang_switch_js() -> str:
 
 def lang_load_js() -> str:
     """demo.load's JS: the page translator, a language chosen earlier (its cookie) applied again, the switch set."""
-    phrases = sorted(page_phrases().items(), key=lambda kv: -len(kv[0]))  # longest first
+    # English -> Chinese of what the page's players write, and gr.Examples' labels (Gradio does not translate them)
+    phrases = {**locale("page")["phrases"], **{labels("en")[k]: labels("zh")[k] for k in EXAMPLE_KEYS}}
+    phrases = sorted(phrases.items(), key=lambda kv: -len(kv[0]))  # longest first
     dump = functools.partial(json.dumps, ensure_ascii=False)
     return (ui_text("lang_load.js").replace("__SET_LANG__", _set_lang_js()).replace("__COOKIE__", LANG_COOKIE)
             .replace("__IDS__", dump(PAGE_IDS)).replace("__PHRASES__", dump(phrases))
