@@ -1,10 +1,12 @@
-"""Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save voices.
+"""Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save, export and
+import voices.
 
 Design notes: docs/design.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -13,7 +15,7 @@ import shutil
 import tempfile
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,14 +27,15 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine import voice_door
 from app.engine.inputs import MAX_SEED, InputError
 from app.engine.owners import Caller
-from app.engine.prepare import Prepared, SpeechInputs, prepare
+from app.engine.prepare import SpeechInputs, prepare
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
+from app.engine.voice_file import SUFFIX
 from app.engine.voices import VoiceError
 from app.message import Message, said
 from app.server.identity import caller_of, page_caller
 from app.server.limits import ARRIVAL_KEY
-from app.ui.i18n import error, lang_of, mode_names, say, t, title_in
+from app.ui.i18n import error, labels, lang_of, say, t, title_in
 from app.ui.stop import StopSignal, until_stopped
 
 # live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
@@ -59,12 +62,6 @@ def wav_name(text: str, voice: str | None = None) -> str:
 def request_scope(request: gr.Request | None) -> dict:
     """The ASGI scope of the HTTP request behind a page event ({} without one)."""
     return getattr(getattr(request, "request", None), "scope", None) or {}
-
-
-def queue_wait_s(request: gr.Request | None, now: float) -> float:
-    """Seconds between the queue-join HTTP request's arrival and `now` (0 where unknown)."""
-    arrived = request_scope(request).get("state", {}).get(ARRIVAL_KEY)
-    return max(0.0, now - arrived) if arrived is not None else 0.0
 
 
 def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> Caller:
@@ -124,7 +121,7 @@ def take_line(details: dict | None, lang: str, notes: Sequence[str] | None = Non
     d = details if isinstance(details, dict) and "request_id" in details else None
     if d is None:
         return ""
-    mode = mode_names("zh").get(d.get("mode"), d.get("mode")) if lang == "zh" else d.get("mode")
+    mode = labels("zh").get(f"mode_{d.get('mode')}", d.get("mode")) if lang == "zh" else d.get("mode")
     if d.get("stopped"):
         parts = [t(lang, "stopped", seconds=d["audio_samples"] / d["sample_rate"]),
                  t(lang, "stopped_mode", mode=mode) if mode else "",
@@ -148,7 +145,6 @@ class Handlers:
 
     def __init__(self, service: StudioService) -> None:
         self.service = service
-        self.cfg = service.cfg
 
     # --- synthesis -----------------------------------------------------------------------------
 
@@ -160,7 +156,8 @@ class Handlers:
 
         The final WAV is a file named after the voice and text (`wav_name`). After the page's Stop
         (`stop`) it holds the audio made until then, and the stats line says it was stopped."""
-        queue_s = queue_wait_s(request, time.monotonic())
+        arrived = request_scope(request).get("state", {}).get(ARRIVAL_KEY)  # the queue-join request's arrival
+        queue_s = max(0.0, time.monotonic() - arrived) if arrived is not None else 0.0
         lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
         stream = bool(stream)
         me = caller(request, profile)
@@ -170,22 +167,26 @@ class Handlers:
             return
         folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
-            prepared = await self._prepare(SpeechInputs(
-                text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
-                instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
-                dialogue=bool(dialogue)), lang)
+            try:
+                prepared = await prepare(self.service, SpeechInputs(
+                    text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
+                    instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
+                    dialogue=bool(dialogue)))
+            except (NotReadyError, InputError) as e:
+                raise page_error(e, lang) from e
+            for note in prepared.notes:  # as warnings, capitalised
+                note = say(note, lang)
+                gr.Warning(note[0].upper() + note[1:])
             live = stream and live_playback()
             if stream and not live:  # shown with the stats, so it goes into the request's record
                 prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
             parts: list[np.ndarray] = []
             try:
-                async with self.service.speak(prepared.request, prepared=prepared, caller=me,
-                                              queue_wait_s=queue_s,
+                async with self.service.speak(prepared.request, prepared=prepared, caller=me, queue_wait_s=queue_s,
                                               stop=stop.event) as (_, chunks), \
                         contextlib.aclosing(until_stopped(chunks, stop)) as until:
                     async for chunk in until:
-                        if chunk.samples.size:
-                            parts.append(chunk.samples)
+                        parts.append(chunk.samples)
                         if live and chunk.samples.size:
                             progress = say(Message("streaming", "streaming… {seconds:.2f} s",
                                                    seconds=sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ), lang)
@@ -204,17 +205,6 @@ class Handlers:
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
 
-    async def _prepare(self, inputs: SpeechInputs, lang: str) -> Prepared:
-        """`prepare(inputs)` for the page: its refusals as gr.Error, its notes as warnings."""
-        try:
-            prepared = await prepare(self.service, inputs)
-        except (NotReadyError, InputError) as e:
-            raise page_error(e, lang) from e
-        for note in prepared.notes:
-            note = say(note, lang)
-            gr.Warning(note[0].upper() + note[1:])
-        return prepared
-
     def _result(self, req, audio: np.ndarray, path: Path, stop: StopSignal, live: bool, lang: str) -> tuple:
         """The take's last outputs: (live player, final WAV, stats line, details). The stream has ended (its
         final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
@@ -228,18 +218,16 @@ class Handlers:
         return (gr.skip() if live else None), str(path), take_line(rec.details(), lang, rec.notes), rec.details()
 
     @staticmethod
-    async def begin(stop: StopSignal | None = None) -> tuple[Any, ...]:
+    async def begin(stop: StopSignal) -> tuple[Any, ...]:
         """Generate with the standard player, before it queues: clear the Stop and the previous take's
         outputs (live player, final WAV, stats, details), so nothing stale can be played or downloaded."""
-        if stop is not None:
-            stop.event.clear()
+        stop.event.clear()
         return None, None, "", None
 
     @staticmethod
-    async def stop(stop: StopSignal | None = None) -> None:
+    async def stop(stop: StopSignal) -> None:
         """The page's Stop: the session's running (or queued) `synthesize` ends and keeps what it made."""
-        if stop is not None:
-            stop.event.set()
+        stop.event.set()
 
     @staticmethod
     def check_upload(prompt_audio: str | None, request: gr.Request = None) -> str | None:
@@ -296,6 +284,44 @@ class Handlers:
             raise page_error(e, lang) from e
         return say(Message("deleted_voice", "Deleted voice **{name}**.", name=voice), lang), ""
 
+    async def export_voice(self, voice: str | None, request: gr.Request = None,
+                           profile: gr.OAuthProfile | None = None) -> AsyncIterator[str]:
+        """The caller's saved voice `voice` as a `<name>.cvvoice` file (its path; docs/api.md: the format).
+        A generator so that its folder goes once Gradio has copied the file (no file left per click)."""
+        lang = lang_of(request)
+        if not voice:
+            raise error(Message("pick_to_export", "Pick a saved voice to export."), lang)
+        try:
+            info, data = await asyncio.to_thread(voice_door.export, self.service, caller(request, profile).owner,
+                                                 voice)
+        except VoiceError as e:
+            raise page_error(e, lang) from e
+        folder = Path(tempfile.mkdtemp(prefix="voice-"))
+        try:
+            path = folder / f"{info.name}{SUFFIX}"
+            path.write_bytes(data)
+            yield str(path)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file to its cache by now
+
+    async def import_voice(self, file: str | None, overwrite: bool = False, request: gr.Request = None,
+                           profile: gr.OAuthProfile | None = None) -> tuple[str, str]:
+        """Add the voice in a `.cvvoice` file to the caller's voices under the file's name; returns (message,
+        its name). A voice of that name is replaced only with `overwrite`, else refused."""
+        lang = lang_of(request)
+        if not file:
+            raise error(Message("choose_voice_file", "Choose a .cvvoice file to import."), lang)
+        try:
+            info = await voice_door.import_file(self.service, caller(request, profile).owner, file,
+                                                overwrite=bool(overwrite))
+        except OSError as e:  # its message would name the server's upload folder
+            raise error(Message("voice_file_unread", "the voice file could not be read; upload it again"), lang) from e
+        except (VoiceError, NotReadyError) as e:
+            raise page_error(e, lang) from e
+        done = Message("imported_voice", "Imported voice **{name}** ({seconds:.1f} s).", name=info.name,
+                       seconds=info.prompt_seconds)
+        return say(done, lang), info.name
+
     def list_voices(self, request: gr.Request = None, profile: gr.OAuthProfile | None = None) -> list[dict]:
         """The caller's saved voices of the loaded model: name, transcript, length, creation time."""
         return [{k: v for k, v in info.to_dict().items() if k != "owner"}
@@ -331,5 +357,5 @@ class Handlers:
         if not live_playback():
             text += "  \n" + t(lang, "no_ffmpeg")
         banner = gr.Markdown(visible=s.random_model,
-                             value=t(lang, "banner", repo=self.cfg.model.repo_id) if s.random_model else "")
+                             value=t(lang, "banner", repo=s.cfg.model.repo_id) if s.random_model else "")
         return text, banner, gr.Timer(active=not (s.ready or s.error))

@@ -34,25 +34,10 @@ def history_box(i18n: gr.I18n) -> gr.HTML:
     return use
 
 
-def use_settings(use: gr.HTML, seed: gr.Number, inputs: list[gr.components.Component]) -> None:
-    """`use`'s change puts a take's settings into `inputs` (text, dialogue, mode, instruction, seed, stream, speed;
-    `seed` stays as it is for a take without one)."""
-    use.change(None, [use, seed], inputs, js=SETTINGS_JS, queue=False, api_visibility="private")
-
-
-def record_take(event: gr.events.Dependency, final_out: gr.Audio, details: gr.JSON) -> None:
-    """After `event` (either player's take) succeeded, its take goes into the history (browser only)."""
-    event.success(None, [final_out, details], None, js=RECORD_JS, queue=False, api_visibility="private")
-
-
 def history_labels() -> dict[str, dict[str, str]]:
     """history.js's words per language: the `history_*` labels without the prefix, and the modes' names."""
-    out = {}
-    for lang in LANGS:
-        table = labels(lang)
-        out[lang] = {**{k.removeprefix("history_"): v for k, v in table.items() if k.startswith("history_")},
-                     **{k: table[k] for k in MODES}}
-    return out
+    return {lang: {**{k.removeprefix("history_"): v for k, v in labels(lang).items() if k.startswith("history_")},
+                   **{k: labels(lang)[k] for k in MODES}} for lang in LANGS}
 
 
 def history_js() -> str:

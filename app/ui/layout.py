@@ -16,16 +16,15 @@ import gradio as gr
 from app.config import Config
 from app.engine.service import ASSETS_DIR, StudioService
 from app.engine.voice_file import SUFFIX
-from app.ui import history, panels, ui_text
+from app.ui import hidden_element, history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import IDLE_JS, STATUS_HTML, player_html, player_js, seed_element, take_element, wire_take
+from app.ui.player import IDLE_JS, STATUS_HTML, TAKE_JS, player_js, seed_element, wire_take
 from app.ui.presets import apply_preset, preset_dropdown
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
-from app.ui.voice_files import VoiceFileEvents
 
 log = logging.getLogger(__name__)
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
@@ -122,9 +121,8 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
             outputs_column(ui, i18n)
         examples_and_panels(ui, service, i18n)
         wire_synthesis(ui, h, cfg)
-        wire_controls(ui, h)
-        wire_voices(ui, h, service)
-        wire_prompt_helpers(ui, service)
+        wire_voices(ui, h)
+        wire_controls(ui, h, service)
         wire_page(demo, ui, h, cfg, i18n)
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n
@@ -203,9 +201,10 @@ def saved_voice_box(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
     with gr.Column():
         ui.stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
-        # the low-latency player's line and controls (player.js fills them); its takes come in through ui.take
-        gr.HTML(player_html(), elem_id="player_box", js_on_load=None)
-        ui.take = take_element()
+        # the low-latency player's line (click -> first byte -> first sound) and controls (pause, volume, played /
+        # received seconds), player.html as one line (no whitespace between its elements); player.js fills them
+        gr.HTML("".join(map(str.strip, ui_text("player.html").splitlines())), elem_id="player_box", js_on_load=None)
+        ui.take = hidden_element("player_take", TAKE_JS)  # its takes come in through this (app/ui/player.py)
         ui.final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                 buttons=["download"], elem_id="final_out")
         build_download(ui.final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
@@ -221,35 +220,35 @@ def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I1
     gr.Examples(rows, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text], cache_examples=False,
                 example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
     with gr.Accordion(i18n("panels"), open=True) as panels_box:
-        ui.panels = panels.build_panels(service, i18n)
+        ui.panel_timer, ui.redraw_panels = panels.build_panels(service, i18n)
     # a collapsed panel costs nothing: its timer stops
-    panels_box.collapse(lambda: gr.Timer(active=False), None, ui.panels.timer, **PAGE_ONLY)
-    panels_box.expand(lambda: gr.Timer(active=True), None, ui.panels.timer, **PAGE_ONLY)
+    panels_box.collapse(lambda: gr.Timer(active=False), None, ui.panel_timer, **PAGE_ONLY)
+    panels_box.expand(lambda: gr.Timer(active=True), None, ui.panel_timer, **PAGE_ONLY)
 
 
 def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     """Generate (the player gate, then `synthesize` for the standard player) and Stop."""
     stop_signal = gr.State(StopSignal())  # one per session (deep-copied: app/ui/stop.py); no load event, no API
-    inputs = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
-              ui.stream, ui.dialogue, stop_signal]
+    asked = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed]  # both players
     outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
-    gate = ui.go.click(None, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed,
-                              ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate], None,
+    gate = ui.go.click(None, [*asked, ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate], None,
                        js=ui_text("player_gate.js"), **PAGE_ONLY)
     # the standard player: the previous take is cleared at once, then the request queues
     begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
-    synth = begin.success(h.synthesize, inputs, outputs, api_name="synthesize",
-                          concurrency_limit=cfg.server.concurrency_limit, concurrency_id="synthesize")
+    synth = begin.success(h.synthesize, [*asked, ui.speed, ui.stream, ui.dialogue, stop_signal], outputs,
+                          api_name="synthesize", concurrency_limit=cfg.server.concurrency_limit,
+                          concurrency_id="synthesize")
     synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
     # its error next to Generate (the handler put it into the details)
     synth.failure(None, ui.details, ui.details, js=ui_text("player_failure.js"), **PAGE_ONLY)
     # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py): its
     # final WAV from the page's own Blob, its stats line and details from the server
     take = wire_take(ui.take, ui.final_out, outputs[2:], h.service, **PAGE_ONLY)
-    for done in (synth, take):  # the finished take into the page's history
-        history.record_take(done, ui.final_out, ui.details)
-    history.use_settings(ui.history_use, ui.seed, [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed, ui.stream,
-                                                   ui.speed])
+    for done in (synth, take):  # the finished take into the page's history (browser only)
+        done.success(None, [ui.final_out, ui.details], None, js=history.RECORD_JS, **PAGE_ONLY)
+    # "Use these settings": a take's settings into the inputs (the seed box keeps its value for a take without one)
+    ui.history_use.change(None, [ui.history_use, ui.seed], [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed,
+                                                            ui.stream, ui.speed], js=history.SETTINGS_JS, **PAGE_ONLY)
     # the seed it used, into the seed box (so the take can be made again)
     synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
                   show_progress="hidden", **PAGE_ONLY)
@@ -257,18 +256,7 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     ui.stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
 
 
-def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
-    # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
-    ui.prompt_audio.upload(h.check_upload, ui.prompt_audio, ui.prompt_audio, concurrency_id="upload_check",
-                           concurrency_limit=2, show_progress="hidden", api_visibility="private")
-    ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
-    # streaming speaks at speed 1 (the slider shows it); off again, the slider keeps what it was set to
-    ui.stream.change(lambda on: gr.Slider(interactive=False, value=1.0) if on else gr.Slider(interactive=True),
-                     ui.stream, ui.speed, **PAGE_ONLY)
-    ui.mode.change(lambda m: gr.Textbox(visible=m == "instruct"), ui.mode, ui.instruct_text, **PAGE_ONLY)
-
-
-def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> None:
+def wire_voices(ui: SimpleNamespace, h: Handlers) -> None:
     """Save, Delete, Export, Import. A refused one (no reference clip, a taken name, no voice picked, ...) says why
     in Gradio's pop-up and clears the voice message (the previous action's). Their outputs show no progress: Gradio
     draws an "Error" badge over every output of a failed event, which would cover the saved-voice dropdown."""
@@ -278,9 +266,8 @@ def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> Non
     delete = ui.delete.click(h.delete_voice, ui.voice, [ui.voice_msg, ui.voice], api_name="delete_voice",
                              js=ui_text("confirm_delete.js"), **quiet)
     gr.api(h.list_voices, api_name="list_voices")
-    files = VoiceFileEvents(service)
-    export = ui.export.click(files.export_voice, ui.voice, ui.exported, api_name="export_voice", **quiet)
-    import_ = ui.import_.click(files.import_voice, [ui.import_file, ui.replace_voice],
+    export = ui.export.click(h.export_voice, ui.voice, ui.exported, api_name="export_voice", **quiet)
+    import_ = ui.import_.click(h.import_voice, [ui.import_file, ui.replace_voice],
                                [ui.voice_msg, ui.voice], api_name="import_voice", **quiet)
     for event in (save, delete, export, import_):
         event.failure(None, None, ui.voice_msg, js="() => ''", **PAGE_ONLY)
@@ -288,15 +275,23 @@ def wire_voices(ui: SimpleNamespace, h: Handlers, service: StudioService) -> Non
         event.then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
 
 
-def wire_prompt_helpers(ui: SimpleNamespace, service: StudioService) -> None:
-    """Transcription (app/ui/transcription.py): the button, and a blank transcript filled beside Generate / Save;
-    the instruct presets, shown in instruct mode."""
+def wire_controls(ui: SimpleNamespace, h: Handlers, service: StudioService) -> None:
+    """The reference check, the seed dice, the speed slider; transcription (app/ui/transcription.py): the button,
+    and a blank transcript filled beside Generate / Save; the instruct box and presets, shown in instruct mode."""
+    # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
+    ui.prompt_audio.upload(h.check_upload, ui.prompt_audio, ui.prompt_audio, concurrency_id="upload_check",
+                           concurrency_limit=2, show_progress="hidden", api_visibility="private")
+    ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
+    # streaming speaks at speed 1 (the slider shows it); off again, the slider keeps what it was set to
+    ui.stream.change(lambda on: gr.Slider(interactive=False, value=1.0) if on else gr.Slider(interactive=True),
+                     ui.stream, ui.speed, **PAGE_ONLY)
     tr = TranscriptionEvents(service)
     ui.transcribe.click(tr.transcribe, ui.prompt_audio, ui.prompt_text, api_name="transcribe")
     ui.go.click(tr.fill, [ui.prompt_audio, ui.prompt_text, ui.mode, ui.voice], ui.prompt_text, api_visibility="private")
     ui.save.click(tr.fill_for_save, [ui.prompt_audio, ui.prompt_text], ui.prompt_text, api_visibility="private")
     ui.preset.input(apply_preset, [ui.preset, ui.instruct_text], ui.instruct_text, **PAGE_ONLY)
-    ui.mode.change(lambda m: gr.Dropdown(visible=m == "instruct"), ui.mode, ui.preset, **PAGE_ONLY)
+    ui.mode.change(lambda m: (gr.Textbox(visible=m == "instruct"), gr.Dropdown(visible=m == "instruct")), ui.mode,
+                   [ui.instruct_text, ui.preset], **PAGE_ONLY)
 
 
 def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i18n: gr.I18n) -> None:
@@ -313,7 +308,7 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i1
     switched = ui.lang.input(relabel, ui.lang, targets, js=lang_switch_js(), show_progress="hidden", **PAGE_ONLY)
     switched.then(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
     switched.then(h.stats, ui.details, ui.stats, show_progress="hidden", **PAGE_ONLY)  # the take's stats line
-    ui.panels.redraw(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
+    ui.redraw_panels(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
     demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private").then(
         relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)  # a language chosen earlier: its labels
     demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory

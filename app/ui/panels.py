@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -29,6 +27,7 @@ N_TABLE = 8  # rows of the latency table, newest first
 STAGES = (("queue_wait_s", "queue wait"), ("lm_s", "LM"), ("flow_s", "flow"), ("vocoder_s", "vocoder"))
 TABLE_COLUMNS = ("#", "request", "ended", "outcome", "TTFA ms", "RTF", "queue s", "LM s", "flow s", "vocoder s",
                  "audio s", "tokens/s")
+ROLE_SUMS = {"gpu": "gpu_mib", "rss": "rss_mib", "cpu": "cpu_percent"}  # per role: sum -> process field
 REQUEST_ID_CHARS = 8  # the table's "request": the start of the request id (X-Request-Id, the page's details)
 
 
@@ -53,22 +52,10 @@ def word(text: str, lang: str) -> str:
     return f"{words.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
 
 
-@dataclass(frozen=True)
-class Panels:
-    """The panels' timer, and one tick to run at once on another event (`redraw`: the language switch)."""
-
-    timer: gr.Timer
-    tick: Callable[..., tuple[Any, ...]]
-    outputs: list[Any]
-
-    def redraw(self, event: Any) -> Any:
-        return event.then(self.tick, None, self.outputs, show_progress="hidden", queue=False,
-                          api_visibility="private")
-
-
-def build_panels(service: Studio, label: gr.I18n) -> Panels:
-    """Create the panel components and their timer inside the current `gr.Blocks` context.
-    `service`: a `Studio` (app/engine/service.py; its `backend` is None until started)."""
+def build_panels(service: Studio, label: gr.I18n) -> tuple[gr.Timer, Any]:
+    """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer
+    and `redraw(event)`, one tick at once after `event` (the language switch). `service`: a `Studio`
+    (app/engine/service.py; its `backend` is None until started)."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
         memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
@@ -90,19 +77,15 @@ def build_panels(service: Studio, label: gr.I18n) -> Panels:
     timer = gr.Timer(busy_tick_s)
 
     def tick(request: gr.Request, profile: gr.OAuthProfile | None = None) -> tuple[Any, ...]:
-        period = busy_tick_s if busy(service) else max(busy_tick_s, IDLE_TICK_S)
+        m, recent = service.metrics, service.metrics.recent(1)  # busy: a stream now or within IDLE_AFTER_S
+        busy = m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
+        period = busy_tick_s if busy else max(busy_tick_s, IDLE_TICK_S)
         return (*refresh(service, lang_of(request), viewer(request, profile, admins)), gr.Timer(value=period))
 
     outputs = [headline, memory, load, stages, latency, table, facts, timer]
-    timer.tick(tick, None, outputs, show_progress="hidden", queue=False, api_visibility="private")
-    return Panels(timer, tick, outputs)
-
-
-def busy(service: Studio) -> bool:
-    """A request streams now or ended within IDLE_AFTER_S (the panels tick fast then)."""
-    m = service.metrics
-    recent = m.recent(1)
-    return m.active_streams > 0 or bool(recent and time.time() - recent[-1]["t"] < IDLE_AFTER_S)
+    quiet = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
+    timer.tick(tick, None, outputs, **quiet)
+    return timer, lambda event: event.then(tick, None, outputs, **quiet)
 
 
 def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:
@@ -110,10 +93,8 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
     the requests shown are theirs and the facts the public ones (None: an admin's view, everything)."""
     metrics = service.metrics
     snap = metrics.memory_snapshot(service.backend)
-    history = metrics.memory_history(WINDOW)
     recent = [r for r in metrics.recent() if owners is None or r["owner"] in owners][-N_REQUESTS:]
-    now = time.time()
-    mem_df, load_df = memory_frames(history, now)
+    mem_df, load_df = memory_frames(metrics.memory_history(WINDOW), time.time())
     lang = "zh" if lang == "zh" else "en"
     titles, text = catalog()["chart_titles"][lang], catalog()["text"][lang]
     mem_title = titles["gpu"].format(name=snap["device"]["name"]) if snap["gpu"] else titles["ram"]
@@ -144,10 +125,9 @@ def memory_frames(history: list[dict[str, Any]], now: float) -> tuple[pd.DataFra
         x = s["t"] - now  # <= 0: seconds ago
         by_role: dict[str, dict[str, float]] = {}
         for p in s["processes"]:
-            acc = by_role.setdefault(p["role"], {"gpu": 0.0, "rss": 0.0, "cpu": 0.0})
-            acc["gpu"] += p["gpu_mib"] or 0.0
-            acc["rss"] += p["rss_mib"] or 0.0
-            acc["cpu"] += p["cpu_percent"] or 0.0
+            acc = by_role.setdefault(p["role"], dict.fromkeys(ROLE_SUMS, 0.0))
+            for k, field in ROLE_SUMS.items():
+                acc[k] += p[field] or 0.0
         if s["gpu"]:
             mem = {"device used": s["device"]["used_mib"], "device total": s["device"]["total_mib"]}
             mem.update({f"{role} (NVML)": v["gpu"] for role, v in by_role.items() if v["gpu"] > 0})
@@ -232,9 +212,8 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
     live: dict[str, Any] = {"status": say(service.status, lang), "active streams": counters["active_streams"]}
     if service.backend is not None and service.backend.name == "vllm":  # the vLLM engine's own count
         live["unfinished engine requests"] = service.backend.health().unfinished
-    for key, name in (("engine_running", "engine running"), ("engine_waiting", "engine waiting")):
-        if snap[key] is not None:
-            live[name] = int(snap[key])
+    live.update({k.replace("_", " "): int(snap[k]) for k in ("engine_running", "engine_waiting")
+                 if snap[k] is not None})
     if snap["kv_cache_tokens"] is not None:
         live["KV-cache capacity"] = w["tokens"].format(n=snap["kv_cache_tokens"])
     live["requests"] = ", ".join(f"{word(k, lang)} {v}" for k, v in counters["outcomes"].items())

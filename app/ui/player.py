@@ -22,10 +22,11 @@ STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…
                '<div id="studio_error" role="alert"></div></div>')
 # the standard player's `synthesize` ended (either way): the page is no longer busy
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
-# js_on_load of the hidden take element, what player.js calls: show(value, final) hands the server the take's JSON
-# (PlayerTake.show: its stats) and the page its final WAV (`final`: a FileData of the page's own blob: URL, put into
-# #final_out by FINAL_JS); forServer(final, fmt) is the final WAV as the format download
-# (app/ui/download.py) sends it: a blob: take goes up only when a listener asks for another format (once per take)
+# js_on_load of the hidden take element (#player_take; its value: PlayerTake.show's JSON), what player.js calls:
+# show(value, final) hands the server the take's JSON (PlayerTake.show: its stats) and the page its final WAV
+# (`final`: a FileData of the page's own blob: URL, put into #final_out by FINAL_JS); forServer(final, fmt) is the
+# final WAV as the format download (app/ui/download.py) sends it: a blob: take goes up only when a listener asks for
+# another format (once per take)
 TAKE_JS = """window.studioTake = {final: null, uploaded: null,
   show: (value, final = null) => { window.studioTake.final = final; props.value = value; },
   forServer: async (final, fmt) => {
@@ -46,12 +47,6 @@ SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: N
 SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id and a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
-
-
-def take_element() -> gr.HTML:
-    """The hidden element the low-latency player hands its takes through (its value: `PlayerTake.show`'s JSON;
-    rendered as nothing)."""
-    return hidden_element("player_take", TAKE_JS)
 
 
 def wire_take(take: gr.HTML, final_out: gr.Audio, outputs: list[Any], service: StudioService,
@@ -97,8 +92,7 @@ class PlayerTake:
         rec = self.service.metrics.record(request_id)
         if rec is None or rec.outcome != "ok":
             raise gr.Error("unknown take, one that did not finish, or one too old to be kept", print_exception=False)
-        measured = take.get("client")
-        measured = measured if isinstance(measured, dict) else {}
+        measured = take["client"] if isinstance(take.get("client"), dict) else {}
         client = {k: _number(measured.get(k), None) for k in ("first_byte_ms", "first_sound_ms")}
         details = {**rec.details(), "player": "webaudio", "client": client}
         return take_line(details, lang_of(request), rec.notes), details
@@ -107,12 +101,6 @@ class PlayerTake:
 def _number(x: Any, default: Any = 0.0) -> Any:
     """`x` as a finite float (a number the page measured), else `default`."""
     return round(float(x), 1) if isinstance(x, int | float) and math.isfinite(x) and x >= 0 else default
-
-
-def player_html() -> str:
-    """player.html as one line (no whitespace between its elements): the player's line (click -> first byte ->
-    first sound) and #player_controls (pause/resume, volume, played / received seconds), which player.js drives."""
-    return "".join(line.strip() for line in ui_text("player.html").splitlines())
 
 
 def player_js() -> str:
