@@ -32,10 +32,7 @@ def labels(lang: str) -> dict[str, str]:
 
 def make_i18n(extra: dict[str, dict[str, str]] | None = None) -> gr.I18n:
     """The studio's `gr.I18n`, with `extra` translations (e.g. the panels' labels) merged in."""
-    en, zh = dict(labels("en")), dict(labels("zh"))
-    for lang, table in (extra or {}).items():
-        {"en": en, "zh": zh}.get(lang, {}).update(table)
-    return gr.I18n(en=en, zh=zh)
+    return gr.I18n(**{lang: {**labels(lang), **(extra or {}).get(lang, {})} for lang in LANGS})
 
 
 def title_in(title: str, lang: str) -> str:
@@ -57,11 +54,6 @@ def lang_of(request: Any) -> str:
 def t(lang: str, key: str, **fields: Any) -> str:
     """The message `key` in `lang`, its fields filled in."""
     return locale("messages")["messages"][key]["zh" if lang == "zh" else "en"].format(**fields)
-
-
-def mode_names(lang: str) -> dict[str, str]:
-    """Mode id -> its name in `lang`, as the page's Mode radio shows it ("zero_shot" -> "Zero-shot clone")."""
-    return {k.removeprefix("mode_"): v for k, v in labels(lang).items() if k.startswith("mode_")}
 
 
 def say(message: object, lang: str) -> str:
