@@ -52,13 +52,9 @@ def relabeler(demo: gr.Blocks, i18n: gr.I18n) -> tuple[list[gr.blocks.Block], Ca
     return [block for block, _, _ in found], relabel
 
 
-def _set_lang_js() -> str:
-    return ui_text("lang_set.js").replace("__COOKIE__", LANG_COOKIE)
-
-
 def lang_switch_js() -> str:
     """The switch's JS: the language set (the cookie, the page's lines); returns it for `relabel`."""
-    return f"(lang) => {{ ({_set_lang_js()})(lang); return lang; }}"
+    return ui_text("lang_set.js").replace("__COOKIE__", LANG_COOKIE)
 
 
 def lang_load_js() -> str:
@@ -67,6 +63,6 @@ def lang_load_js() -> str:
     phrases = {**locale("page")["phrases"], **{labels("en")[k]: labels("zh")[k] for k in EXAMPLE_KEYS}}
     phrases = sorted(phrases.items(), key=lambda kv: -len(kv[0]))  # longest first
     dump = functools.partial(json.dumps, ensure_ascii=False)
-    return (ui_text("lang_load.js").replace("__SET_LANG__", _set_lang_js()).replace("__COOKIE__", LANG_COOKIE)
+    return (ui_text("lang_load.js").replace("__SET_LANG__", lang_switch_js()).replace("__COOKIE__", LANG_COOKIE)
             .replace("__IDS__", dump(PAGE_IDS)).replace("__PHRASES__", dump(phrases))
             .replace("__UNITS__", dump(list(locale("page")["units"].items()))))
