@@ -21,8 +21,8 @@ from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import labels, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import IDLE_JS, STATUS_HTML, TAKE_JS, player_js, seed_element, wire_take
-from app.ui.presets import apply_preset, preset_dropdown
+from app.ui.player import IDLE_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, TAKE_JS, player_js, wire_take
+from app.ui.presets import apply_preset, preset_choices
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
 
@@ -159,12 +159,15 @@ def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
                            elem_id="mode")
         ui.instruct_text = gr.Textbox(label=i18n("instruct_text"), placeholder=i18n("instruct_placeholder"),
                                       visible=False, elem_id="instruct_text")
-        ui.preset = preset_dropdown(i18n("preset"), i18n("preset_info"))
+        ui.preset = gr.Dropdown(preset_choices(), value="", label=i18n("preset"), info=i18n("preset_info"),
+                                visible=False, elem_id="preset")
         saved_voice_box(ui, i18n)
         with gr.Row():
             ui.seed = gr.Number(0, precision=0, minimum=-1, label=i18n("seed"), elem_id="seed")
             ui.dice = gr.Button(i18n("random_seed"), elem_id="dice")
-        seed_element(ui.seed)  # the seed the low-latency player's take used, into the box as the take starts
+        # the seed the low-latency player's take used, into the box as the take starts (app/ui/player.py SEED_JS)
+        seed_in = hidden_element("player_seed", SEED_JS)
+        seed_in.change(None, seed_in, ui.seed, js=SEED_BOX_JS, **PAGE_ONLY)
         with gr.Row():
             ui.stream = gr.Checkbox(True, label=i18n("stream"), elem_id="stream")
             ui.speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=i18n("speed"), interactive=False,

@@ -247,7 +247,7 @@
         run.requestId = h['x-request-id'];
         run.serverTtfaMs = parseFloat(h['x-ttfa-ms']);
         run.seed = h['x-seed'] === undefined ? null : h['x-seed'];
-        // the seed used, into the seed box (app/ui/player.py seed_element)
+        // the seed used, into the seed box (#player_seed: app/ui/layout.py, player.py SEED_JS)
         if (m.status === 200 && run.seed !== null && window.studioSeed) window.studioSeed(run.seed);
         run.server = {queueMs: parseFloat(h['x-queue-ms']), referenceMs: parseFloat(h['x-reference-ms']),
                       serverMs: parseFloat(h['x-server-ms']), handlerMs: parseFloat(h['x-handler-ms'])};

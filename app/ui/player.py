@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app.engine.service import StudioService
-from app.ui import hidden_element, ui_text
+from app.ui import ui_text
 from app.ui.handlers import stopped_take, take_line
 from app.ui.i18n import lang_of
 
@@ -55,14 +55,6 @@ def wire_take(take: gr.HTML, final_out: gr.Audio, outputs: list[Any], service: S
     line and details (`outputs`) from the server. Returns the server's event (the history follows its success)."""
     take.change(None, None, final_out, js=FINAL_JS, **page_only)
     return take.change(PlayerTake(service).show, take, outputs, show_progress="hidden", **page_only)
-
-
-def seed_element(seed: gr.Number) -> gr.HTML:
-    """The hidden element the low-latency player hands the seed its take used to; its change puts it into `seed`
-    (so the take can be made again)."""
-    element = hidden_element("player_seed", SEED_JS)
-    element.change(None, element, seed, js=SEED_BOX_JS, queue=False, api_visibility="private")
-    return element
 
 
 class PlayerTake:

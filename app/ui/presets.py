@@ -5,8 +5,6 @@ Design notes: docs/design.md.
 
 from __future__ import annotations
 
-import gradio as gr
-
 PRESETS: tuple[tuple[str, str], ...] = (  # (label, instruction)
     ("Cantonese · 粤语", "用粤语说这句话"),
     ("Sichuanese · 四川话", "用四川话说这句话"),
@@ -32,6 +30,3 @@ def apply_preset(instruction: str | None, current: str | None = "") -> str:
     """The instruction box after picking `instruction` (the blank choice keeps what was typed)."""
     return instruction if instruction else (current or "")
 
-
-def preset_dropdown(label: str, info: str) -> gr.Dropdown:
-    return gr.Dropdown(preset_choices(), value="", label=label, info=info, visible=False, elem_id="preset")
