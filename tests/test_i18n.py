@@ -57,7 +57,7 @@ def test_every_line_the_page_shows_is_translated():
     English for an API client; the numbers are kept, the mode named as the Mode radio names it."""
     from app.engine.metrics import RequestRecord
     from app.engine.requests import RequestStats
-    from app.ui.handlers import stopped_take, take_line
+    from app.ui.takes import stopped_take, take_line
 
     stats = RequestStats(ttfa_ms=123.4, wall_s=1.0, audio_s=2.0, n_tokens=25, n_segments=1, n_chunks=2, lm_s=0.1,
                          flow_s=0.2, hift_s=0.3)  # RTF 0.5, 25 tokens/s

@@ -41,8 +41,8 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need, st
 
 from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
-from app.ui.handlers import notes_markdown, take_line
 from app.ui.panels import REQUEST_ID_CHARS
+from app.ui.takes import notes_markdown, take_line
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))

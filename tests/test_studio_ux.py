@@ -41,8 +41,8 @@ from studio import (
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, TABLE_ROWS, _need
 
 from app.server.openai_api import OPENAI_TTS_MODELS
-from app.ui.handlers import wav_name
 from app.ui.stop import StopSignal, until_stopped
+from app.ui.takes import wav_name
 
 TEXT = "Hello there, how are you today?"
 LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)

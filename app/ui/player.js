@@ -67,7 +67,7 @@
   }
 
   // "alice-hello-there-how-are-you.wav": the saved voice (if any) and the text's first words (letters and
-  // digits of any script), as the standard player's (app/ui/handlers.py wav_name)
+  // digits of any script), as the standard player's (app/ui/takes.py wav_name)
   const words = (t) => (String(t || '').normalize('NFKC').toLowerCase().match(/[\p{L}\p{N}]+/gu) || []);
   function wavName(text, voice) {
     const stem = words(text).slice(0, NAME_WORDS).join('-').slice(0, NAME_CHARS).replace(/-+$/, '') || 'speech';

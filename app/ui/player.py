@@ -14,8 +14,8 @@ import gradio as gr
 
 from app.engine.service import StudioService
 from app.ui import ui_text
-from app.ui.handlers import stopped_take, take_line
 from app.ui.i18n import lang_of
+from app.ui.takes import stopped_take, take_line
 
 # next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
 STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…</span>'
