@@ -71,11 +71,14 @@ class Synthesizer:
         self.hift_graphs = HiftGraphs() if e.hift_graphs and self.cuda else None  # captured by `capture_graphs`
         self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
-        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length (graphs if captured)
-        finish_batch = partial(vocode_chunks, model.hift, graphs=self.hift_graphs,
-                               sizes=self.hift_batch_sizes) if e.hift_batch else None
+        finish_batch = self._vocode_chunks if e.hift_batch else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
                                        flow_fn=self._flow_batch, finish_batch=finish_batch)
+
+    def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
+        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length, through the graphs
+        # `self.hift_graphs` holds when the call runs (tests swap in a counting stand-in after construction)
+        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
 
     def _flow_batch(self, items: list) -> list:
         # the scheduler's flow_fn: one flow call for its jobs (the paged graphs read once the pool exists)
