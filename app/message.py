@@ -3,6 +3,7 @@ it in its language by the key (app/ui/i18n.py `say`, app/ui/locales/messages.tom
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -33,3 +34,10 @@ class Message(str):
 def said(e: BaseException) -> str:
     """What `e` says: the `Message` it was raised with (its key kept), else `str(e)`."""
     return e.args[0] if len(e.args) == 1 and isinstance(e.args[0], Message) else str(e)
+
+
+def said_without(e: BaseException, path: object) -> str:
+    """`said(e)` with the server path `path` (a str or Path; anything else: none) shown as its file name only:
+    a server's paths are never echoed to clients."""
+    msg = said(e)
+    return msg.replace(str(path), Path(path).name) if isinstance(path, str | Path) and str(path) else msg

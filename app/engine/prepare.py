@@ -18,7 +18,7 @@ from app.engine.inputs import InputError
 from app.engine.owners import ANYONE, Owner
 from app.engine.requests import SynthesisRequest, Turn
 from app.engine.voices import VoiceError
-from app.message import Message, said
+from app.message import Message, said, said_without
 from app.model.frontend import PromptAudioError, VoiceFeatures
 
 NO_TRANSCRIPT_NOTE = Message("no_transcript", "no transcript: used cross-lingual mode (the voice without its words)")
@@ -99,10 +99,7 @@ async def reference_voice(service, reference: str | Path | bytes, transcript: ob
     try:
         voice = await service.voice_from_audio(reference, transcript)
     except (AudioError, PromptAudioError, OSError) as e:
-        msg = said(e)  # a Message keeps its key (Message.replace); a server path is never echoed to clients
-        if isinstance(reference, str | Path):
-            msg = msg.replace(str(reference), Path(reference).name)
-        raise InputError(msg, "reference", code="invalid_audio") from e
+        raise InputError(said_without(e, reference), "reference", code="invalid_audio") from e
     return replace(voice, notes=(note, *voice.notes)) if note else voice
 
 

@@ -30,7 +30,7 @@ from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voice_file import SUFFIX
 from app.engine.voices import VoiceError
-from app.message import Message, said
+from app.message import Message, said_without
 from app.server.identity import caller_of, page_caller
 from app.server.limits import ARRIVAL_KEY
 from app.ui.i18n import error, lang_of, say, t, title_in
@@ -72,10 +72,6 @@ def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: 
 def live_playback() -> bool:
     """Gradio encodes streamed audio with ffmpeg; without it only the final WAV can play."""
     return shutil.which("ffmpeg") is not None
-
-
-def _named(e: BaseException, path: str) -> str:  # what `e` says, the server's path as its file name
-    return said(e).replace(path, Path(path).name)
 
 
 def page_error(e: Exception, lang: str = "en") -> gr.Error:
@@ -190,7 +186,7 @@ class Handlers:
         try:
             decode_audio(prompt_audio)
         except (AudioError, OSError) as e:
-            msg = _named(e, prompt_audio)
+            msg = said_without(e, prompt_audio)
             log.info("refused upload: %s", msg)
             lang = lang_of(request)
             gr.Warning(say(msg, lang), title=title_in("Not an audio file", lang))
@@ -215,7 +211,7 @@ class Handlers:
             info, found = await voice_door.save(self.service, caller(request, profile).owner, name or "",
                                                 prompt_audio, prompt_text, overwrite=bool(overwrite))
         except OSError as e:
-            raise error(_named(e, prompt_audio), lang) from e
+            raise error(said_without(e, prompt_audio), lang) from e
         except (VoiceError, InputError, NotReadyError) as e:
             raise page_error(e, lang) from e
         done = (Message("saved_voice", "Saved voice **{name}** ({seconds:.1f} s).", name=info.name,
