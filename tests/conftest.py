@@ -129,8 +129,9 @@ def voice(parity, parity_model_dir, manifest):
 SHARED_SERVERS: dict[str, dict[str, str]] = {
     # cpu.toml's queue (4 running), stated: engine-kill and disconnect drills count on it
     "studio_cpu": {"server.concurrency_limit": "4"},
-    # the browser's config: bfloat16 as a user's CPU runs it, no Whisper download
-    "studio_bf16": {"vllm.dtype": '"bfloat16"', "model.download": "false"},
+    # the browser's config: bfloat16 as a user's CPU runs it, no Whisper download; texts up to 4,000 characters
+    # (the standard player's Stop needs a take still being made when its HLS <audio> has started)
+    "studio_bf16": {"vllm.dtype": '"bfloat16"', "model.download": "false", "limits.max_text_chars": "4000"},
     # a small queue (2 running, 1 waiting: the queue-full tests need four requests), 2 MB uploads
     "studio_queue": {"server.concurrency_limit": "2", "server.queue_max_size": "1", "limits.max_upload_mb": "2"},
     # 1 MB uploads (an oversized case stays small) and short takes (fuzzed text answers within seconds)

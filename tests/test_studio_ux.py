@@ -48,7 +48,8 @@ TEXT = "Hello there, how are you today?"
 LONG_TEXT = " ".join(["This long sentence keeps the model talking for quite a while."] * 12)
 SEED = 11
 TIMEOUT_MS = 180_000
-SETS = {"vllm.dtype": '"bfloat16"', "model.download": "false"}  # conftest.py's studio_bf16 runs these
+SETS = {"vllm.dtype": '"bfloat16"', "model.download": "false",  # conftest.py's studio_bf16 runs these
+        "limits.max_text_chars": "4000"}
 LAST = "window.studioPlayer.last"
 ERROR_BADGES = ("() => [...document.querySelectorAll('.error')].filter(e => e.offsetParent !== null && "
                 "/error/i.test(e.innerText)).length")
@@ -423,6 +424,9 @@ STOP_STANDARD = """() => { const a = document.querySelector('#stream_out audio')
   if (!(document.querySelector('#stats')?.innerText || '').includes('streaming…')) return false;
   if (!a || a.currentTime <= 0.3) return false;
   window.__audio = []; document.querySelector('#stop').click(); return true; }"""
+PLAYER_STATE = """() => ({stats: document.querySelector('#stats')?.innerText,
+  audio: [...document.querySelectorAll('#stream_out audio')].map(a => ({t: a.currentTime, paused: a.paused,
+    ready: a.readyState, buffered: a.buffered.length ? a.buffered.end(a.buffered.length - 1) : 0}))})"""
 
 
 @pytest.mark.slow
@@ -432,14 +436,17 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, st
     # stalled (3.6 s played while the server made 86 s of audio, in the suite's order)
     page.bring_to_front()
     # the standard player starts playing when the server has made 3-15 s of audio (its HLS segments): a take
-    # of ~100 s is still being made at Stop on a loaded box
-    text = " ".join(["This long sentence keeps the model talking for quite a while."] * 30)
+    # of ~200 s (3,719 characters: the shared server takes 4,000) is still being made at Stop on a loaded box
+    text = " ".join(["This long sentence keeps the model talking for quite a while."] * 60)
     page.locator("#seed input").fill(str(SEED))
     page.locator("#text textarea").fill(text)
     page.locator("#go").click()
     # Stop pressed by the page task that sees 0.3 s played while the take is still being made: Playwright's click
     # waits for frames, 17 s once on a starved page (tests/test_browser.py)
-    page.wait_for_function(STOP_STANDARD, polling=100, timeout=TIMEOUT_MS)
+    try:
+        page.wait_for_function(STOP_STANDARD, polling=100, timeout=TIMEOUT_MS)
+    except Exception as e:  # what the player and the take had reached, for the failure's message
+        raise AssertionError(page.evaluate(PLAYER_STATE)) from e
     assert not page.evaluate(STREAM_PLAYING)  # at once
     # (the stopped take's stats come once the handler's stream has ended: seconds on a loaded 2-core box)
     page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('Stopped')",
