@@ -6,8 +6,9 @@ Per dtype (fp32, fp16), hop (the first hop from a voice prefix: 100 new frames; 
 the packed solve alone (streams one after another, eager), batched (one eager packed call), graphed
 (the packed bucket's CUDA graph, captured before timing, replayed), the growable eager hop alone (1 stream) and
 the re-solve of the same calls with the estimator's CUDA graphs; max |diff| graphed vs eager and
-eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); pool bytes
-per frame and per stream; the shared prefix's reference counts.
+eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); the streams'
+encoder passes alone; pool bytes per frame and per stream; the shared prefix's reference counts; with
+--profile, the top kernels of the most streams' graphed packed solve and of their re-solve.
 
     python3 -m bench.gpu.paged_hops out/paged_hops.json                       # full random flow, H200
     python3 -m bench.gpu.paged_hops /tmp/x.json --size tiny --device cpu --streams 1,2 --dtypes float32
@@ -36,7 +37,7 @@ from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
 from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
 from bench.gpu.incremental_graphs import at_hop, build_flow
-from bench.gpu.timing import kernels, timed
+from bench.gpu.timing import kernels, timed, top_kernels
 
 
 def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> dict:
@@ -130,6 +131,7 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                        "batched_ms": round(timed(batched, args.reps, device), 2),
                        "graphed_ms": round(timed(graphed, args.reps, device), 2) if graphs.available(pool) else None,
                        "resolve_graphs_ms": round(timed(resolve, args.reps, device), 2),
+                       "encoder_passes_ms": round(timed(hops, args.reps, device), 2),  # prepare_hop of each stream
                        "pool_used_blocks": pool.used_blocks,
                        "state_gb_per_stream": round(sum(s.flow_state.nbytes for s, _, _ in jobs) / B / 1e9, 3),
                        "prefix_block_refcount": pool.refcount(prefixes[0].state.est.table[0]),
@@ -150,6 +152,9 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                     row["kernels_resolve_graphs"] = kernels(resolve, device)
                     g.drop_flow_state()
                     del st
+                if args.profile and max(counts) == B:  # where the device time goes, packed vs re-solve
+                    row["profile_graphed"] = top_kernels(graphed, device)
+                    row["profile_resolve"] = top_kernels(resolve, device)
             if device.type == "cuda":
                 row["max_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
             out["rows"].append(row)
@@ -176,6 +181,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--blocks", type=int, default=240)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="top kernels of the most streams, packed vs re-solve")
     args = ap.parse_args()
     device = torch.device(args.device)
     report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -1,5 +1,6 @@
 """`timed(fn)`: the median wall ms of `fn()` after one warm-up call, the device synchronised around each
-call (CUDA kernels are asynchronous); `kernels(fn)`: what one call launches. Shared by the bench/gpu/*.py checks."""
+call (CUDA kernels are asynchronous); `kernels(fn)`: what one call launches; `top_kernels(fn)`: where its
+device time goes. Shared by the bench/gpu/*.py checks."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ def kernels(fn, device: torch.device) -> dict:
                                   and "memset" not in e.name.lower()),
             "kernel_launches": sum(1 for e in ev if e.name in LAUNCHES),
             "graph_launches": sum(1 for e in ev if e.name in ("cudaGraphLaunch", "cuGraphLaunch"))}
+
+
+def top_kernels(fn, device: torch.device, n: int = 12) -> dict:
+    """One `fn()` under the torch profiler: device ms in total and the n kernels (by name) taking the
+    most of it, each [name (80 characters), calls, device ms]."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    rows = [(e.key[:80], e.count, e.self_device_time_total / 1e3) for e in prof.key_averages()
+            if e.self_device_time_total > 0]
+    rows.sort(key=lambda r: -r[2])
+    return {"device_ms": round(sum(r[2] for r in rows), 2),
+            "top": [[k, c, round(ms, 2)] for k, c, ms in rows[:n]]}
