@@ -18,7 +18,7 @@ from app.model.flow.batch import incremental_batch
 from app.model.flow.incremental import build_voice_prefix, prepare_hop, state_bytes
 from app.model.flow.packed import pack, packed_solve
 from app.model.flow.paged import KVPool, PoolFull, bytes_per_frame
-from app.model.flow.paged_graphs import PagedGraphs, graph_buckets
+from app.model.flow.paged_graphs import PagedGraphs
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -175,19 +175,6 @@ def test_bucketed_static_solve_equals_tight(flow, prompt, tokens):
     print(f"bucketed (4 streams, +120 frames, +150 keys) vs tight: {d:.2e}")
     assert within(d, TOL, "bucketed vs tight") and pool.used_blocks == 0
     assert PagedGraphs.available(pool) == torch.cuda.is_available()
-
-
-def test_graph_buckets_reach_long_segments_for_few_streams():
-    """The buckets of 1 and 4 streams go on to `long_blocks` key blocks, the wider ones stop at
-    `max_blocks`; a 60-block stream (a 1,500-token segment's late hops) fits a one-stream bucket."""
-    short = graph_buckets(64, 32, 0, 50)
-    long = graph_buckets(64, 32, 128, 50)
-    assert set(short) < set(long) and graph_buckets(64, 32, 32, 50) == short
-    assert max(k for s, _, k in short if s == 1) == 32 * 50 and max(k for s, _, k in long if s == 1) == 128 * 50
-    assert max(k for s, _, k in long if s == 16) == 16 * 32 * 50
-    assert {s for s, _, _ in long} == {1, 4, 16, 64} and all(m <= k for _, m, k in long)
-    assert min(b for b in long if b[0] >= 1 and b[1] >= 100 and b[2] >= 60 * 50) == (1, 100, 64 * 50)
-    assert len(long) - len(short) == 16  # 48, 64, 96, 128 blocks x 100/200 frames x 1/4 streams
 
 
 def test_bytes_per_frame(flow):

@@ -113,7 +113,6 @@ class EngineConfig:
     flow_paged_graphs: bool = True  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
     flow_paged_graph_rows: int = 64  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
-    flow_paged_graph_long_blocks: int = 128  # buckets of 1 and 4 streams: key blocks on up to this (long segments)
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
     hift_graphs: bool = True  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
@@ -133,10 +132,10 @@ class EngineConfig:
             raise ConfigError(f"engine.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if min(self.max_concurrency, self.token2wav_workers, self.flow_batch, self.flow_graph_bucket_frames,
                self.flow_max_graphs, self.hift_max_graphs, self.hift_graph_rows, self.flow_paged_graph_rows,
-               self.flow_paged_graph_blocks, self.flow_paged_graph_long_blocks) < 1:
+               self.flow_paged_graph_blocks) < 1:
             raise ConfigError("engine.max_concurrency, token2wav_workers, flow_batch, flow_graph_bucket_frames, "
-                              "flow_max_graphs, hift_max_graphs, hift_graph_rows, flow_paged_graph_rows, "
-                              "flow_paged_graph_blocks and flow_paged_graph_long_blocks must be >= 1")
+                              "flow_max_graphs, hift_max_graphs, hift_graph_rows, flow_paged_graph_rows and "
+                              "flow_paged_graph_blocks must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ class Synthesizer:
         # one block pool (a full pool refuses hops: the re-solve takes over)
         self.flow_pool, self.paged_graphs = make_pool(
             flow, n, graphs=e.flow_paged_graphs and self.cuda, max_rows=e.flow_paged_graph_rows,
-            max_blocks=e.flow_paged_graph_blocks, long_blocks=e.flow_paged_graph_long_blocks)
+            max_blocks=e.flow_paged_graph_blocks)
         self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool)
         self.flow_budget = FlowBudget(n)
         self.incremental = True

@@ -19,30 +19,19 @@ log = logging.getLogger(__name__)
 
 
 def make_pool(flow: CausalFlow, max_bytes: int, *, graphs: bool, max_rows: int = 16,
-              max_blocks: int = 32, long_blocks: int = 0) -> tuple[KVPool, PagedGraphs | None]:
+              max_blocks: int = 32) -> tuple[KVPool, PagedGraphs | None]:
     """A `KVPool` of at most `max_bytes` (at least one block) and, if `graphs` (CUDA), its graphs
-    captured now (`graph_buckets`)."""
+    captured now: streams 1, 4, 16, .. up to max_rows; per stream 100 or 200 new frames over 8, 12,
+    16, 24, 32, 48, .. up to max_blocks blocks of keys."""
     n_blocks = max(1, max_bytes // block_bytes(flow))
     pool = KVPool(flow, n_blocks)
     if not graphs or not PagedGraphs.available(pool):
         return pool, None
-    g = PagedGraphs(flow, pool)
-    g.capture(graph_buckets(max_rows, max_blocks, long_blocks, pool.block_frames))
-    return pool, g
-
-
-def graph_buckets(max_rows: int, max_blocks: int, long_blocks: int, block_frames: int,
-                  frames: tuple[int, ...] = (100, 200)) -> list[tuple[int, int, int]]:
-    """(streams, frames, keys) in total of each bucket: streams 1, 4, 16, .. up to max_rows; per stream
-    100 or 200 new frames over 8, 12, 16, 24, 32, 48, .. up to max_blocks blocks of keys, and for 1 and 4
-    streams on up to long_blocks (a long segment's late hops would otherwise take a 4x wider bucket)."""
     rows = (*(4**i for i in range(8) if 4**i < max_rows), max_rows)
-    out = []
-    for r in rows:
-        top = max(max_blocks, long_blocks) if r <= 4 else max_blocks
-        keys = sorted({k for i in range(3, 12) for k in (2**i, 3 * 2 ** (i - 1)) if k <= top} | {top})
-        out += [(r, r * n, r * k * block_frames) for n in frames for k in keys if n <= k * block_frames]
-    return out
+    keys = sorted({k for i in range(3, 12) for k in (2**i, 3 * 2 ** (i - 1)) if k <= max_blocks} | {max_blocks})
+    g = PagedGraphs(flow, pool, rows=rows, frames=(100, 200), key_blocks=tuple(keys))
+    g.capture()
+    return pool, g
 
 
 class PagedGraphs:
