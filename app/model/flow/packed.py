@@ -23,7 +23,7 @@ class PackedInputs:
     mu: Tensor  # [1, 80, M]
     cond: Tensor  # [1, 80, M]
     spk: Tensor  # [1, M, 80] each frame's stream's speaker vector
-    index: Tensor  # int64: w_block, w_off (M each) | cols (3M) | tail_at (2S) | k_block, k_off (K each) | tail (S)
+    index: Tensor  # int64: writes (M) | cols (3M) | tail_at (2S) | keys (K) | tail (S); pool rows are block·50 + offset
     seg: Tensor  # int32 [3, G + 1]: query starts | key starts | key lengths (each segment; the last column closes)
     S: int
     M: int
@@ -32,7 +32,7 @@ class PackedInputs:
 
     def parts(self) -> list[Tensor]:
         M, S, K = self.M, self.S, self.K
-        return list(self.index.split([M, M, 3 * M, 2 * S, K, K, S]))
+        return list(self.index.split([M, 3 * M, 2 * S, K, S]))
 
     def copy_(self, other: PackedInputs) -> None:
         for a, b in ((self.x, other.x), (self.mu, other.mu), (self.cond, other.cond), (self.spk, other.spk),
@@ -66,10 +66,9 @@ def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Te
     M, K = frames or sum(n), keys or sum(c.end for c in calls)
     assert len(calls) <= S and sum(n) <= M and sum(c.end for c in calls) <= K, (S, M, K)
     G = segments_bound(S, M, chunk)
-    w_block = torch.full((M,), SINK_BLOCK, dtype=torch.long)
-    w_off, cols = torch.zeros(M, dtype=torch.long), torch.zeros(M, 3, dtype=torch.long)
+    write, cols = torch.arange(M) % Bf + SINK_BLOCK * Bf, torch.zeros(M, 3, dtype=torch.long)  # padding: the sink
     tail_at, tail = torch.zeros(S, 2, dtype=torch.long), torch.full((S,), PAD_TAIL, dtype=torch.long)
-    k_block, k_off = torch.full((K,), PAD_BLOCK, dtype=torch.long), torch.zeros(K, dtype=torch.long)
+    read = torch.full((K,), PAD_BLOCK * Bf, dtype=torch.long)  # padding keys: zeros
     seg_q, seg_k, seg_n = [], [], []
     q, k = 0, 0  # packed offsets of the next stream's frames and keys
     for s, c in enumerate(calls):
@@ -79,12 +78,12 @@ def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Te
             return torch.where(p >= 0, 2 * S + q + p, 2 * s + 2 + p)
 
         pos = torch.arange(c.start, c.end)
-        w_block[q : q + n[s]], w_off[q : q + n[s]] = table[pos // Bf], pos % Bf
+        write[q : q + n[s]] = table[pos // Bf] * Bf + pos % Bf
         cols[q : q + n[s]] = ext(torch.arange(n[s])[:, None] + torch.arange(-2, 1))  # taps t-2, t-1, t
         tail_at[s] = ext(torch.arange(-2, 0) + (c.commit - c.start))  # the 2 frames before the commit
         tail[s] = c.state.tail_slot
         keys_s = torch.arange(c.end)
-        k_block[k : k + c.end], k_off[k : k + c.end] = table[keys_s // Bf], keys_s % Bf
+        read[k : k + c.end] = table[keys_s // Bf] * Bf + keys_s % Bf
         for q0, q1, k0 in _segments(c, chunk, left):
             seg_q.append(q + q0 - c.start)
             seg_k.append(k + k0)
@@ -100,7 +99,7 @@ def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Te
     seg_k += [pad_key] * (G + 1 - len(seg_k))
     seg_n += [1] * (G + 1 - len(seg_n))
     dev, dt = pool.device, pool.dtype
-    ix = torch.cat([w_block, w_off, cols.flatten(), tail_at.flatten(), k_block, k_off, tail]).to(dev, non_blocking=True)
+    ix = torch.cat([write, cols.flatten(), tail_at.flatten(), read, tail]).to(dev, non_blocking=True)
     seg = torch.tensor([seg_q, seg_k, seg_n], dtype=torch.int32).to(dev, non_blocking=True)
 
     def row(xs: list[Tensor]) -> Tensor:  # [1, 80, n_i] each -> [1, 80, M], zeros past the frames
@@ -123,7 +122,7 @@ class PackedCall:
 
     def __init__(self, pool: KVPool, inp: PackedInputs) -> None:
         self.pool, self.inp = pool, inp
-        self.w_block, self.w_off, self.cols, self.tail_at, self.k_block, self.k_off, self.tail = inp.parts()
+        self.write, self.cols, self.tail_at, self.read, self.tail = inp.parts()
         self._slot: int | None = None
 
     def begin(self, slot: int) -> None:
@@ -155,10 +154,10 @@ class PackedCall:
         layer = self._attn
         self._attn += 1
         rows, H, M, d = q.shape
-        pool = self.pool.kv[:, self._slot, layer].permute(0, 4, 1, 2, 3, 5)  # [blocks, Bf, K/V, rows, H, d], a view
-        pool[self.w_block, self.w_off] = torch.stack([k, v]).permute(3, 0, 1, 2, 4)
-        kv = pool[self.k_block, self.k_off]  # [K, K/V, rows, H, d]: every stream's keys, packed
-        keys, values = (kv[:, i].reshape(-1, rows * H, d) for i in (0, 1))
+        frames = self.pool.frames(self._slot, layer)  # [blocks·Bf, K/V, rows, H, d], a view
+        frames.index_copy_(0, self.write, torch.stack([k, v]).permute(3, 0, 1, 2, 4))
+        # every stream's keys [0, end), packed: [K, rows·H, d] each, contiguous
+        keys, values = (frames[:, i].index_select(0, self.read).view(-1, rows * H, d) for i in (0, 1))
         out = _varlen(q.permute(2, 0, 1, 3).reshape(M, rows * H, d), keys, values, self.inp)
         return out.view(M, rows, H, d).permute(1, 2, 0, 3)
 
@@ -168,7 +167,7 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, inp: PackedInputs) -> Tensor:
     seg = inp.seg
     if q.is_cuda:  # one kernel for every segment: the SDPA memory-efficient kernel with offsets and lengths
         return torch.ops.aten._efficient_attention_forward(
-            q[None], k.contiguous()[None], v.contiguous()[None], None, seg[0], seg[1], inp.max_q, None, 0.0, 0,
+            q[None], k[None], v[None], None, seg[0], seg[1], inp.max_q, None, 0.0, 0,
             False, seqlen_k=seg[2, :-1])[0][0]
     out = torch.zeros_like(q)
     (sq, sk, sn) = seg.tolist()

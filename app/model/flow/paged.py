@@ -9,6 +9,7 @@ import threading
 import weakref
 
 import torch
+from torch import Tensor
 
 from app.model.flow.estimator import CausalConv1d
 from app.model.flow.flow import CausalFlow
@@ -61,10 +62,10 @@ class KVPool:
         n_streams = n_blocks if n_streams is None else n_streams
         # empty: a block is zeroed when taken (`allocate`), so untouched memory is never committed (CPU)
         # and a new block's unwritten positions, read with weight 0 behind the mask, are finite
-        self.kv = torch.empty(n_blocks + RESERVED_BLOCKS, self.n_slots, self.n_layers, 2, CFG_ROWS, self.heads,
-                              self.block_frames, self.d_head, dtype=self.dtype, device=self.device)
-        self.kv[PAD_BLOCK].zero_()
-        self.kv[SINK_BLOCK].zero_()
+        self.kv = torch.empty(self.n_slots, self.n_layers, n_blocks + RESERVED_BLOCKS, self.block_frames, 2, CFG_ROWS,
+                              self.heads, self.d_head, dtype=self.dtype, device=self.device)
+        self.kv[:, :, PAD_BLOCK].zero_()
+        self.kv[:, :, SINK_BLOCK].zero_()
         channels = conv_channels(flow)
         self.tail_offsets = [sum(channels[:i]) for i in range(len(channels))]
         self.tail_channels = channels
@@ -92,7 +93,7 @@ class KVPool:
 
     @property
     def block_bytes(self) -> int:
-        return self.kv[0].numel() * self.kv.element_size()
+        return self.kv[:, :, 0].numel() * self.kv.element_size()
 
     @property
     def tail_bytes(self) -> int:
@@ -101,6 +102,10 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size() + self.tails.numel() * self.tails.element_size()
+
+    def frames(self, slot: int, layer: int) -> Tensor:
+        """Evaluation `slot`, layer `layer`: [blocks·50, 2 (K/V), rows, heads, d], row block·50 + offset (a view)."""
+        return self.kv[slot, layer].view(-1, 2, CFG_ROWS, self.heads, self.d_head)
 
     def refcount(self, block: int) -> int:
         return self._refs[block]
@@ -115,7 +120,7 @@ class KVPool:
             for i in ids:
                 self._refs[i] = 1
         for i in ids:  # on the caller's stream, before the call that writes them
-            self.kv[i].zero_()
+            self.kv[:, :, i].zero_()
         return ids
 
     def retain(self, table: list[int], n: int) -> list[int]:
