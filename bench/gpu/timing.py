@@ -29,17 +29,22 @@ def timed(fn, n: int = 20, device: torch.device | str = "cuda") -> float:
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
-def kernels(fn, device: torch.device) -> dict:
-    """Device kernels and launch calls of one `fn()` (torch profiler)."""
-    if device.type != "cuda":
-        return {}
+def _profiled(fn, device: torch.device):
+    """The torch profiler's record of one `fn()`, the device synchronised around it."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    ev = prof.events()
+    return prof
+
+
+def kernels(fn, device: torch.device) -> dict:
+    """Device kernels and launch calls of one `fn()` (torch profiler)."""
+    if device.type != "cuda":
+        return {}
+    ev = _profiled(fn, device).events()
     return {"device_kernels": sum(1 for e in ev if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
                                   and "memset" not in e.name.lower()),
             "kernel_launches": sum(1 for e in ev if e.name in LAUNCHES),
@@ -51,13 +56,7 @@ def top_kernels(fn, device: torch.device, n: int = 12) -> dict:
     most of it, each [name (80 characters), calls, device ms]."""
     if device.type != "cuda":
         return {}
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize(device)
-    rows = [(e.key[:80], e.count, e.self_device_time_total / 1e3) for e in prof.key_averages()
+    rows = [(e.key[:80], e.count, e.self_device_time_total / 1e3) for e in _profiled(fn, device).key_averages()
             if e.self_device_time_total > 0]
     rows.sort(key=lambda r: -r[2])
     return {"device_ms": round(sum(r[2] for r in rows), 2),
