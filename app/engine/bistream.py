@@ -9,10 +9,14 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.model.llm import FILL_TOKEN, SOS_ID, TASK_ID_ID, TEXT_ID_OFFSET
+
+if TYPE_CHECKING:  # annotations only: the pipeline is built on the engine's modules, this one among them
+    from app.engine.pipeline import Synthesizer
+    from app.engine.requests import SynthesisRequest
 
 _END = re.compile(r"[.!?;。！？；…]+[\"')\]]*\s+")  # a sentence ends at terminal punctuation before a space
 
@@ -100,12 +104,11 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
         await blocks.aclose()
 
 
-def take_tokens(synth: Any, req: Any, text_ids: AsyncIterator[list[int]], max_text_chars: int
-                ) -> AsyncIterator[list[int]]:
-    """`decode` for one take: `req`'s (a SynthesisRequest) prompt, mode and seed on `synth`'s (the
-    Synthesizer's) LM. The final block ends at eos, at most the length limit of a text of `max_text_chars`
-    tokens (a bound: a token is at least a character); with `req.fixed_tokens` (benchmarks on random
-    weights) it is that long, eos ignored."""
+def take_tokens(synth: Synthesizer, req: SynthesisRequest, text_ids: AsyncIterator[list[int]],
+                max_text_chars: int) -> AsyncIterator[list[int]]:
+    """`decode` for one take: `req`'s prompt, mode and seed on `synth`'s LM. The final block ends at
+    eos, at most the length limit of a text of `max_text_chars` tokens (a bound: a token is at least a
+    character); with `req.fixed_tokens` (benchmarks on random weights) it is that long, eos ignored."""
     s = synth.sampling
     n_final = req.fixed_tokens or s.length_limits(max_text_chars)[1]
     base = LMRequest(req.request_id, (), 0, n_final, req.seed, s, ignore_eos=bool(req.fixed_tokens))
