@@ -20,8 +20,8 @@ from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.cache import next_capacity
-from app.model.flow.incremental import build_voice_prefix, bytes_after, state_bytes
-from app.model.flow.paged import KVPool
+from app.model.flow.incremental import build_voice_prefix, bytes_after, prepare_hop, prepare_hops, state_bytes
+from app.model.flow.paged import KVPool, PoolFull
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -147,6 +147,80 @@ def test_a_refused_hop_fails_alone(flow, prompt, tokens):
     assert isinstance(outs[0], ValueError) and "extend" in str(outs[0])
     assert a.flow_state.n_tokens == n_before
     assert err(outs[1], flow_batch(flow, [b.flow_item(tokens, first)])[0]) <= INCREMENTAL_ATOL
+
+
+def test_a_full_pool_refuses_one_stream_of_a_shared_encoder_pass(flow, prompt, tokens):
+    """Two streams' first hops in one call (one encoder pass) over a pool that holds one of them: the first
+    gets its mel, the second its `PoolFull` with its state and the pool untouched by it."""
+    def first_hop(pool):
+        s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
+        return s, s.next_plan(tokens.shape[1], lm_finished=False)
+
+    probe_pool = KVPool(flow, n_blocks=64)
+    probe, plan = first_hop(probe_pool)
+    incremental_batch(flow, [probe.flow_state], [tokens[:, : plan.n_tokens]], finalize=[False], token_offsets=[0])
+    need = probe_pool.used_blocks
+    pool = KVPool(flow, n_blocks=need)
+    (a, _), (b, _) = first_hop(pool), first_hop(pool)
+    b_before = b.flow_state.n_tokens
+    outs = incremental_batch(flow, [a.flow_state, b.flow_state], [tokens[:, : plan.n_tokens]] * 2,
+                             finalize=[False, False], token_offsets=[0, 0])
+    assert isinstance(outs[1], PoolFull) and b.flow_state.n_tokens == b_before
+    assert pool.used_blocks == need and pool.refused == 1
+    assert err(outs[0], flow_batch(flow, [a.flow_item(tokens, plan)])[0]) <= INCREMENTAL_ATOL
+
+
+@torch.no_grad()
+def test_one_encoder_pass_equals_each_stream_alone(flow, prompt, tokens):
+    """`prepare_hops` (one padded encoder pass for every stream) gives each stream the mu and leaves it the
+    encoder state that its own `prepare_hop` does, in float64: streams of different new-token counts and
+    committed edges, a final call (no look-ahead) beside streaming ones, and a refused call among them."""
+    f64 = copy.deepcopy(flow).double()
+    b = other_voice(prompt)
+    causal_final = StreamingConfig(final_call="chunk_causal")  # an incremental final call
+    plans = [(prompt, tokens, 1, False), (b, tokens.flip(1), 0, False), (prompt, tokens[:, :60], 1, True),
+             (b, tokens, 1, False)]
+
+    def streams():  # each stream advanced by `hops` alone passes first: different committed edges
+        out = []
+        for voice, tok, hops, _ in plans:
+            s = Token2WavStream(f64, None, voice, causal_final, stream=True, incremental=True)
+            for _ in range(hops):
+                p = s.next_plan(tok.shape[1], lm_finished=False)
+                flow_step(f64, s.flow_state, tok, p)
+                s.advance(p)
+            out.append(s)
+        return out
+
+    def calls(ss):
+        nxt = [s.next_plan(tok.shape[1], lm_finished=fin) for s, (_, tok, _, fin) in zip(ss, plans, strict=True)]
+        toks = [tok[:, : p.n_tokens] for (_, tok, _, _), p in zip(plans, nxt, strict=True)]
+        toks[3] = toks[3].flip(1)  # does not extend the tokens it started from: refused
+        return [s.flow_state for s in ss], toks, [p.finalize for p in nxt], [p.token_offset for p in nxt]
+
+    alone_ss, together_ss = streams(), streams()
+    states, toks, fin, offs = calls(alone_ss)
+    alone = []
+    for st, t, fi, o in zip(states, toks, fin, offs, strict=True):
+        try:
+            alone.append(prepare_hop(f64, st, t, finalize=fi, token_offset=o))
+        except ValueError as e:
+            alone.append(e)
+    states2, toks2, fin2, offs2 = calls(together_ss)
+    assert fin2[2] and not any(fin2[:2]) and len({st.n_tokens for st in states2[:3]}) > 1
+    together = prepare_hops(f64, states2, toks2, finalize=fin2, token_offsets=offs2)
+    assert isinstance(alone[3], ValueError) and isinstance(together[3], ValueError)
+    for a, t in zip(alone[:3], together[:3], strict=True):
+        assert a.mu.shape == t.mu.shape and a.est_call.start == t.est_call.start
+        assert err(a.mu, t.mu) <= INCREMENTAL_F64_ATOL, err(a.mu, t.mu)
+        for ca, ct in zip(a.calls[:2], t.calls[:2], strict=True):  # the encoder stages' keys/values and tails
+            ca.finish()
+            ct.finish()
+            n = ca.state.kv.length
+            assert n == ct.state.kv.length
+            assert err(ca.state.kv.data[..., :n, :], ct.state.kv.data[..., :n, :]) <= INCREMENTAL_F64_ATOL
+            assert all(err(x, y) <= INCREMENTAL_F64_ATOL for sa, sb in zip(ca.state.tails, ct.state.tails, strict=True)
+                       for x, y in zip(sa, sb, strict=True))
 
 
 def test_state_memory_bound_and_dtype(flow, prompt, tokens):

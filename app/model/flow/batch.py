@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental import FlowState, _solve_new, prepare_hop
+from app.model.flow.incremental import FlowState, _solve_new, prepare_hops
 from app.model.flow.paged_solve import solve_calls
 
 
@@ -26,14 +26,9 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
     `work`: a `FlowWork` (app/model/flow/work.py) told each solve's shape.
     """
     assert len({id(s) for s in states}) == len(states), "one call per stream state"
-    out: list[Tensor | ValueError] = []
-    hops = []
-    for state, tok, fin, off in zip(states, tokens, finalize, token_offsets, strict=True):
-        try:
-            hops.append(prepare_hop(flow, state, tok, finalize=fin, token_offset=off))
-            out.append(None)  # filled below
-        except ValueError as e:
-            out.append(e)
+    prepared = prepare_hops(flow, states, tokens, finalize=finalize, token_offsets=token_offsets)  # one encoder pass
+    hops = [h for h in prepared if not isinstance(h, ValueError)]
+    out: list[Tensor | ValueError | None] = [h if isinstance(h, ValueError) else None for h in prepared]
     if not hops:
         return out
     paged = [h for h in hops if h.state.paged]

@@ -130,6 +130,7 @@ class StageCall(DenseCall):
         if num_left_chunks >= 0:
             allowed &= k >= (block - num_left_chunks).clamp(min=0) * chunk
         self.hidden = ~allowed  # bool [n, end]
+        self.attention_hidden = self.hidden[None, None]  # [1, 1, n, end], as the encoder's attention reads it
         n = end - start
         # relative position of (query i, key j) is i - j; column (i - j) + n - 1 of `positions`
         self.position_columns = (q - k + n - 1)[None, None]  # [1, 1, n, end]

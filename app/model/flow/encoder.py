@@ -116,7 +116,8 @@ class RelPosSelfAttention(nn.Module):
 
     def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
-        `cache` (a `StageCall`, app/model/flow/cache.py), whose keys/values hold the earlier ones."""
+        `cache` (a `StageCall`, app/model/flow/cache.py, or B streams' `BatchCall`, encode_batch.py), whose
+        keys/values hold the earlier ones."""
         B, n, _ = x.shape
         H, Dh = self.n_heads, self.d_head
         q = self.linear_q(x).view(B, n, H, Dh)
@@ -127,7 +128,7 @@ class RelPosSelfAttention(nn.Module):
         ac = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)  # [B, H, n, end]
         bd = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)  # [B, H, n, n-1+end]
         scores = (ac + bd.gather(-1, cache.position_columns.expand(B, H, -1, -1))) / math.sqrt(Dh)
-        hidden = cache.hidden[None, None]  # [1, 1, n, end]
+        hidden = cache.attention_hidden  # bool [1 or B, 1, n, end]
         attn = scores.masked_fill(hidden, -math.inf).softmax(dim=-1).masked_fill(hidden, 0.0)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(B, n, H * Dh))
 

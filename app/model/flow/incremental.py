@@ -5,10 +5,16 @@ Design notes: docs/model.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
+from app.model.flow.encode_batch import forward_cached_batch
 from app.model.flow.flow import CausalFlow
 from app.model.flow.packed import cfg_solve
 from app.model.flow.paged import CFG_ROWS, KVPool, PagedEstCall, PagedStage
@@ -188,6 +194,30 @@ def prepare_hop(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: 
                 token_offset: int) -> Hop:
     """Checks one call (arguments as `incremental_inference`) and runs its encoder on the new tokens;
     the state changes only in `Hop.commit` (a refused call raises ValueError and leaves it as it was)."""
+    return _encoded(flow, _checked(flow, state, token, finalize=finalize, token_offset=token_offset))
+
+
+def prepare_hops(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor], *, finalize: list[bool],
+                 token_offsets: list[int]) -> list[Hop | ValueError]:
+    """`prepare_hop` of B streams (distinct states) with one encoder pass for all of them; a refused
+    call is its ValueError in the list (its state unchanged), the others still run."""
+    def refused(call: Callable[[], Any]) -> Any:  # a stream's ValueError (bad call, full pool) is its result
+        try:
+            return call()
+        except ValueError as e:
+            return e
+
+    plans = [refused(partial(_checked, flow, st, tok, finalize=fin, token_offset=off))
+             for st, tok, fin, off in zip(states, tokens, finalize, token_offsets, strict=True)]
+    ok = [p for p in plans if isinstance(p, _Plan)]
+    if len(ok) < 2:
+        return [refused(partial(_encoded, flow, p)) if isinstance(p, _Plan) else p for p in plans]
+    hs = iter(forward_cached_batch(flow.encoder, [p.xs for p in ok], [p.ahead for p in ok],
+                                   [p.tok_call for p in ok], [p.frm_call for p in ok]))
+    return [refused(partial(_hop, flow, p, next(hs))) if isinstance(p, _Plan) else p for p in plans]
+
+
+def _checked(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: bool, token_offset: int) -> _Plan:
     if state.finished:
         raise ValueError("this flow state already ran its final call")
     n_prompt = state.prompt_tokens.shape[1]
@@ -199,7 +229,7 @@ def prepare_hop(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: 
     if first < state.n_frames:
         raise ValueError(f"token_offset {token_offset} is before the committed edge "
                          f"({state.n_tokens - n_prompt} generated tokens): those frames are not recomputed")
-    return _encode_new(flow, state, tokens, finalize=finalize, first=first)
+    return _plan(flow, state, tokens, finalize=finalize, first=first)
 
 
 def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool) -> tuple[Tensor, int]:
@@ -210,10 +240,29 @@ def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bo
     return hop.commit(mel), hop.est_call.start
 
 
+@dataclass
+class _Plan:
+    """One stream's call before its encoder pass: its stage calls and the embedded new tokens."""
+
+    state: FlowState
+    tokens: Tensor  # [1, L] prompt + generated
+    finalize: bool
+    first: int | None  # the first frame the caller wants back (None: all new frames)
+    commit: int  # tokens committed after the call
+    tok_call: StageCall
+    frm_call: StageCall
+    xs: Tensor  # [1, end - start, D_in] embeddings of the tokens this call encodes
+    ahead: Tensor | None  # [1, lookahead, D_in] of the tokens after them; None at the end of the utterance
+
+
 def _encode_new(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
                 first: int | None) -> Hop:
     """The encoder pass of a streaming call on `tokens` [1, L] (prompt + generated) from the committed
     edge; `first`: the first frame the caller wants back (None: all new frames)."""
+    return _encoded(flow, _plan(flow, state, tokens, finalize=finalize, first=first))
+
+
+def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool, first: int | None) -> _Plan:
     if state.finished:
         raise ValueError("this flow state already ran its final call")
     dims = flow.dims
@@ -231,25 +280,34 @@ def _encode_new(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize:
 
     ids = tokens[:, start:].clamp(min=0)
     emb = flow.input_embedding(ids)  # [1, L - start, D_in]
-    xs, ahead = emb[:, : end - start], (None if finalize else emb[:, end - start:])
     up = flow.encoder.up_layer.stride
     tok_call = StageCall(state.enc, start, end, commit, chunk)
     frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk)
-    h = flow.encoder.forward_cached(xs, ahead, tok_call, frm_call)  # [1, 2n, D]
-    mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
+    return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, emb[:, : end - start],
+                 None if finalize else emb[:, end - start:])
 
-    f0, f1 = up * start, up * end  # frames of this call
+
+def _encoded(flow: CausalFlow, p: _Plan) -> Hop:
+    return _hop(flow, p, flow.encoder.forward_cached(p.xs, p.ahead, p.tok_call, p.frm_call))
+
+
+def _hop(flow: CausalFlow, p: _Plan, h: Tensor) -> Hop:
+    """The `Hop` of a planned call from its encoder output h [1, 2n, D]."""
+    state, dims = p.state, flow.dims
+    mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
+    up = flow.encoder.up_layer.stride
+    f0, f1 = p.frm_call.start, p.frm_call.end  # frames of this call
     cond = torch.zeros_like(mu)
     n_prompt_frames = state.prompt_mel.shape[1]
     m = min(f1, n_prompt_frames) - f0  # prompt frames in this call
     if m > 0:
         cond[:, :, :m] = state.prompt_mel[:, f0 : f0 + m].transpose(1, 2).to(mu.dtype)
     e = dims.estimator
-    assert (up * commit) % e.static_chunk_size == 0 or finalize, "encoder and estimator chunks disagree"
-    est_call = PagedEstCall(state.est, f0, f1, up * commit) if state.paged else \
-        StageCall(state.est, f0, f1, up * commit, e.static_chunk_size, e.num_decoding_left_chunks)
-    return Hop(state, (tok_call, frm_call, est_call), mu, cond, tokens, commit + n_ctx,
-               f0 if first is None else first, finalize)
+    assert (up * p.commit) % e.static_chunk_size == 0 or p.finalize, "encoder and estimator chunks disagree"
+    est_call = PagedEstCall(state.est, f0, f1, up * p.commit) if state.paged else \
+        StageCall(state.est, f0, f1, up * p.commit, e.static_chunk_size, e.num_decoding_left_chunks)
+    return Hop(state, (p.tok_call, p.frm_call, est_call), mu, cond, p.tokens, p.commit + dims.pre_lookahead_len,
+               f0 if p.first is None else p.first, p.finalize)
 
 
 def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:

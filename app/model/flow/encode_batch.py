@@ -1,0 +1,91 @@
+"""One encoder pass for several streams' incremental hops: their new tokens as rows of one batch, padded
+to the longest, each stream's caches read and written through its own `StageCall`. Design notes:
+docs/model.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from app.model.flow.cache import StageCall
+from app.model.flow.encoder import UpsampleConformerEncoder
+
+
+class BatchCall:
+    """The `StageCall` interface of the encoder's layers over B streams' calls of one stage: rows of N (the
+    most new positions) queries over E (the furthest end) keys. A row's padding queries see nothing (their
+    outputs are never read: causal convs and masked keys keep them out of the real positions)."""
+
+    def __init__(self, calls: list[StageCall]) -> None:
+        self.calls = calls
+        n = [c.end - c.start for c in calls]
+        self.N, self.E = max(n), max(c.end for c in calls)
+        device = calls[0].hidden.device
+        hidden = torch.ones(len(calls), 1, self.N, self.E, dtype=torch.bool, device=device)
+        cols = torch.zeros(len(calls), 1, self.N, self.E, dtype=torch.long, device=device)
+        for b, (c, nb) in enumerate(zip(calls, n, strict=True)):
+            hidden[b, 0, :nb, : c.end] = c.hidden
+            # a row's position table is placed N - n_b columns on (`positions`), its columns with it
+            cols[b, 0, :nb, : c.end] = c.position_columns[0, 0] + (self.N - nb)
+        self.attention_hidden, self.position_columns = hidden, cols
+
+    def left_context(self, x: Tensor, n_ctx: int) -> Tensor:
+        """x [B, C, N'] -> [B, C, n_ctx + N']: each row behind its own stream's conv inputs before `start`;
+        each stream stages its tail at its own commit."""
+        tails = torch.cat([c.committed_tail(x[b : b + 1], n_ctx) for b, c in enumerate(self.calls)])
+        xx = torch.cat([tails, x], dim=-1)
+        for b, c in enumerate(self.calls):
+            at = c.commit - c.start
+            c.stage_tail(xx[b : b + 1, :, at : at + n_ctx].clone())
+        return xx
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [B, H, N, d] -> every stream's keys/values [B, H, E, d] (zeros past a stream's end)."""
+        B, H, _, d = k.shape
+        keys, values = k.new_zeros(B, H, self.E, d), v.new_zeros(B, H, self.E, d)
+        for b, c in enumerate(self.calls):
+            n = c.end - c.start
+            kb, vb = c.keys_values(k[b : b + 1, :, :n], v[b : b + 1, :, :n])
+            keys[b, :, : c.end], values[b, :, : c.end] = kb[0], vb[0]
+        return keys, values
+
+    def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
+        """Each stream's table of offsets -(n_b-1)..end_b-1 at columns N-n_b.. of [B, H, N-1+E, d]."""
+        tables = [c.positions(linear_pos, heads, d_head) for c in self.calls]
+        out = tables[0].new_zeros(len(tables), heads, self.N - 1 + self.E, d_head)
+        for b, (c, t) in enumerate(zip(self.calls, tables, strict=True)):
+            at = self.N - (c.end - c.start)
+            out[b, :, at : at + t.shape[2]] = t[0]
+        return out
+
+
+def forward_cached_batch(encoder: UpsampleConformerEncoder, xs: list[Tensor], aheads: list[Tensor | None],
+                         tokens_calls: list[StageCall], frames_calls: list[StageCall]) -> list[Tensor]:
+    """`encoder.forward_cached` of B streams in one pass: xs [1, n_b, D_in], aheads [1, lookahead, D_in]
+    or None (the end of the utterance) -> h [1, 2·n_b, D] each."""
+    L, n = encoder.lookahead, [x.shape[1] for x in xs]
+    N = max(n)
+    # each row: its new tokens, then its look-ahead, then zeros; the pre-look-ahead conv reads the row's first
+    # N + L positions as (x, ahead), so a short row's look-ahead sits right after its own tokens
+    rows = xs[0].new_zeros(len(xs), N + L, xs[0].shape[2])
+    for b, (x, a) in enumerate(zip(xs, aheads, strict=True)):
+        rows[b, : n[b]] = x[0]
+        if a is not None:
+            rows[b, n[b] : n[b] + L] = a[0]
+    emb = encoder.embed.out(rows) * encoder.embed.xscale
+    ahead_none = [a is None for a in aheads]
+    if any(ahead_none):  # the single path's zeros: the embedding of nothing, not of a zero row
+        for b in (b for b, none in enumerate(ahead_none) if none):
+            emb[b, n[b] : n[b] + L] = 0
+    tok, frm = BatchCall(tokens_calls), BatchCall(frames_calls)
+    x = encoder.pre_lookahead_layer.forward_cached(emb[:, :N], emb[:, N:], tok)
+    for block in encoder.encoders:
+        x = block.forward_cached(x, tok)
+    x = encoder.up_layer.forward_cached(x.transpose(1, 2), frm).transpose(1, 2)  # [B, 2N, D]
+    x = encoder.up_embed.out(x) * encoder.up_embed.xscale
+    for block in encoder.up_encoders:
+        x = block.forward_cached(x, frm)
+    h = encoder.after_norm(x)
+    up = encoder.up_layer.stride
+    return [h[b : b + 1, : up * nb] for b, nb in enumerate(n)]
