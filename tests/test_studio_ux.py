@@ -420,10 +420,13 @@ def test_a_refused_save_leaves_the_saved_voice_list_usable(page):
 
 # Stop, once the take being made ("streaming… N s", the handler's progress line: not a take before it, whose
 # <audio> may still say it played) has played 0.3 s
+TAKE_MADE = "() => /TTFA \\d+ ms/.test(document.querySelector('#stats')?.innerText || '')"
+# "stopped": Stop pressed with 0.3 s played while the take was being made; "made": the take ended first
 STOP_STANDARD = """() => { const a = document.querySelector('#stream_out audio');
-  if (!(document.querySelector('#stats')?.innerText || '').includes('streaming…')) return false;
+  const stats = document.querySelector('#stats')?.innerText || '';
+  if (!stats.includes('streaming…')) return /TTFA \\d+ ms/.test(stats) ? 'made' : false;
   if (!a || a.currentTime <= 0.3) return false;
-  window.__audio = []; document.querySelector('#stop').click(); return true; }"""
+  window.__audio = []; document.querySelector('#stop').click(); return 'stopped'; }"""
 PLAYER_STATE = """() => ({stats: document.querySelector('#stats')?.innerText,
   audio: [...document.querySelectorAll('#stream_out audio')].map(a => ({t: a.currentTime, paused: a.paused,
     ready: a.readyState, buffered: a.buffered.length ? a.buffered.end(a.buffered.length - 1) : 0}))})"""
@@ -440,13 +443,22 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, st
     text = " ".join(["This long sentence keeps the model talking for quite a while."] * 60)
     page.locator("#seed input").fill(str(SEED))
     page.locator("#text textarea").fill(text)
-    page.locator("#go").click()
     # Stop pressed by the page task that sees 0.3 s played while the take is still being made: Playwright's click
-    # waits for frames, 17 s once on a starved page (tests/test_browser.py)
-    try:
-        page.wait_for_function(STOP_STANDARD, polling=100, timeout=TIMEOUT_MS)
-    except Exception as e:  # what the player and the take had reached, for the failure's message
-        raise AssertionError(page.evaluate(PLAYER_STATE)) from e
+    # waits for frames, 17 s once on a starved page (tests/test_browser.py). On a starved 2-core box the <audio>
+    # started once only after a 67 s take had been made (105 s played at the timeout): such a take is made again,
+    # at most three times; what is asserted after Stop is unchanged
+    missed = []
+    for _ in range(3):
+        page.locator("#go").click()
+        page.wait_for_function(f"() => !({TAKE_MADE})()", timeout=5000)  # the last take's line cleared
+        try:
+            if page.wait_for_function(STOP_STANDARD, polling=100, timeout=TIMEOUT_MS).json_value() == "stopped":
+                break
+        except Exception as e:  # what the player and the take had reached, for the failure's message
+            raise AssertionError(page.evaluate(PLAYER_STATE)) from e
+        missed.append(page.evaluate(PLAYER_STATE))
+    else:
+        raise AssertionError(f"the <audio> never played while a take was being made: {missed}")
     assert not page.evaluate(STREAM_PLAYING)  # at once
     # (the stopped take's stats come once the handler's stream has ended: seconds on a loaded 2-core box)
     page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('Stopped')",
