@@ -74,18 +74,9 @@ def forward_cached_batch(encoder: UpsampleConformerEncoder, xs: list[Tensor], ah
         if a is not None:
             rows[b, n[b] : n[b] + L] = a[0]
     emb = encoder.embed.out(rows) * encoder.embed.xscale
-    ahead_none = [a is None for a in aheads]
-    if any(ahead_none):  # the single path's zeros: the embedding of nothing, not of a zero row
-        for b in (b for b, none in enumerate(ahead_none) if none):
+    for b, a in enumerate(aheads):  # no look-ahead: the single path's zeros, not the embedding of a zero row
+        if a is None:
             emb[b, n[b] : n[b] + L] = 0
-    tok, frm = BatchCall(tokens_calls), BatchCall(frames_calls)
-    x = encoder.pre_lookahead_layer.forward_cached(emb[:, :N], emb[:, N:], tok)
-    for block in encoder.encoders:
-        x = block.forward_cached(x, tok)
-    x = encoder.up_layer.forward_cached(x.transpose(1, 2), frm).transpose(1, 2)  # [B, 2N, D]
-    x = encoder.up_embed.out(x) * encoder.up_embed.xscale
-    for block in encoder.up_encoders:
-        x = block.forward_cached(x, frm)
-    h = encoder.after_norm(x)
+    h = encoder.cached_layers(emb[:, :N], emb[:, N:], BatchCall(tokens_calls), BatchCall(frames_calls))
     up = encoder.up_layer.stride
     return [h[b : b + 1, : up * nb] for b, nb in enumerate(n)]

@@ -274,10 +274,15 @@ class UpsampleConformerEncoder(nn.Module):
             ahead = x.new_zeros(1, self.lookahead, x.shape[2])
         else:
             ahead = self.embed.out(ahead) * self.embed.xscale
+        return self.cached_layers(x, ahead, tokens_cache, frames_cache)
+
+    def cached_layers(self, x: torch.Tensor, ahead: torch.Tensor, tokens_cache, frames_cache) -> torch.Tensor:
+        """`forward_cached` after the embedding: x [B, n, D], ahead [B, lookahead, D] -> h [B, 2n, D]; the
+        caches are `StageCall`s (B = 1) or `BatchCall`s (app/model/flow/encode_batch.py)."""
         x = self.pre_lookahead_layer.forward_cached(x, ahead, tokens_cache)
         for block in self.encoders:
             x = block.forward_cached(x, tokens_cache)
-        x = self.up_layer.forward_cached(x.transpose(1, 2), frames_cache).transpose(1, 2)  # [1, 2n, D]
+        x = self.up_layer.forward_cached(x.transpose(1, 2), frames_cache).transpose(1, 2)  # [B, 2n, D]
         x = self.up_embed.out(x) * self.up_embed.xscale
         for block in self.up_encoders:
             x = block.forward_cached(x, frames_cache)
