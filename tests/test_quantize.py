@@ -289,7 +289,7 @@ def test_awq_token_agreement_and_memory(awq_engine, quantized, export_bf16, tiny
     assert kernel >= 0.9  # the engine reads the checkpoint as we do (a misread would be ~0)
     assert vs_fp32 >= 0.5  # random tiny weights: flat distributions (docs/awq.md)
     assert engine_bytes["layers"] < before["layers"] / 3  # the engine keeps 4-bit weights
-    # embed_tokens, lm_head, final norm; the engine's head keeps the speech rows only (app.engine.vllm_model)
+    # embed_tokens, lm_head, final norm; the engine's head keeps the speech rows only (app.vllm_lm.model)
     head = load_file(out / "model.safetensors")["lm_head.weight"]
     trimmed = (head.shape[0] - SPEECH_ID_ROWS) * head.shape[1] * head.element_size()
     assert engine_bytes["other"] == before["other"] - trimmed

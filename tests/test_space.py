@@ -235,5 +235,5 @@ def test_copy_serves_synthesis_through_vllm(space):
     assert sorted(p.name for p in snapshot.rglob("*")) == before  # nothing written into the model folder
     log = log_path.read_text()
     # no plugin (VLLM_PLUGINS names someone else's): the app registers its view of the stock Qwen2 export
-    # (app/engine/vllm_model.py) in its process and, through the RAS processor, in the engine's
+    # (app/vllm_lm/model.py) in its process and, through the RAS processor, in the engine's
     assert "Resolved architecture: CosyVoice2ForCausalLM" in log

@@ -80,7 +80,7 @@ def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
     assert engine_kwargs(off, tmp_path)["gpu_memory_utilization"] == off.gpu_memory_utilization
     # the logits processor adds the head bias: it is loaded with or without RAS
     no_ras = load_config(overrides={"vllm.ras": False}).vllm
-    assert engine_kwargs(no_ras, tmp_path)["logits_processors"] == ["app.engine.vllm_ras:RASLogitsProcessor"]
+    assert engine_kwargs(no_ras, tmp_path)["logits_processors"] == ["app.vllm_lm.ras:RASLogitsProcessor"]
     with pytest.raises(ConfigError, match="kv_cache_gib"):
         load_config(overrides={"vllm.kv_cache_gib": -1})
     fast = load_config(CONFIG_DIR / "fast.toml")  # the low-latency GPU preset loads, and is what it says
@@ -288,7 +288,7 @@ def engine(runner, tiny_model_dir, cache_dir):
         mp.setenv("VLLM_PLUGINS", FOREIGN_PLUGINS)  # inherited by the engine process it spawns
         backend = runner.run(make_backend(cfg, model))
     assert isinstance(backend, vllm_backend.VLLMBackend)
-    # vLLM's Qwen2 with the id space's table (app.engine.vllm_model, registered by the app and by the RAS
+    # vLLM's Qwen2 with the id space's table (app.vllm_lm.model, registered by the app and by the RAS
     # processor in the engine process: no plugin) and a head of the speech rows only
     mc = backend.engine.vllm_config.model_config
     assert mc.architectures == ["CosyVoice2ForCausalLM"] and mc.get_vocab_size() == SPEECH_ID_ROWS

@@ -159,7 +159,7 @@ def test_processor_tracks_the_persistent_batch() -> None:
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
-    from app.engine.vllm_ras import RASLogitsProcessor
+    from app.vllm_lm.ras import RASLogitsProcessor
 
     proc = RASLogitsProcessor(None, torch.device("cpu"), False)
     assert proc.is_argmax_invariant() is False
@@ -212,9 +212,9 @@ def test_processor_validation_and_loading() -> None:
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
 
-    from app.engine.vllm_ras import RASLogitsProcessor
+    from app.vllm_lm.ras import RASLogitsProcessor
 
-    fqcn = "app.engine.vllm_ras:RASLogitsProcessor"
+    fqcn = "app.vllm_lm.ras:RASLogitsProcessor"
     assert _load_logitsprocs_by_fqcns([fqcn]) == [RASLogitsProcessor]
     RASLogitsProcessor.validate_params(SamplingParams(top_k=25))  # not a RAS request: anything goes
     RASLogitsProcessor.validate_params(_ras_sp(min_tokens=4))
@@ -234,11 +234,11 @@ def test_processor_adds_the_head_bias_to_every_row(tiny_model_dir, tmp_path) -> 
     """Every row gets the export's float32 lm_head bias, RAS or not, before RAS sees it."""
     from vllm.v1.sample.logits_processor import BatchUpdateBuilder
 
-    from app.engine.vllm_ras import RASLogitsProcessor
     from app.model.vllm_export import export_lm_for_vllm, load_head_bias
+    from app.vllm_lm.ras import RASLogitsProcessor
 
     folder = export_lm_for_vllm(tiny_model_dir, tmp_path, dtype="bfloat16")
-    bias = load_head_bias(folder)[:VOCAB]  # the engine's head: the speech rows (app.engine.vllm_model)
+    bias = load_head_bias(folder)[:VOCAB]  # the engine's head: the speech rows (app.vllm_lm.model)
     config = SimpleNamespace(model_config=SimpleNamespace(model=str(folder), get_vocab_size=lambda: VOCAB))
     proc = RASLogitsProcessor(config, torch.device("cpu"), False)
     assert proc.head_bias.dtype == torch.float32 and torch.equal(proc.head_bias, bias)
@@ -292,8 +292,8 @@ def engine(sharp_lm, tmp_path_factory):
     table, a head of the speech rows); logprobs are the processed (post-RAS) ones."""
     from vllm import LLM
 
-    from app.engine import vllm_model
     from app.model.vllm_export import export_lm_for_vllm
+    from app.vllm_lm import model as vllm_model
 
     folder = export_lm_for_vllm(sharp_lm[0], tmp_path_factory.mktemp("export"), dtype="float32")
     vllm_model.register()
@@ -307,7 +307,7 @@ def engine(sharp_lm, tmp_path_factory):
         llm = LLM(model=str(folder), skip_tokenizer_init=True, enable_prompt_embeds=True, dtype="float32",
                   enforce_eager=True, hf_overrides=overrides, max_model_len=256, max_num_seqs=64, seed=0,
                   max_logprobs=-1, logprobs_mode="processed_logprobs",
-                  logits_processors=["app.engine.vllm_ras:RASLogitsProcessor"])
+                  logits_processors=["app.vllm_lm.ras:RASLogitsProcessor"])
     try:
         yield llm
     finally:

@@ -1,4 +1,4 @@
-"""The torch W4A16 kernel for CPUs whose vLLM build has no 4-bit GEMM (app/engine/vllm_w4a16.py).
+"""The torch W4A16 kernel for CPUs whose vLLM build has no 4-bit GEMM (app/vllm_lm/w4a16.py).
 
 The kernel reads layers in the layout vLLM loads a compressed-tensors folder into; it must give
 x @ ((q - zero) * scale)^T for both 4-bit types. Whether the whole engine serves a 4-bit folder
@@ -14,8 +14,8 @@ from torch import nn
 from vllm.model_executor.layers.quantization.utils.quant_utils import pack_quantized_values_into_int32
 from vllm.scalar_type import scalar_types
 
-from app.engine import vllm_w4a16
-from app.engine.vllm_w4a16 import TorchW4A16LinearKernel, unpack_input_packed
+from app.vllm_lm import w4a16 as vllm_w4a16
+from app.vllm_lm.w4a16 import TorchW4A16LinearKernel, unpack_input_packed
 
 OUT, IN, GROUP = 64, 256, 128
 

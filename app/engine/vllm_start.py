@@ -13,11 +13,7 @@ from typing import Any
 
 from app.config import VLLMConfig
 from app.model.vllm_export import ARCHITECTURE, EXPORT_FORMAT, HEAD_BIAS_FILE, file_sha256
-
-# the engine's additional_config key for our processor's options (read by app.engine.vllm_ras)
-ENGINE_OPTIONS_KEY = "cosyvoice2"
-# always loaded: it adds the lm_head bias (the stock Qwen2 head has none), and does RAS where asked
-RAS_PROCESSOR = "app.engine.vllm_ras:RASLogitsProcessor"
+from app.vllm_lm import ENGINE_OPTIONS_KEY, RAS_PROCESSOR
 
 
 class EngineStartError(RuntimeError):
@@ -48,7 +44,7 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dic
         levers["async_scheduling"] = cfg.async_scheduling == "on"
     if gpu and cfg.cudagraph_mode:
         levers["compilation_config"] = {"cudagraph_mode": cfg.cudagraph_mode}
-    # read by the RAS processor in the engine process (app.engine.vllm_ras.processor_options)
+    # read by the RAS processor in the engine process (app.vllm_lm.ras.processor_options)
     levers["additional_config"] = {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": gpu and cfg.ras_cuda_graphs}}
     return levers | dict(
         model=str(model_path), skip_tokenizer_init=True, dtype=cfg.dtype,
@@ -88,7 +84,7 @@ def explain_start_failure(e: BaseException, cfg: VLLMConfig, max_positions: int 
         hint = f"lower vllm.max_model_len (now {cfg.max_model_len}{limit})"
     elif any(k in low for k in ("memory", "kv cache", "cache blocks", "oom")):
         hint = "not enough memory for the weights and the KV cache: " + memory
-    elif "vllm_ras" in low or "logitsprocessor" in low:
+    elif "vllm_lm" in low or "logitsprocessor" in low:
         hint = (f"vLLM's engine process could not load {RAS_PROCESSOR}: run from this checkout's root "
                 "(or put it on PYTHONPATH) so `import app` works there")
     elif "max_num_batched_tokens" in low or "max_num_seqs" in low:

@@ -29,7 +29,7 @@ CALIBRATION_TEXTS = (
 
 
 # the sampler's settings; without a model folder (quantize without --model-dir): the official
-# cosyvoice2.yaml's, the values RASParams in app/engine/vllm_ras.py defaults to
+# cosyvoice2.yaml's, the values RASParams in app/vllm_lm/ras.py defaults to
 RASParams = SamplingConfig
 OFFICIAL_RAS = SamplingConfig(top_p=0.8, top_k=25, win_size=10, tau_r=0.1)
 

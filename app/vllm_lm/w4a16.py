@@ -1,7 +1,5 @@
 """4-bit LM layers on CPUs whose vLLM build has no W4A16 GEMM: a torch dequantize-then-matmul kernel.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """CosyVoice2's lm_head bias and repetition-aware sampling (RAS) inside vLLM: a v1 custom logits processor.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -12,13 +10,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.engine import vllm_model
-from app.engine.vllm_start import ENGINE_OPTIONS_KEY
-from app.engine.vllm_w4a16 import install_if_needed
 from app.model.llm import N_SPEECH_ROWS
 from app.model.ras_batch import EXTRA_ARGS_KEY, RASBatch, RASParams, ras_log_probs
 from app.model.ras_graphs import RASGraphs
 from app.model.vllm_export import load_head_bias
+from app.vllm_lm import ENGINE_OPTIONS_KEY
+from app.vllm_lm import model as vllm_model
+from app.vllm_lm.w4a16 import install_if_needed
 
 try:  # importable where vLLM is not installed (the class below is then unusable)
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -41,7 +39,7 @@ def processor_options(vllm_config: Any) -> dict[str, Any]:
 
 def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
     """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`; the
-    engine's V may be the speech rows only (app.engine.vllm_model), the file has the table's rows."""
+    engine's V may be the speech rows only (app.vllm_lm.model), the file has the table's rows."""
     mc = vllm_config.model_config
     bias = load_head_bias(Path(mc.model))[:mc.get_vocab_size()]
     if bias.shape != (mc.get_vocab_size(),) or bias.shape[0] < N_SPEECH_ROWS:
@@ -55,7 +53,7 @@ class RASLogitsProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         if vllm_config is not None:  # vLLM builds logits processors before the model: 4-bit layers on
-            install_if_needed()  # CPUs whose vLLM build lacks the W4A16 GEMM (app.engine.vllm_w4a16)
+            install_if_needed()  # CPUs whose vLLM build lacks the W4A16 GEMM (app.vllm_lm.w4a16)
             vllm_model.register()  # and the architecture the engine's hf_overrides name
         self.device = torch.device(device)
         self.pin = bool(is_pin_memory)
@@ -74,7 +72,7 @@ class RASLogitsProcessor(LogitsProcessor):
         sp = sampling_params
         if sp.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs are computed before logits processors, so they would lack "
-                             "CosyVoice2's lm_head bias (added by app.engine.vllm_ras); leave them unset")
+                             "CosyVoice2's lm_head bias (added by app.vllm_lm.ras); leave them unset")
         if RASParams.from_extra_args(sp.extra_args) is None:
             return
         clash = []
