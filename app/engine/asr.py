@@ -1,7 +1,5 @@
 """The process's one Whisper transcriber: loaded on first use, run in worker threads, never on the loop.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Text that streams in: CosyVoice2's bi-streaming decode (`Qwen2LM.inference_bistream`) on any LM backend.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Dialogue scripts: one take spoken by several saved voices, turn by turn.
-
-Design notes: docs/design.md.
-"""
+"""Dialogue scripts: one take spoken by several saved voices, turn by turn. Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Per-client fair share of the running syntheses: at most `[server] max_streams_per_client` at once.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

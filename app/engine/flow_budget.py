@@ -1,7 +1,5 @@
 """The memory all streams' incremental flow states may hold together (the paged pool's size, `pool_bytes`).
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

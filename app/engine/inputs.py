@@ -1,7 +1,5 @@
 """Checks of user inputs shared by every way in (the page, its Gradio API, the HTTP API).
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Live numbers for the panels, /health and /metrics: prometheus_client counters, recent requests, memory samples.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Who owns a saved voice, and which voices a caller sees (`[voices] scope`).
-
-Design notes: docs/design.md.
-"""
+"""Who owns a saved voice, and which voices a caller sees (`[voices] scope`). Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The synthesis pipeline: request -> text segments -> LM token stream -> audio chunks.
-
-Design notes: docs/design.md.
-"""
+"""The synthesis pipeline: request -> text segments -> LM token stream -> audio chunks. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -155,24 +152,20 @@ class Synthesizer:
         run = lambda item: self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker,
                                               on_worker=u.pin)
         incremental = t2w.incremental and plan.streaming and not seg.resolve
-        if incremental and not self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
-            # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
-            incremental = False
+        if incremental and self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
+            try:  # the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
+                return await run(IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)),
+                                                 tokens[:, : plan.n_tokens], plan.finalize, plan.token_offset))
+            except PoolFull:  # the pool filled between admission and the worker
+                pass
+            finally:  # this stream's job is over (done, failed, cancelled or refused): count what it holds
+                self.flow_budget.update(t2w, t2w.flow_state_bytes)
+        if incremental:  # no room: this segment re-solves from now on (the same mel, at the re-solve's cost)
             seg.resolve = True
             self.resolved_streams += 1
             t2w.drop_flow_state()
-        if not incremental:
-            return await run(t2w.flow_item(tokens, plan))
-        try:  # the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
-            return await run(IncrementalItem(partial(self._flow_state, t2w, u.voice_key(seg.voice)),
-                                             tokens[:, : plan.n_tokens], plan.finalize, plan.token_offset))
-        except PoolFull:  # the pool filled between admission and the worker: re-solve from now on (same mel)
-            seg.resolve = True
-            self.resolved_streams += 1
-            t2w.drop_flow_state()
-            return await run(t2w.flow_item(tokens, plan))
-        finally:  # this stream's job is over (done, failed or cancelled): count what it holds
-            self.flow_budget.update(t2w, t2w.flow_state_bytes)
+            self.flow_budget.release(t2w)
+        return await run(t2w.flow_item(tokens, plan))
 
     def _bytes_after(self, t2w: Token2WavStream, plan: ChunkPlan) -> int:
         # the bytes a stream's state may hold after this hop (its own: a voice prefix is held once, by the cache);
@@ -282,9 +275,8 @@ class Synthesizer:
         """The token->wave stage as configured and as it runs (workers, batching, graphs, caches)."""
         e, graphs, cache, budget = self.cfg.engine, self.flow_graphs, self.prompt_cache, self.flow_budget
         # which flow path streaming hops take: "paged incremental" (the O(chunk) path; a stream that finds its pool
-        # full re-solves), "incremental" (unpaged buffers), "re-solve" (off, or on CUDA before warm-up)
-        path = "re-solve" if not self.incremental else (
-            "paged incremental" if self.flow_pool is not None else "incremental")
+        # full re-solves), "re-solve" (off, or on CUDA before warm-up)
+        path = "paged incremental" if self.incremental else "re-solve"
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
                                  "flow_path": path, "flow_work": self.flow_work.snapshot(),
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
@@ -292,19 +284,15 @@ class Synthesizer:
         if self.hift_graphs is not None:  # engine.hift_graphs on a GPU
             facts["hift_graphs"] = vars(self.hift_graphs.stats) | {"kept": self.hift_graphs.n_graphs,
                                                                    "frozen": self.hift_graphs.frozen}
-        if cache is not None:  # engine.flow_incremental on
-            prompt = vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes}
-            facts["flow_incremental"] = {"prompt_cache": prompt, "state_bytes": budget.held_bytes,
-                                         "state_max_bytes": budget.max_bytes, "sized": self.state_sizing,
-                                         "refused_streams": budget.refused, "resolved_streams": self.resolved_streams}
-            if self.flow_pool is not None:
-                pool = self.flow_pool
-                facts["flow_incremental"] |= {
-                    "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
-                    "paged_graphs": None if self.paged_graphs is None else {
-                        "kept": len(self.paged_graphs.buckets), "replays": self.paged_graphs.replays,
-                        "capture_failures": self.paged_graphs.capture_failures,
-                        "eager": self.paged_graphs.misses}}
+        if cache is not None and (pool := self.flow_pool) is not None:  # engine.flow_incremental on
+            pg = self.paged_graphs
+            facts["flow_incremental"] = {
+                "prompt_cache": vars(cache.stats) | {"voices": len(cache), "bytes": cache.nbytes},
+                "state_bytes": budget.held_bytes, "state_max_bytes": budget.max_bytes, "sized": self.state_sizing,
+                "refused_streams": budget.refused, "resolved_streams": self.resolved_streams,
+                "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
+                "paged_graphs": None if pg is None else {"kept": len(pg.buckets), "replays": pg.replays,
+                                                         "capture_failures": pg.capture_failures, "eager": pg.misses}}
         return facts
 
     async def aclose(self) -> None:

@@ -1,7 +1,5 @@
 """One preparation for every way in: the page, its Gradio API, `/studio/speech` and `/v1/audio/speech`.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The studio's process singleton: model, LM backend, synthesizer, saved voices and metrics.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -174,17 +172,19 @@ class StudioService:
 
     def require_ready(self) -> Synthesizer:
         if not self.ready or self.synth is None:
-            if self.error:
-                raise NotReadyError(Message("start_failed", "the model failed to start: {error}", error=self.error))
-            raise NotReadyError(Message("loading", "the model is still loading ({status}); try again in a moment",
-                                        status=self.status))
+            raise self._not_ready()
         return self.synth
+
+    def _not_ready(self) -> NotReadyError:
+        if self.error:
+            return NotReadyError(Message("start_failed", "the model failed to start: {error}", error=self.error))
+        return NotReadyError(Message("loading", "the model is still loading ({status}); try again in a moment",
+                                     status=self.status))
 
     async def voice_from_audio(self, src: str | Path | bytes, prompt_text: str) -> VoiceFeatures:
         """Features of a reference clip (file path or its bytes), cached by content and transcript."""
         if self.model is None:
-            raise NotReadyError(Message("loading", "the model is still loading ({status}); try again in a moment",
-                                        status=self.status))
+            raise self._not_ready()
         return await self.voice_cache.get(src, prompt_text, self.model.frontend.voice_from_audio)
 
     def engine_fault(self) -> str | None:

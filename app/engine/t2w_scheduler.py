@@ -1,7 +1,5 @@
 """The one owner of token->wave (flow + HiFT) compute: worker threads that run the most urgent chunk first.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """`Utterance`: every piece of one request's state, in one object (nano-vllm's `Sequence` is the model).
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Voices: the features of recent reference clips in memory, and saved voices on disk.
-
-Design notes: docs/design.md.
-"""
+"""Voices: the features of recent reference clips in memory, and saved voices on disk. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
