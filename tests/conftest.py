@@ -142,17 +142,22 @@ SHARED_SERVERS: dict[str, dict[str, str]] = {
                       "server.max_streams_per_client": "1", "limits.max_text_chars": "2400",
                       "limits.max_transcript_chars": "1200", "limits.max_instruct_chars": "600",
                       "server.trusted_proxies": '"127.0.0.1"', "ui.cache_cleanup_s": "2", "model.download": "false"},
+    # Whisper on the CPU: the rigged tiny one (`studio_asr` adds its folder as asr.model_id; test_asr.py, test_i18n.py)
+    "studio_asr": {"asr.device": '"cpu"', "model.download": "false"},
 }
 _running: dict[str, contextlib.ExitStack] = {}
 
 
-def _shared_server(name: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    """(base_url, tmp) of the shared server `name`; tmp holds its voices/ and server.log."""
+def _shared_server(name: str, tiny_model_dir: Path, tmp_path_factory,
+                   more: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+    """(base_url, tmp) of the shared server `name` (`more`: settings known only at start); tmp holds its voices/
+    and server.log."""
     from studio import run_studio
 
     stack = _running[name] = contextlib.ExitStack()
+    sets = {**SHARED_SERVERS[name], **(more or {})}
     try:
-        yield stack.enter_context(run_studio(tiny_model_dir, tmp_path_factory.mktemp(name), SHARED_SERVERS[name]))
+        yield stack.enter_context(run_studio(tiny_model_dir, tmp_path_factory.mktemp(name), sets))
     finally:
         stack.close()
         _running.pop(name, None)
@@ -166,7 +171,16 @@ def _shared_fixture(name: str):
     return fixture
 
 
-studio_cpu, studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, SHARED_SERVERS)
+studio_cpu, studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, list(SHARED_SERVERS)[:5])
+
+
+@pytest.fixture(scope="session")
+def studio_asr(tiny_model_dir, tmp_path_factory):
+    """The shared server whose Whisper is the rigged tiny one (it always hears `tiny_whisper.RIGGED_WORD`)."""
+    from tiny_whisper import make_tiny_whisper
+
+    rigged = make_tiny_whisper(tmp_path_factory.mktemp("whisper") / "rigged", rigged=True)
+    yield from _shared_server("studio_asr", tiny_model_dir, tmp_path_factory, {"asr.model_id": json.dumps(str(rigged))})
 
 
 def pytest_collection_modifyitems(items):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from studio import EXAMPLE_WAV, run_studio
+from studio import EXAMPLE_WAV
 from tiny_whisper import RIGGED_LANGUAGE, RIGGED_WORD, make_tiny_whisper
 
 from app.audio import load_audio
@@ -140,12 +139,11 @@ def _post_voice(base: str, name: str, transcript: str = "") -> dict:
     return r.json()
 
 
-@pytest.fixture(scope="module")
-def transcribing(tiny_model_dir, rigged, tmp_path_factory):
-    """(base_url, tmp) of a `python app.py` with the rigged Whisper to transcribe (its own: no shared one has it)."""
-    sets = {"asr.model_id": json.dumps(str(rigged)), "asr.device": '"cpu"', "model.download": "false"}
-    with run_studio(tiny_model_dir, tmp_path_factory.mktemp("asr"), sets) as run:
-        yield run
+@pytest.fixture()
+def transcribing(studio_asr):
+    """(base_url, tmp) of a `python app.py` with the rigged Whisper to transcribe (conftest.py's, shared with
+    test_i18n.py)."""
+    return studio_asr
 
 
 @pytest.mark.slow

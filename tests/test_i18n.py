@@ -14,9 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from studio import EXAMPLE_WAV, run_studio
+from studio import EXAMPLE_WAV
 from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
-from tiny_whisper import RIGGED_WORD, make_tiny_whisper
+from tiny_whisper import RIGGED_WORD
 
 from app.config import LimitsConfig
 from app.engine.inputs import check_instruct
@@ -297,15 +297,15 @@ def test_the_switch_relabels_every_translated_text_from_the_server():
 
 
 @pytest.mark.slow
-def test_browser_switches_to_chinese_transcribes_and_presets(tiny_model_dir, tmp_path):
+def test_browser_switches_to_chinese_transcribes_and_presets(studio_asr):
+    """On conftest.py's server with the rigged Whisper (shared with test_asr.py)."""
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(shutil.which("ffmpeg") is not None, "ffmpeg is missing")
     _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
     from playwright.sync_api import sync_playwright
 
-    whisper = make_tiny_whisper(tmp_path / "whisper", rigged=True)
-    sets = {"asr.model_id": json.dumps(str(whisper)), "asr.device": '"cpu"', "model.download": "false"}
-    with run_studio(tiny_model_dir, tmp_path, sets) as (url, _), sync_playwright() as p:
+    url, _ = studio_asr
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, "--lang=en-US"])
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000}, locale="en-US")
