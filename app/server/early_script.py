@@ -1,26 +1,19 @@
 """A script the page runs before Gradio's own code (app/ui/early_script.js), put into its HTML by the
-`EarlyScript` middleware. Design notes: docs/design.md.
-"""
+`EarlyScript` middleware (docs/design.md)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from app.ui import ui_text
 
 
-@functools.cache
-def early_tag() -> bytes:
-    """The `<script>` of early_script.js, read once."""
-    return f"<script>{ui_text('early_script.js')}</script>".encode()
-
-
 class EarlyScript:
-    """ASGI middleware: Gradio's page (a GET whose HTML holds `gradio_config`) gets `early_tag()` first in `<head>`."""
+    """ASGI middleware: Gradio's page (a GET whose HTML holds `gradio_config`) gets the script first in `<head>`."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.tag = f"<script>{ui_text('early_script.js')}</script>".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "GET":
@@ -44,7 +37,7 @@ class EarlyScript:
                 return
             html = bytes(body)
             if b"gradio_config" in html:
-                html = html.replace(b"<head>", b"<head>" + early_tag(), 1)
+                html = html.replace(b"<head>", b"<head>" + self.tag, 1)
             headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
             await send({**start, "headers": [*headers, (b"content-length", str(len(html)).encode())]})
             await send({"type": "http.response.body", "body": html})

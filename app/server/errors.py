@@ -1,7 +1,4 @@
-"""Errors in the OpenAI API's JSON shape: {"error": {"message", "type", "param", "code"}}.
-
-Design notes: docs/design.md.
-"""
+"""Errors in the OpenAI API's JSON shape: {"error": {"message", "type", "param", "code"}} (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,6 @@ log = logging.getLogger(__name__)
 # HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
                429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error"}
-
-
 # what each error status means on /v1, for the schema (`error_responses`)
 ERROR_MEANINGS = {
     400: "invalid request: the message says which field (`param`) and what to do",
@@ -75,13 +70,10 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
-
-
 def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(e.status, e.message, e.param, e.code), status_code=e.status, headers=e.headers)
+    body = {"message": e.message, "type": ERROR_TYPES.get(e.status, "invalid_request_error"), "param": e.param,
+            "code": e.code}
+    return JSONResponse({"error": body}, status_code=e.status, headers=e.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -107,19 +99,16 @@ def install_error_handlers(app: FastAPI) -> None:
         elif first.get("type") == "extra_forbidden" and (accepted := body_fields(request)):
             near = difflib.get_close_matches(str(param), accepted, n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
-            message = (f"unknown field '{param}'{hint}: {request.url.path} accepts "
-                       f"{', '.join(accepted)}")
-        return JSONResponse(error_body(400, message, param, first.get("type")), status_code=400)
+            message = f"unknown field '{param}'{hint}: {request.url.path} accepts {', '.join(accepted)}"
+        return error_response(ApiError(400, message, param=param, code=first.get("type")))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
         if not path.startswith("/v1/") and e.status_code == 404 and path not in ("/health", "/metrics"):
             return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-        message = str(e.detail) if e.detail else "error"
-        if e.status_code == 404:
-            message = f"no route {request.method} {path}"
-        return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=e.headers)
+        message = f"no route {request.method} {path}" if e.status_code == 404 else str(e.detail or "error")
+        return error_response(ApiError(e.status_code, message, headers=e.headers))
 
     default_openapi = app.openapi
 
@@ -139,4 +128,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)  # no body: user text stays out
-        return JSONResponse(error_body(500, "internal server error; the request was not completed"), status_code=500)
+        return error_response(ApiError(500, "internal server error; the request was not completed"))

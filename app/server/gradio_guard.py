@@ -1,7 +1,4 @@
-"""Malformed requests to the page's Gradio API answered 404, with one log line and no traceback.
-
-Design notes: docs/design.md.
-"""
+"""Malformed requests to the page's Gradio API answered 404, with one log line and no traceback (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Who is calling: the owner of the voices a request may use, and the client its fair share is counted for.
-
-Design notes: docs/design.md.
-"""
+"""Who is calling: the owner of the voices a request may use, and the client its fair share is counted for
+(docs/design.md)."""
 
 from __future__ import annotations
 
@@ -123,7 +121,6 @@ class Identity:
             self.keys.append((srv.api_key, Owner("key:api")))
         if srv.admin_key:
             self.keys.append((srv.admin_key, Owner("admin", admin=True)))
-        self.users = srv.auth_users
         self.private = cfg.voices.resolved(srv) == "private"
         # a proxy on this machine (nginx on 127.0.0.1): then a loopback connection is any client's, not an admin's
         self.local_proxy = srv.trust_proxy or any(ipaddress.ip_address(a) in net for net in srv.proxy_networks
@@ -162,18 +159,15 @@ class Identity:
         caller = scope.setdefault("state", {})[CALLER_KEY] = Caller(owner, client, admin)
         return caller, set_cookie
 
-    # --- the visitor cookie ------------------------------------------------------------------------
-
     def _sign(self, visitor: str) -> str:
-        if not self._secret:
-            self._secret = load_secret(self._voices_dir)
+        self._secret = self._secret or load_secret(self._voices_dir)
         mac = hmac.new(self._secret, visitor.encode(), hashlib.sha256).digest()[:18]
         return base64.urlsafe_b64encode(mac).decode()
 
     def _visitor(self, scope: dict) -> tuple[str, str | None]:
-        """(visitor id, Set-Cookie value or None): the cookie's id if its signature holds, else a new id whose
-        cookie also goes into the request's own headers (a proxy behind us, e.g. the cluster's replicas,
-        then sees the same visitor on this first request)."""
+        # (visitor id, Set-Cookie value or None): the cookie's id if its signature holds, else a new id whose
+        # cookie also goes into the request's own headers (a proxy behind us, e.g. the cluster's replicas,
+        # then sees the same visitor on this first request)
         conn = HTTPConnection(scope)
         visitor, _, mac = conn.cookies.get(VISITOR_COOKIE, "").partition(".")
         if visitor and mac and hmac.compare_digest(mac, self._sign(visitor)):
@@ -187,6 +181,7 @@ class Identity:
         https = scope.get("scheme") == "https" or "https" in conn.headers.getlist("x-forwarded-proto")
         attrs = "SameSite=None; Secure" if https else "SameSite=Lax"  # a Space's page is an iframe over HTTPS
         return visitor, f"{VISITOR_COOKIE}={value}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; {attrs}"
+
 
 def with_cookie(send, set_cookie: str):
     """`send` that adds `set_cookie` to the response's start message."""

@@ -1,6 +1,5 @@
 """Who may call what, and how often: the login guard of /studio and /v1, the /v1 bearer key, and the
-per-client rate limit. Design notes: docs/design.md.
-"""
+per-client rate limit (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -47,11 +46,9 @@ class RateLimiter:
         now = self.clock()
         tokens, then = self._buckets.pop(key, (self.capacity, now))
         tokens = min(self.capacity, tokens + (now - then) * self.rate_per_s)
-        wait_s = 0.0
-        if tokens >= 1.0:
+        wait_s = max(0.0, (1.0 - tokens) / self.rate_per_s)
+        if wait_s == 0.0:
             tokens -= 1.0
-        else:
-            wait_s = (1.0 - tokens) / self.rate_per_s
         self._buckets[key] = (tokens, now)  # most recently seen last
         while len(self._buckets) > self.max_clients:
             self._buckets.popitem(last=False)
@@ -100,8 +97,7 @@ class Gate:
 
     def basic_user(self, scope: dict) -> str | None:
         """The user of valid HTTP Basic credentials of a configured login, else None."""
-        creds = basic_credentials(scope)
-        if creds is None:
+        if (creds := basic_credentials(scope)) is None:
             return None
         ok = False
         for user, password in self.users:  # every pair is compared: no timing hint of which user exists
@@ -113,8 +109,7 @@ class Gate:
         """A valid login cookie of the Gradio page, or HTTP Basic credentials of a configured user."""
         if basic_credentials(scope) is not None:
             return self.basic_user(scope) is not None
-        app = self.gradio_app
-        if app is None:
+        if (app := self.gradio_app) is None:
             return False
         cookies = HTTPConnection(scope).cookies
         return any(app.tokens.get(cookies.get(name, "")) is not None
@@ -181,7 +176,7 @@ class AccessLimits:
 
 
 async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
-    # the first body bytes (up to `limit` or the end), and a `receive` replaying the messages read, then reading on
+    """The first body bytes (up to `limit` or the end), and a `receive` replaying the messages read, then reading on."""
     messages, body = [], bytearray()
     while True:
         message = await receive()

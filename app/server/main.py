@@ -1,30 +1,33 @@
-"""The one server: FastAPI with /health, /metrics and the /v1 API, the Gradio studio mounted at "/".
-
-Design notes: docs/design.md.
-"""
+"""The one server: FastAPI with /health, /metrics and the /v1 API, the Gradio studio mounted at "/" (docs/design.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastapi import Request  # at module level: the routes' annotations are resolved by name
+import gradio as gr
+from fastapi import FastAPI, Request  # Request at module level: the routes' annotations are resolved by name
+from fastapi.responses import JSONResponse
+from starlette.middleware import Middleware
+from starlette.routing import Mount
 
 from app.config import Config
+from app.engine.service import ASSETS_DIR, StudioService
+from app.server.early_script import EarlyScript
+from app.server.errors import install_error_handlers
+from app.server.gradio_guard import GradioGuard
 from app.server.identity import ProxyClient, caller_of
-
-if TYPE_CHECKING:
-    from app.engine.service import StudioService
+from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
+from app.server.openai_api import api_router
+from app.server.prometheus import add_metrics_route
+from app.server.studio_stream import add_studio_routes
+from app.server.ws_speech import ws_router
 
 
 def build_server(cfg: Config):
     """The ASGI app `python app.py` serves."""
-    from fastapi import FastAPI
-
-    from app.engine.service import StudioService
-
     service = StudioService(cfg)
 
     @contextlib.asynccontextmanager
@@ -45,14 +48,7 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
     """Mount the studio page for `service` at "/" on `api` (routes added after it are never reached) and
     tell `gate` (its `AccessLimits`) the page's login tokens and rate-limited events; returns the app.
     Also the cluster's ingress (app/cluster/ingress.py), whose `service` is a `ClusterService`."""
-    import gradio as gr
-    from starlette.middleware import Middleware
-    from starlette.routing import Mount
-
-    from app.engine.service import ASSETS_DIR
-    from app.server.gradio_guard import GradioGuard
-    from app.server.limits import LIMITED_EVENTS
-    from app.ui.layout import build_demo
+    from app.ui.layout import build_demo  # the page only: a cluster replica never imports it
 
     cfg = service.cfg
     srv = cfg.server
@@ -75,17 +71,6 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     """The FastAPI app without the page: /health, /metrics, /v1 and /studio for `service`, behind
     `AccessLimits`; returns (app, gate). `build_server` mounts the page on it; a Ray Serve replica
     (app/cluster/replica.py) serves it as it is, its service started by the replica itself."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
-    from app.server.early_script import EarlyScript
-    from app.server.errors import install_error_handlers
-    from app.server.limits import AccessLimits, Gate
-    from app.server.openai_api import api_router
-    from app.server.prometheus import add_metrics_route
-    from app.server.studio_stream import add_studio_routes
-    from app.server.ws_speech import ws_router
-
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
     api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/server/early_script.py)

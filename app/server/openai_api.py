@@ -1,15 +1,12 @@
-"""The /v1 HTTP API, shaped like OpenAI's audio API so existing clients (the `openai` SDK) work.
+"""The /v1 HTTP API, shaped like OpenAI's audio API so existing clients (the `openai` SDK) work (docs/design.md)."""
 
-Design notes: docs/design.md.
-"""
-
-from __future__ import annotations
+# no `from __future__ import annotations`: the speech route's body is annotated with the configured model (a local)
 
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
@@ -41,62 +38,55 @@ class VoiceRef(BaseModel):
     id: str = Field(max_length=NAME_MAX_CHARS)
 
 
-class SpeechRequest(BaseModel):
-    """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens, dialogue)."""
+def speech_body(lim: LimitsConfig) -> type[BaseModel]:
+    """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens, dialogue), whose
+    schema states the configured limits (checked in app/engine/prepare.py, with messages that say what to do; the
+    body's size is capped by `capped_route`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    class SpeechRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(MODEL_ID, max_length=128, description=f"{MODEL_ID!r}, the model's repo id or name, or one of "
-                       f"OpenAI's {', '.join(OPENAI_TTS_MODELS)}: all speak with the one loaded model",
-                       json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
-    input: str = Field(description="the text to speak (limit: [limits] max_text_chars)")
-    voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)",
-                                  json_schema_extra={"maxLength": NAME_MAX_CHARS})  # checked with the voice
-    response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
-        "wav", description="24 kHz mono: wav, pcm (s16le), mp3, opus (Ogg), aac (ADTS), flac. Streamed as made "
-        "(wav with an unknown-length header), except flac and any speed other than 1.0: sent whole, with exact "
-        "lengths (Content-Length, WAV sizes, FLAC STREAMINFO) (docs/api.md)")
-    speed: float = Field(1.0, description="other than 1.0 the audio is made whole, then sent",
-                         json_schema_extra={"minimum": SPEED_RANGE[0], "maximum": SPEED_RANGE[1]})
-    instructions: str | None = Field(None, description="style instruction: instruct mode")
-    # any other value is refused in the route, with a message that says what to send
-    stream_format: str = Field("audio", description="only 'audio' (the audio itself as the body)",
-                               json_schema_extra={"enum": ["audio"]})
-    seed: int | None = Field(None, description="sampling seed; none or -1 = random",
-                             json_schema_extra={"minimum": -1, "maximum": MAX_SEED})
-    mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
-        None, description="default: instruct when instructions are given, else zero_shot")
-    fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment")
-    dialogue: bool = Field(False, description="`input` is a dialogue script: '[alice] text [bob] text …', each "
-                           "name a saved voice; text before the first tag is spoken by `voice` (docs/api.md)")
+        model: str = Field(MODEL_ID, max_length=128, description=f"{MODEL_ID!r}, the model's repo id or name, or one "
+                           f"of OpenAI's {', '.join(OPENAI_TTS_MODELS)}: all speak with the one loaded model",
+                           json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
+        input: str = Field(description="the text to speak ([limits] max_text_chars)",
+                           json_schema_extra={"maxLength": lim.max_text_chars})
+        voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)",
+                                      json_schema_extra={"maxLength": NAME_MAX_CHARS})  # checked with the voice
+        response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
+            "wav", description="24 kHz mono: wav, pcm (s16le), mp3, opus (Ogg), aac (ADTS), flac. Streamed as made "
+            "(wav with an unknown-length header), except flac and any speed other than 1.0: sent whole, with exact "
+            "lengths (Content-Length, WAV sizes, FLAC STREAMINFO) (docs/api.md)")
+        speed: float = Field(1.0, description="other than 1.0 the audio is made whole, then sent",
+                             json_schema_extra={"minimum": SPEED_RANGE[0], "maximum": SPEED_RANGE[1]})
+        instructions: str | None = Field(None, description="style instruction: instruct mode ([limits] "
+                                         "max_instruct_chars)", json_schema_extra={"maxLength": lim.max_instruct_chars})
+        # any other value is refused in the route, with a message that says what to send
+        stream_format: str = Field("audio", description="only 'audio' (the audio itself as the body)",
+                                   json_schema_extra={"enum": ["audio"]})
+        seed: int | None = Field(None, description="sampling seed; none or -1 = random",
+                                 json_schema_extra={"minimum": -1, "maximum": MAX_SEED})
+        mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
+            None, description="default: instruct when instructions are given, else zero_shot")
+        fixed_tokens: int = Field(0, description="benchmarks: exactly this many speech tokens per segment "
+                                  "([limits] max_fixed_tokens)",
+                                  json_schema_extra={"minimum": 0, "maximum": lim.max_fixed_tokens})
+        dialogue: bool = Field(False, description="`input` is a dialogue script: '[alice] text [bob] text …', each "
+                               "name a saved voice; text before the first tag is spoken by `voice` (docs/api.md)")
 
-    @field_validator("input", "instructions", check_fields=False)
-    @classmethod
-    def _valid_unicode(cls, v: str | None) -> str | None:
-        """JSON may escape a lone UTF-16 surrogate (\\ud800), which is no text: refused (400 on `input`)."""
-        if v is not None:
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError("unable to parse raw data as a unicode string (a lone UTF-16 surrogate at "
-                                 f"character {e.start}); send valid UTF-8 text") from None
-        return v
+        @field_validator("input", "instructions")
+        @classmethod
+        def _valid_unicode(cls, v: str | None) -> str | None:
+            # JSON may escape a lone UTF-16 surrogate (\ud800), which is no text: refused (400 on `input`)
+            if v is not None:
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError("unable to parse raw data as a unicode string (a lone UTF-16 surrogate at "
+                                     f"character {e.start}); send valid UTF-8 text") from None
+            return v
 
-
-def speech_body(lim: LimitsConfig) -> type[SpeechRequest]:
-    """`SpeechRequest` whose schema states the configured limits (checked in app/engine/prepare.py, with
-    messages that say what to do; the body's size is capped by `capped_route`)."""
-
-    return create_model(
-        "SpeechRequest", __base__=SpeechRequest,
-        input=(str, Field(description="the text to speak ([limits] max_text_chars)",
-                          json_schema_extra={"maxLength": lim.max_text_chars})),
-        instructions=(str | None, Field(None, description="style instruction: instruct mode ([limits] "
-                                        "max_instruct_chars)",
-                                        json_schema_extra={"maxLength": lim.max_instruct_chars})),
-        fixed_tokens=(int, Field(0, description="benchmarks: exactly this many speech tokens per segment ([limits] "
-                                 "max_fixed_tokens)",
-                                 json_schema_extra={"minimum": 0, "maximum": lim.max_fixed_tokens})))
+    return SpeechRequest
 
 
 def capped_route(max_mb: int) -> type[APIRoute]:
@@ -139,7 +129,12 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(identity))], tags=["v1"],
                        route_class=capped_route(cfg.limits.max_upload_mb), responses=error_responses(401, 405))
 
-    async def create_speech(body: SpeechRequest, request: Request):
+    speech_request = speech_body(cfg.limits)  # the schema states the configured limits
+
+    @router.post("/audio/speech", response_class=Response, responses={
+        200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
+              "description": "the speech"}, **error_responses(400, 403, 413, 429, 503)})
+    async def create_speech(body: speech_request, request: Request):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
         caller = caller_of(request.scope)
         if body.model.casefold() not in {m.casefold() for m in models}:
@@ -177,10 +172,6 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
                                      params=V1_PARAMS, caller=caller, gone=gone)
 
-    create_speech.__annotations__["body"] = speech_body(cfg.limits)  # the schema states the configured limits
-    router.post("/audio/speech", response_class=Response, responses={
-        200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
-              "description": "the speech"}, **error_responses(400, 403, 413, 429, 503)})(create_speech)
     router.include_router(voices_router(service, capped_route(cfg.limits.max_upload_mb)))
 
     @router.get("/models")

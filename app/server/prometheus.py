@@ -1,13 +1,9 @@
-"""GET /metrics: Prometheus text exposition of the studio plus vLLM's own `vllm:*` metrics.
-
-Design notes: docs/design.md.
-"""
+"""GET /metrics: Prometheus text exposition of the studio plus vLLM's own `vllm:*` metrics (docs/design.md)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import prometheus_client
 from fastapi import FastAPI, Request
@@ -16,12 +12,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from app.engine.metrics import Metrics
 from app.engine.resources import MIB
+from app.engine.service import StudioService
 from app.server.identity import caller_of
 
-if TYPE_CHECKING:
-    from app.engine.service import StudioService
-
 PREFIX = "cosyvoice_"
+MODEL_NAME_RE = re.compile(r'model_name="(?:[^"\\]|\\.)*"')
 
 
 class PrometheusExporter:
@@ -66,47 +61,40 @@ def public_text(text: str, model_name: str) -> bytes:
     return ("\n".join(kept) + "\n").encode()
 
 
-MODEL_NAME_RE = re.compile(r'model_name="(?:[^"\\]|\\.)*"')
-
-
-def _family(kind: type[Metric], name: str, doc: str, labels: list[str],
-            samples: list[tuple[list[str], float]]) -> Metric:
-    family = kind(name, doc, labels=labels)
-    for values, value in samples:
-        family.add_metric(values, value)
-    return family
-
-
-def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float | None]]) -> Iterator[Metric]:
-    """A gauge family of the samples whose value is not None, or nothing when none is (absent beats NaN)."""
+def _family(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float | None]],
+            kind: type[Metric] = GaugeMetricFamily) -> Iterator[Metric]:
+    """A family of the samples whose value is not None, or nothing when none is (absent beats NaN)."""
     if samples := [(values, value) for values, value in samples if value is not None]:
-        yield _family(GaugeMetricFamily, name, doc, labels, samples)
+        family = kind(name, doc, labels=labels)
+        for values, value in samples:
+            family.add_metric(values, value)
+        yield family
 
 
 def _snapshot_families(snap: dict, http_waiting: int | None) -> Iterator[Metric]:
     """Queue depths, GPU and process memory, KV cache, from one `Metrics.memory_snapshot()`."""
-    yield from _gauge("cosyvoice_queue_depth", "Requests waiting: queue=http for an HTTP-API slot, "
-                      "queue=engine in vLLM's scheduler.", ["queue"],
-                      [(["http"], http_waiting), (["engine"], snap.get("engine_waiting"))])
-    dev = snap.get("device")
-    dev_labels = [str(dev["index"]), str(dev["name"])] if dev else []
-    yield from _gauge("cosyvoice_gpu_memory_used_bytes", "Memory used on the GPU by all processes (NVML), bytes.",
-                      ["device", "name"], [(dev_labels, dev["used_mib"] * MIB)] if dev else [])
-    yield from _gauge("cosyvoice_gpu_memory_total_bytes", "Memory of the GPU, bytes.", ["device", "name"],
-                      [(dev_labels, dev["total_mib"] * MIB)] if dev else [])
+    yield from _family("cosyvoice_queue_depth", "Requests waiting: queue=http for an HTTP-API slot, "
+                       "queue=engine in vLLM's scheduler.", ["queue"],
+                       [(["http"], http_waiting), (["engine"], snap.get("engine_waiting"))])
+    if dev := snap.get("device"):
+        labels = [str(dev["index"]), str(dev["name"])]
+        yield from _family("cosyvoice_gpu_memory_used_bytes", "Memory used on the GPU by all processes (NVML), "
+                           "bytes.", ["device", "name"], [(labels, dev["used_mib"] * MIB)])
+        yield from _family("cosyvoice_gpu_memory_total_bytes", "Memory of the GPU, bytes.", ["device", "name"],
+                           [(labels, dev["total_mib"] * MIB)])
     per_role: dict[tuple[str, str], float] = {}
     for p in snap.get("processes", []):
         role = p["role"].lower().replace(" ", "_")  # app | vllm_engine | other
         for kind, mib in (("rss", p["rss_mib"]), ("gpu", p["gpu_mib"])):
             if mib is not None:
                 per_role[role, kind] = per_role.get((role, kind), 0.0) + mib * MIB
-    yield from _gauge("cosyvoice_process_memory_bytes", "Memory of this process (role=app) and its children "
-                      "(vllm_engine, other): kind=rss (resident RAM) or gpu (NVML), bytes.", ["role", "kind"],
-                      [([role, kind], v) for (role, kind), v in sorted(per_role.items())])
-    yield from _gauge("cosyvoice_kv_cache_usage_ratio", "Share of vLLM's KV cache in use, 0..1.", [],
-                      [([], snap.get("kv_cache_usage"))])
-    yield from _gauge("cosyvoice_kv_cache_capacity_tokens", "Tokens vLLM's KV cache holds (blocks x block size).",
-                      [], [([], snap.get("kv_cache_tokens"))])
+    yield from _family("cosyvoice_process_memory_bytes", "Memory of this process (role=app) and its children "
+                       "(vllm_engine, other): kind=rss (resident RAM) or gpu (NVML), bytes.", ["role", "kind"],
+                       [([role, kind], v) for (role, kind), v in sorted(per_role.items())])
+    yield from _family("cosyvoice_kv_cache_usage_ratio", "Share of vLLM's KV cache in use, 0..1.", [],
+                       [([], snap.get("kv_cache_usage"))])
+    yield from _family("cosyvoice_kv_cache_capacity_tokens", "Tokens vLLM's KV cache holds (blocks x block size).",
+                       [], [([], snap.get("kv_cache_tokens"))])
 
 
 def _service_families(svc: StudioService) -> Iterator[Metric]:
@@ -115,21 +103,21 @@ def _service_families(svc: StudioService) -> Iterator[Metric]:
     ready = svc.ready and not (h and h.fault)  # a dead (restarting) engine is not ready
     yield GaugeMetricFamily("cosyvoice_ready", "1 when the model and engine are ready to synthesise, else 0.",
                             value=1 if ready else 0)
-    yield _family(CounterMetricFamily, "cosyvoice_faults", "Faults survived: GPU out of memory (request refused), "
-                  "vLLM engine deaths and restarts.", ["kind"],
-                  [(["out_of_memory"], svc.n_out_of_memory), (["engine_death"], h.deaths if h else 0),
-                   (["engine_restart"], h.restarts if h else 0)])
-    yield from _gauge("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
-                      [([], h.unfinished if h else None)])
+    yield from _family("cosyvoice_faults", "Faults survived: GPU out of memory (request refused), vLLM engine "
+                       "deaths and restarts.", ["kind"],
+                       [(["out_of_memory"], svc.n_out_of_memory), (["engine_death"], h.deaths if h else 0),
+                        (["engine_restart"], h.restarts if h else 0)], CounterMetricFamily)
+    yield from _family("cosyvoice_engine_unfinished_requests", "LM requests the backend still tracks.", [],
+                       [([], h.unfinished if h else None)])
     yield CounterMetricFamily("cosyvoice_flow_state_resolves", "Token->wave segments that found no room in the "
                               "incremental flow's state pool and re-solved from then on.",
                               value=svc.synth.resolved_streams if svc.synth is not None else 0)
     facts = svc.facts()
     backend = svc.backend.name if svc.backend is not None else "none"
-    yield _family(GaugeMetricFamily, "cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, "
-                  "quantization.", ["backend", "device", "dtype", "quantization"],
-                  [([backend, str(facts["device"]), str(facts.get("dtype", svc.cfg.model.llm_dtype)),
-                    str(facts.get("quantization", "none"))], 1)])
+    yield from _family("cosyvoice_info", "What runs (always 1): LM backend, device, LM dtype, quantization.",
+                       ["backend", "device", "dtype", "quantization"],
+                       [([backend, str(facts["device"]), str(facts.get("dtype", svc.cfg.model.llm_dtype)),
+                          str(facts.get("quantization", "none"))], 1)])
 
 
 def add_metrics_route(app: FastAPI, service: StudioService) -> None:

@@ -1,7 +1,4 @@
-"""Streaming a synthesis over HTTP, for every door: prepare, admission, first chunk, then the body.
-
-Design notes: docs/design.md.
-"""
+"""Streaming a synthesis over HTTP, for every door: prepare, admission, first chunk, then the body (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The page's low-latency player routes: raw PCM for WebAudio, and a finished request's stats.
-
-Design notes: docs/design.md.
-"""
+"""The page's low-latency player routes: raw PCM for WebAudio, and a finished request's stats (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,9 @@ import weakref
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
+from gradio.utils import get_upload_folder
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.routing import Mount
 
 from app.engine.prepare import SpeechInputs
 from app.engine.service import ASSETS_DIR, StudioService
@@ -43,12 +42,11 @@ class StudioSpeech(BaseModel):
 def reference_path(raw: str) -> Path:
     """`raw` resolved (symlinks followed: a link out of the folders is refused), if it is a file inside Gradio's
     upload folder (where the page's uploads go) or assets/; else ApiError 400."""
-    from gradio.utils import get_upload_folder  # GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
-
     try:
         path = Path(raw).resolve(strict=True)
     except (OSError, RuntimeError, ValueError):  # missing, loop, NUL byte
         path = None
+    # Gradio's upload folder: GRADIO_TEMP_DIR, else <tempdir>/gradio (not resolved there)
     for root in (Path(get_upload_folder()).resolve(), ASSETS_DIR.resolve()):
         if path is not None and path.is_relative_to(root) and path != root and path.is_file():
             return path
@@ -60,8 +58,6 @@ def end_page_streams(app: FastAPI) -> None:
     """At Ctrl+C / SIGTERM, on the serving loop: end the open pages' long-lived streams (Gradio's heartbeat
     and queue SSE), which uvicorn's graceful shutdown would wait on; mounted, nothing sets Gradio's own
     `stop_event` (only `Blocks.close()` after `launch()` does)."""
-    from starlette.routing import Mount
-
     for route in app.routes:
         if isinstance(route, Mount) and route.path == "":  # the page: a gradio.routes.App (stop_event from init)
             route.app.get_blocks()._queue.close()  # its /queue/data streams end at their next wake-up
@@ -96,26 +92,23 @@ def add_studio_routes(app: FastAPI, service: StudioService,
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
         """Speak `text` in the reference voice; the body is raw PCM (s16le, mono, 24 kHz) as it is made."""
-        try:
-            return await speak(body, request)
-        except ApiError as e:  # the page's own route: the same status and code, the message in its language
-            e.message = say(e.message, lang_of(request))
-            raise
-
-    async def speak(body: StudioSpeech, request: Request):
         arrived = request.scope.get("state", {}).get(ARRIVAL_KEY, time.monotonic())  # AccessLimits
         raw = body.prompt_audio
         reference = (lambda: reference_path(raw)) if raw else None  # checked after the inputs (ApiError 400)
         caller = caller_of(request.scope)
-        prepared = await prepare_or_raise(service, SpeechInputs(
-            text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
-            mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True, dialogue=body.dialogue,
-            owner=caller.owner), STUDIO_PARAMS)
-        stop = asyncio.Event()  # set by POST /studio/requests/{id}/stop: the player's Stop, before it hangs up
-        stops[prepared.request.request_id] = stop
-        response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
-                                         headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
-                                         caller=caller, stop=stop, params=STUDIO_PARAMS)
+        try:
+            prepared = await prepare_or_raise(service, SpeechInputs(
+                text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
+                mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True,
+                dialogue=body.dialogue, owner=caller.owner), STUDIO_PARAMS)
+            stop = asyncio.Event()  # set by POST /studio/requests/{id}/stop: the player's Stop, before it hangs up
+            stops[prepared.request.request_id] = stop
+            response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
+                                             headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
+                                             caller=caller, stop=stop, params=STUDIO_PARAMS)
+        except ApiError as e:  # the page's own route: the same status and code, the message in its language
+            e.message = say(e.message, lang_of(request))
+            raise
         # arrival of the HTTP request -> these headers: the server's whole share of click -> first byte
         response.headers["X-Handler-Ms"] = f"{(time.monotonic() - arrived) * 1e3:.1f}"
         return response

@@ -1,7 +1,4 @@
-"""The /v1 saved-voice routes, each caller's own voices (app/engine/owners.py).
-
-Design notes: docs/design.md.
-"""
+"""The /v1 saved-voice routes, each caller's own voices (app/engine/owners.py; docs/design.md)."""
 
 # no `from __future__ import annotations`: the form fields' annotations use the configured limit (a local)
 
@@ -116,7 +113,10 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
         with refused():  # another owner's voice reads as unknown, as GET /v1/voices/{id}
             info, data = await asyncio.to_thread(voice_door.export, service, caller_of(request.scope).owner,
                                                  voice_id, owner)
-        return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": attachment(info.name + SUFFIX)})
+        filename = info.name + SUFFIX  # voice names may hold any script's letters: an ASCII fallback too
+        fallback = filename if filename.isascii() else "voice" + SUFFIX
+        disposition = f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
+        return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": disposition})
 
     @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503))
     async def import_voice_file(request: Request,
@@ -137,12 +137,6 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
         return {**voice_json(info, owner.admin), "warnings": []}
 
     return router
-
-
-def attachment(filename: str) -> str:
-    """A Content-Disposition for a download named `filename` (voice names may hold any script's letters)."""
-    fallback = filename if filename.isascii() else "voice" + SUFFIX
-    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
 
 
 async def _read_upload(upload: UploadFile, max_mb: int, *, param: str = "audio", what: str = "the audio upload",

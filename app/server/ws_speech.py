@@ -1,14 +1,12 @@
 """`/v1/audio/speech/stream`: text that streams in over a WebSocket, speech that streams out (docs/api.md).
 In: JSON `start` (the /v1/audio/speech body less `input`), `text` deltas, `flush`, `close`. Out: binary audio,
-JSON `started`/`segment`/`done`/`error`, then a close (1000, or a 44xx/1011 code with the reason).
-"""
+JSON `started`/`segment`/`done`/`error`, then a close (1000, or a 44xx/1011 code with the reason)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import weakref
 from collections.abc import AsyncIterator
@@ -48,13 +46,11 @@ def ws_router(service: StudioService, identity: Identity,
     async def message(ws: WebSocket) -> dict:
         """The next JSON message; `Refused` on silence past the idle timeout or anything but a JSON object."""
         try:
-            raw = await asyncio.wait_for(ws.receive_text(), srv.ws_idle_timeout_s)
+            msg = await asyncio.wait_for(ws.receive_json(), srv.ws_idle_timeout_s)
         except TimeoutError:
             raise Refused(IDLE, f"no message for {srv.ws_idle_timeout_s:g} s ([server] ws_idle_timeout_s)") from None
-        except KeyError:  # a binary frame: Starlette's receive_text finds no "text"
+        except KeyError:  # a binary frame: Starlette's receive_json finds no "text"
             raise Refused(BAD, "send JSON text frames, not binary") from None
-        try:
-            msg = json.loads(raw)
         except ValueError:
             raise Refused(BAD, "a message is not JSON: send {\"type\": ...} objects") from None
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
@@ -97,11 +93,10 @@ def ws_router(service: StudioService, identity: Identity,
         if fmt not in ("pcm", "wav"):
             raise Refused(BAD, "response_format must be pcm or wav")
         caller = caller_of(ws.scope)
-        instruct = start.get("instructions") or ""
         raw = start.get("prompt_audio")
         reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
         prepared = await prepare_or_raise(service, SpeechInputs(
-            text="start", voice=start.get("voice"), instruct_text=instruct, reference=reference,
+            text="start", voice=start.get("voice"), instruct_text=start.get("instructions") or "", reference=reference,
             transcript=start.get("prompt_text"), mode=start.get("mode"),
             seed=start.get("seed"), speed=start.get("speed", 1.0), stream=True, owner=caller.owner), V1_PARAMS)
         req = prepared.request
@@ -153,11 +148,10 @@ def ws_router(service: StudioService, identity: Identity,
         await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
                             "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
         tasks += [asyncio.create_task(reader()), asyncio.create_task(produce())]
+        # both end (the reader at close, then the rest of the speech), unless one raises first
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in done:
-            if t.exception() is not None:
-                raise t.exception()
-        await tasks[1]  # the reader returned (close): the rest of the speech
+            t.result()  # raises a task's exception
 
     return router
 
