@@ -2,12 +2,10 @@
 
 from pathlib import Path
 
-UI_DIR = Path(__file__).parent
-
 
 def ui_text(name: str) -> str:
     """A data file of the page beside these modules: its JS, CSS, HTML, and locales/*.toml (the words)."""
-    return (UI_DIR / name).read_text(encoding="utf-8")
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
 def hidden_element(elem_id: str, js_on_load: str):

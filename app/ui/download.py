@@ -1,6 +1,6 @@
 """The final take's download in a chosen format: the final WAV, converted on the server to mp3, opus, aac or
 flac with the API's encoders (app/audio_formats.py). A low-latency take's WAV lives in the page (a blob: URL):
-as WAV it is that file; another format uploads it first (app/ui/player.py TAKE_JS forServer)."""
+as WAV it is that file; another format uploads it first (app/ui/player_take.js forServer)."""
 
 from __future__ import annotations
 

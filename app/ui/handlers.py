@@ -1,8 +1,5 @@
 """Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save, export and
-import voices.
-
-Design notes: docs/design.md.
-"""
+import voices. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -113,7 +110,6 @@ class Handlers:
         if stop.stopped:  # Stop while this request waited in the queue
             yield None, None, say(Message("stopped_before", "Stopped before it started."), lang), None
             return
-        folder = Path(tempfile.mkdtemp(prefix="take-"))  # the named final WAV; Gradio copies it to its cache
         try:
             try:
                 prepared = await prepare(self.service, SpeechInputs(
@@ -142,21 +138,20 @@ class Handlers:
                                 yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
             except Exception as e:
                 raise page_error(e, lang) from e
-            path = folder / wav_name(text, voice)
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
-            yield self._result(prepared.request, audio, path, stop, live, lang)
+            # the named final WAV; its folder goes once Gradio has copied the yielded file to its cache
+            with tempfile.TemporaryDirectory(prefix="take-", ignore_cleanup_errors=True) as folder:
+                path = Path(folder) / wav_name(text, voice)
+                path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
+                yield self._result(prepared.request, audio, path, stop, live, lang)
         except gr.Error as e:  # the message, as the pop-up says it (in `lang`), also into the details: the page's
             # failure listener puts it next to Generate (app/ui/player_failure.js)
             yield gr.skip(), gr.skip(), gr.skip(), {"error": e.message}
             raise
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file by now
 
     def _result(self, req, audio: np.ndarray, path: Path, stop: StopSignal, live: bool, lang: str) -> tuple:
-        """The take's last outputs: (live player, final WAV, stats line, details). The stream has ended (its
-        final chunk came, or Stop), so its record is in the metrics: the same builders as the low-latency
-        player's (app/ui/player.py PlayerTake.show)."""
+        # the take's last outputs. The stream has ended (its final chunk came, or Stop), so its record is in the
+        # metrics: the same builders as the low-latency player's (app/ui/player.py PlayerTake.show)
         if stop.stopped:
             details = stopped_take(req.request_id, req.seed, int(audio.size), req.mode)
             # the live player is reset (no buffered audio plays on), the take so far is the final WAV
@@ -181,10 +176,9 @@ class Handlers:
     def check_upload(prompt_audio: str | None, request: gr.Request = None) -> str | None:
         """A reference just uploaded: refuse (and clear) a file that is not audio, with the reason (in the page's
         language)."""
-        if not prompt_audio:
-            return prompt_audio
         try:
-            decode_audio(prompt_audio)
+            if prompt_audio:
+                decode_audio(prompt_audio)
         except (AudioError, OSError) as e:
             msg = said_without(e, prompt_audio)
             log.info("refused upload: %s", msg)
@@ -244,13 +238,10 @@ class Handlers:
                                                  voice)
         except VoiceError as e:
             raise page_error(e, lang) from e
-        folder = Path(tempfile.mkdtemp(prefix="voice-"))
-        try:
-            path = folder / f"{info.name}{SUFFIX}"
+        with tempfile.TemporaryDirectory(prefix="voice-", ignore_cleanup_errors=True) as folder:
+            path = Path(folder) / f"{info.name}{SUFFIX}"
             path.write_bytes(data)
             yield str(path)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)  # Gradio has copied the yielded file to its cache by now
 
     async def import_voice(self, file: str | None, overwrite: bool = False, request: gr.Request = None,
                            profile: gr.OAuthProfile | None = None) -> tuple[str, str]:

@@ -1,7 +1,5 @@
 """The history of takes on the page: a section below the outputs, kept in the visitor's browser.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

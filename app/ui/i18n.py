@@ -1,7 +1,5 @@
 """The page's words in English and Chinese: labels (`gr.I18n`), and messages said by their key (`say`).
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The page's language switch: the labels (gr.I18n texts sent as updates), the `studio_lang` cookie, the
-players' own lines.
-
-Design notes: docs/design.md.
-"""
+players' own lines. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ from app.ui.i18n import EXAMPLE_KEYS, LANG_COOKIE, LANGS, labels, locale
 
 # the elements whose text the page's own players write (player.js, player.html), and gr.Examples' labels
 PAGE_IDS = ("studio_player_line", "studio_busy", "player_pause", "examples")
-
-
 TEXT_PROPS = ("label", "info", "placeholder", "value")  # the props a gr.I18n text may fill (a Button's: value)
 
 

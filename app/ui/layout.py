@@ -1,7 +1,5 @@
 """The studio page: inputs, outputs, examples, live panels, and the wiring (handlers live in handlers.py).
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -19,9 +17,9 @@ from app.engine.voice_file import SUFFIX
 from app.ui import hidden_element, history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
-from app.ui.i18n import labels, make_i18n
+from app.ui.i18n import EXAMPLE_KEYS, labels, make_i18n
 from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import IDLE_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, TAKE_JS, player_js, wire_take
+from app.ui.player import FINAL_JS, IDLE_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, PlayerTake, player_js
 from app.ui.presets import apply_preset, preset_choices
 from app.ui.stop import StopSignal
 from app.ui.transcription import TranscriptionEvents
@@ -35,17 +33,17 @@ ANY_NAME = {"voice": "a saved voice's name (see /list_voices), or '' for none"}
 
 class StudioBlocks(gr.Blocks):
     """gr.Blocks whose API page ("Use via API") names parameters by their English labels (Gradio lists
-    translated labels there as their I18nData objects, "[object Object]") and types `ANY_NAME`'s as any string,
-    and which refuses a malformed event without writing its inputs to the log (`preprocess_data`)."""
+    translated labels there as "[object Object]") and types `ANY_NAME`'s as any string, and which refuses a
+    malformed event without writing its inputs to the log."""
 
     def __init__(self, *args: Any, english: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.english = english or {}  # translation key -> English label
         super().__init__(*args, **kwargs)
 
     async def preprocess_data(self, block_fn: Any, inputs: list[Any], state: Any, explicit_call: bool = False) -> Any:
-        """Gradio's, but a malformed event (too few input values, e.g. a hand-made queue/join, or a value its
-        component cannot read) is refused with one log line: Gradio's own errors quote every value sent (the
-        user's text too) and its queue prints them with a traceback. The caller still gets the reason."""
+        # a malformed event (too few input values, e.g. a hand-made queue/join, or a value its component cannot
+        # read) is refused with one log line: Gradio's own errors quote every value sent (the user's text too) and
+        # its queue prints them with a traceback. The caller still gets the reason.
         name = block_fn.api_name or block_fn.name
         if len(inputs) < len(block_fn.inputs):
             raise malformed(name, f"{len(inputs)} input values, it needs {len(block_fn.inputs)}")
@@ -84,23 +82,21 @@ def signs_in() -> bool:
     return bool(os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"))
 
 
-def example_rows() -> tuple[list[list], list[str]]:
-    """Rows (text, prompt_audio, prompt_text, mode, instruct_text) built from assets/examples.json."""
+def example_rows() -> list[list]:
+    """Rows (text, prompt_audio, prompt_text, mode, instruct_text) from assets/examples.json, labelled by
+    EXAMPLE_KEYS (app/ui/locales/labels.toml) in this order."""
     spec = json.loads((ASSETS_DIR / "examples.json").read_text(encoding="utf-8"))
     voices = {v["name"]: v for v in spec["voices"]}
     texts = {t["lang"]: t["text"] for t in reversed(spec["texts"])}  # the first text of each language
     numbers = spec["texts"][-1]["text"]
     en, zh = voices["espeak-en"], voices["espeak-zh"]
-    rows = [
-        (texts["en"], en, "zero_shot", "", "ex_en"),  # labels: translation keys (app/ui/locales/labels.toml)
-        (texts["zh"], zh, "zero_shot", "", "ex_zh"),
-        (numbers, en, "zero_shot", "", "ex_numbers"),
-        (texts["zh"], en, "cross_lingual", "", "ex_cross"),
-        (texts["en"], zh, "instruct", "Speak slowly and calmly.", "ex_instruct"),
-    ]
-    out = [[text, str(ASSETS_DIR / v["audio"]), v["transcript"] if mode == "zero_shot" else "", mode, instruct]
-           for text, v, mode, instruct, _ in rows]
-    return out, [label for *_, label in rows]
+
+    def row(text: str, voice: dict, mode: str = "zero_shot", instruct: str = "") -> list:
+        return [text, str(ASSETS_DIR / voice["audio"]), voice["transcript"] if mode == "zero_shot" else "", mode,
+                instruct]
+
+    return [row(texts["en"], en), row(texts["zh"], zh), row(numbers, en), row(texts["zh"], en, "cross_lingual"),
+            row(texts["en"], zh, "instruct", "Speak slowly and calmly.")]
 
 
 def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
@@ -141,7 +137,6 @@ def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
 
 
 def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
-    """The left column: text, reference clip and transcript, mode, preset, saved voices, seed, Generate/Stop."""
     with gr.Column():
         ui.text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
                              max_length=cfg.limits.max_text_chars, elem_id="text")
@@ -207,7 +202,7 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
         # the low-latency player's line (click -> first byte -> first sound) and controls (pause, volume, played /
         # received seconds), player.html as one line (no whitespace between its elements); player.js fills them
         gr.HTML("".join(map(str.strip, ui_text("player.html").splitlines())), elem_id="player_box", js_on_load=None)
-        ui.take = hidden_element("player_take", TAKE_JS)  # its takes come in through this (app/ui/player.py)
+        ui.take = hidden_element("player_take", ui_text("player_take.js"))  # its takes come in through this
         ui.final_out = gr.Audio(type="filepath", interactive=False, label=i18n("final_out"),
                                 buttons=["download"], elem_id="final_out")
         build_download(ui.final_out, i18n, **PAGE_ONLY)  # the take as mp3/opus/aac/flac (app/ui/download.py)
@@ -218,10 +213,9 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 
 
 def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
-    """The example rows, and the live panels (their timer runs only while the accordion is open)."""
-    rows, keys = example_rows()
-    gr.Examples(rows, [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text], cache_examples=False,
-                example_labels=[labels("en")[k] for k in keys], label=i18n("examples"), elem_id="examples")
+    gr.Examples(example_rows(), [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text],
+                cache_examples=False, example_labels=[labels("en")[k] for k in EXAMPLE_KEYS], label=i18n("examples"),
+                elem_id="examples")
     with gr.Accordion(i18n("panels"), open=True) as panels_box:
         ui.panel_timer, ui.redraw_panels = panels.build_panels(service, i18n)
     # a collapsed panel costs nothing: its timer stops
@@ -245,8 +239,9 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     # its error next to Generate (the handler put it into the details)
     synth.failure(None, ui.details, ui.details, js=ui_text("player_failure.js"), **PAGE_ONLY)
     # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py): its
-    # final WAV from the page's own Blob, its stats line and details from the server
-    take = wire_take(ui.take, ui.final_out, outputs[2:], h.service, **PAGE_ONLY)
+    # final WAV from the page's own Blob (in the browser), its stats line and details from the server
+    ui.take.change(None, None, ui.final_out, js=FINAL_JS, **PAGE_ONLY)
+    take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[2:], show_progress="hidden", **PAGE_ONLY)
     for done in (synth, take):  # the finished take into the page's history (browser only)
         done.success(None, [ui.final_out, ui.details], None, js=history.RECORD_JS, **PAGE_ONLY)
     # "Use these settings": a take's settings into the inputs (the seed box keeps its value for a take without one)

@@ -1,7 +1,5 @@
 """Live panels: memory over time, latency of recent requests, engine facts; refreshed by a `gr.Timer`.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ def word(text: str, lang: str) -> str:
 
 def build_panels(service: Studio, label: gr.I18n) -> tuple[gr.Timer, Any]:
     """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer
-    and `redraw(event)`, one tick at once after `event` (the language switch). `service`: a `Studio`
-    (app/engine/service.py; its `backend` is None until started)."""
+    and `redraw(event)`, one tick at once after `event` (the language switch)."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
         memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
@@ -105,7 +102,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         df[column] = df[column].map(lambda x: word(x, lang))
     ago, req, series = text["seconds ago"], text["request #"], word("series", lang)
     return (
-        headline_text(service, snap, lang),
+        headline_text(service, snap, lang, text),
         gr.LinePlot(value=mem_df, title=mem_title, x_title=ago, y_title=word("MiB", lang), color_title=series),
         gr.LinePlot(value=load_df, title=titles["load"], x_title=ago, y_title=word("percent", lang),
                     color_title=series),
@@ -114,7 +111,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         gr.ScatterPlot(value=latency_df, title=titles["latency"], x_title=req, y_title=word("value", lang),
                        color_title=series),
         table_frame(recent, lang),
-        facts_text(service, snap, lang, public=owners is not None),
+        facts_text(service, snap, lang, text, public=owners is not None),
     )
 
 
@@ -175,9 +172,8 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[word(c, lang) for c in TABLE_COLUMNS])
 
 
-def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
+def headline_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str]) -> str:
     m = service.metrics
-    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     parts = [f"**{say(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
@@ -200,10 +196,9 @@ def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> st
     return " · ".join(parts)
 
 
-def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
-    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`).
-    `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
-    w = catalog()["text"]["zh" if lang == "zh" else "en"]
+def facts_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str], public: bool = False) -> str:
+    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`, texts
+    `w`). `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
     try:
         facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive

@@ -1,7 +1,5 @@
-"""The low-latency player's Python side: its page element and the JS glue.
-
-Design notes: docs/design.md.
-"""
+"""The low-latency player's Python side: its page element and the JS glue (player_take.js: the take element's).
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
@@ -22,24 +20,6 @@ STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…
                '<div id="studio_error" role="alert"></div></div>')
 # the standard player's `synthesize` ended (either way): the page is no longer busy
 IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
-# js_on_load of the hidden take element (#player_take; its value: PlayerTake.show's JSON), what player.js calls:
-# show(value, final) hands the server the take's JSON (PlayerTake.show: its stats) and the page its final WAV
-# (`final`: a FileData of the page's own blob: URL, put into #final_out by FINAL_JS); forServer(final, fmt) is the
-# final WAV as the format download (app/ui/download.py) sends it: a blob: take goes up only when a listener asks for
-# another format (once per take)
-TAKE_JS = """window.studioTake = {final: null, uploaded: null,
-  show: (value, final = null) => { window.studioTake.final = final; props.value = value; },
-  forServer: async (final, fmt) => {
-    const t = window.studioTake;
-    if (!final || !String(final.url).startsWith('blob:')) return final;
-    if (fmt === 'wav') return null;
-    if (!t.uploaded || t.uploaded.blob !== final.url) {
-      const wav = await (await fetch(final.url)).blob();
-      const {path, url} = await upload(new File([wav], final.orig_name, {type: 'audio/wav'}));
-      t.uploaded = {blob: final.url, file: {...final, path, url}};
-    }
-    return t.uploaded.file;
-  }};"""
 FINAL_JS = "() => [window.studioTake ? window.studioTake.final : null]"  # the final WAV (or none) into #final_out
 # the seed the server used (the X-Seed header), into the seed box at the start of a take: player.js hands it to
 # the hidden #player_seed element (`at` makes every take a change), whose change event returns it as an output
@@ -47,14 +27,6 @@ SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: N
 SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id and a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
-
-
-def wire_take(take: gr.HTML, final_out: gr.Audio, outputs: list[Any], service: StudioService,
-              **page_only: Any) -> gr.events.Dependency:
-    """`take`'s change: the take's final WAV (the page's own Blob) into `final_out` in the browser, and its stats
-    line and details (`outputs`) from the server. Returns the server's event (the history follows its success)."""
-    take.change(None, None, final_out, js=FINAL_JS, **page_only)
-    return take.change(PlayerTake(service).show, take, outputs, show_progress="hidden", **page_only)
 
 
 class PlayerTake:

@@ -1,7 +1,5 @@
 """Instruct-mode presets: dialects, emotions and speeds, as the instructions CosyVoice2 was trained on.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

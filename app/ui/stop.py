@@ -1,7 +1,5 @@
 """Stop for the standard (Gradio) player: a per-session signal, and a chunk stream that ends on it.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 

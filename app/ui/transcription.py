@@ -1,7 +1,5 @@
 """The page's transcription events: the Transcribe button and the fill at Generate / Save voice.
-
-Design notes: docs/design.md.
-"""
+Design notes: docs/design.md."""
 
 from __future__ import annotations
 
