@@ -22,6 +22,7 @@ import torch
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
+from app.model.flow.paged import KVPool
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
 from app.model.token2wav import FlowPrompt, Token2WavStream
@@ -31,7 +32,10 @@ PROMPT_TOKENS = 119
 
 def stream_mels(flow, prompt: FlowPrompt, tokens: torch.Tensor, streaming: StreamingConfig, *,
                 incremental: bool = False) -> list[torch.Tensor]:
-    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=incremental)
+    # the incremental state's pool: every frame of prompt + tokens in whole blocks (one chunk each), and a spare
+    frames, chunk = 2 * (prompt.tokens.shape[1] + tokens.shape[1]), flow.dims.estimator.static_chunk_size
+    pool = KVPool(flow, n_blocks=-(-frames // chunk) + 1) if incremental else None
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=incremental, flow_pool=pool)
     mels = []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)

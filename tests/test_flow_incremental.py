@@ -1,4 +1,5 @@
-"""Incremental streaming flow (app/model/flow/incremental.py) == today's re-solve, on the CPU.
+"""Incremental streaming flow (app/model/flow/incremental.py, its estimator state in a `KVPool`) == today's
+re-solve, on the CPU.
 
 Every schedule comes from the fixtures (prompt and tokens of flow.npz / stream.npz / e2e.npz) and
 `Token2WavStream.next_plan`. Measured on this 2-core CPU (torch 2.13, parity fixture v1):
@@ -21,6 +22,7 @@ import torch
 from t2w_chunks import run_chunk
 from tolerances import (
     FLOW_MEL_ATOL,
+    HALF_INCREMENTAL_ATOL,
     INCREMENTAL_ATOL,
     INCREMENTAL_F64_ATOL,
     WAVE_MAX_ATOL,
@@ -29,7 +31,8 @@ from tolerances import (
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
-from app.model.flow.incremental import FlowState, build_voice_prefix, prompt_only_chunks, state_bytes
+from app.model.flow.incremental import FlowState, build_voice_prefix, prompt_only_chunks
+from app.model.flow.paged import KVPool
 from app.model.flow.prompt_cache import PromptCache
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
@@ -72,6 +75,11 @@ def unaligned_streaming(prompt: FlowPrompt, chunk: int, **kw) -> StreamingConfig
     return StreamingConfig(first_hop_tokens=hop, align_first_hop=False, **kw)
 
 
+def new_pool(flow: CausalFlow, n_blocks: int = 96) -> KVPool:
+    """A state pool in the flow's dtype with room for a few of the fixture's streams (50 frames a block)."""
+    return KVPool(flow, n_blocks=n_blocks)
+
+
 def err(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     return float((a.double() - b.double()).abs().max())
@@ -79,8 +87,10 @@ def err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def compare_hops(flow, prompt, tokens, streaming, *, prefix=None) -> tuple[list[float], list[int]]:
     """Each plan's mel: incremental (`flow_step`) vs re-solve (`flow_batch`); returns the max diffs
-    and the committed tokens after each call."""
-    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True, voice_prefix=prefix)
+    and the committed tokens after each call (the stream's pool: the prefix's, else a new one)."""
+    pool = prefix.state.est.pool if prefix is not None else new_pool(flow)
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True, voice_prefix=prefix,
+                        flow_pool=pool)
     diffs, committed = [], []
     while not s.done:
         plan = s.next_plan(tokens.shape[1], lm_finished=True)
@@ -107,7 +117,8 @@ def test_streaming_hops_equal_resolve(flow, prompt, tokens, schedule, use_prefix
     chunk = flow.dims.encoder.static_chunk_size
     P = prompt.tokens.shape[1]
     streaming = StreamingConfig() if schedule == "official" else unaligned_streaming(prompt, chunk)
-    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding) if use_prefix else None
+    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, new_pool(flow)) if use_prefix \
+        else None
     if prefix is not None:
         assert prefix.n_tokens == chunk * prompt_only_chunks(P, chunk, flow.dims.pre_lookahead_len)
         assert prefix.n_frames == 2 * prefix.n_tokens > 0
@@ -137,7 +148,7 @@ def test_streaming_hops_equal_resolve_float64(flow64, prompt, tokens, schedule):
     chunk = flow64.dims.encoder.static_chunk_size
     streaming = CAUSAL_FINAL if schedule == "official" \
         else unaligned_streaming(prompt, chunk, final_call="chunk_causal")
-    for prefix in (None, build_voice_prefix(flow64, prompt.tokens, prompt.mel, prompt.embedding)):
+    for prefix in (None, build_voice_prefix(flow64, prompt.tokens, prompt.mel, prompt.embedding, new_pool(flow64))):
         diffs, _ = compare_hops(flow64, prompt, tokens, streaming, prefix=prefix)
         print(f"float64 {schedule} prefix={prefix is not None}: {diffs}")
         assert max(diffs) <= FP64_TIGHT
@@ -148,7 +159,7 @@ def test_final_calls(flow, prompt, tokens):
     """Exact final (default) = today's call; the chunk-causal final is incremental and equals the
     re-solve of the same (streaming=True, finalize=True) call; its deviation from the official
     full-attention final is measured (random weights: large, see docs/precision.md)."""
-    s = Token2WavStream(flow, None, prompt, CAUSAL_FINAL, stream=True, incremental=True)
+    s = Token2WavStream(flow, None, prompt, CAUSAL_FINAL, stream=True, incremental=True, flow_pool=new_pool(flow))
     while (plan := s.next_plan(tokens.shape[1], lm_finished=True)) is not None and not plan.finalize:
         flow_step(flow, s.flow_state, tokens, plan)
         s.advance(plan)
@@ -169,7 +180,7 @@ def test_final_calls(flow, prompt, tokens):
     with pytest.raises(ValueError, match="final"):
         flow_step(flow, state, tokens, plan)
     # the default final: streaming=False, the full re-solve, bit-identical to today's path
-    s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True)
+    s = Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=new_pool(flow))
     while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
         flow_step(flow, s.flow_state, tokens, plan)
         s.advance(plan)
@@ -181,17 +192,24 @@ def test_final_calls(flow, prompt, tokens):
 def test_interleaved_streams_share_an_untouched_prefix(flow, prompt, tokens):
     """Streams of two voices (and two of the same voice, different tokens), advanced alternately,
     give exactly what each gives alone; the shared voice prefixes are never written."""
-    cache = PromptCache(max_bytes=1 << 30)
+    pool = new_pool(flow)
+    cache = PromptCache(max_bytes=1 << 30, pool=pool)
     voice_b = other_voice(prompt)
     jobs = [("a", prompt, tokens), ("a", prompt, tokens.flip(1)), ("b", voice_b, tokens)]
 
     def prefix_of(key, p):
         return cache.get(key, flow, p.tokens, p.mel, p.embedding)
 
-    snapshots = {key: [s.kv.data.clone() for s in prefix_of(key, p).state.stages] for key, p, _ in jobs}
+    def snapshot(prefix) -> list[torch.Tensor]:  # the encoder stages' buffers, the estimator's blocks and tails
+        enc, up, est = prefix.state.stages
+        return [enc.kv.data.clone(), up.kv.data.clone(), pool.kv[:, :, est.table].clone(),
+                pool.tails[est.tail_slot].clone()]
+
+    snapshots = {key: snapshot(prefix_of(key, p)) for key, p, _ in jobs}
+
     def new(key, p):
         return Token2WavStream(flow, None, p, CAUSAL_FINAL, stream=True, incremental=True,
-                               voice_prefix=prefix_of(key, p))
+                               voice_prefix=prefix_of(key, p), flow_pool=pool)
 
     alone = []
     for key, p, tok in jobs:
@@ -208,30 +226,31 @@ def test_interleaved_streams_share_an_untouched_prefix(flow, prompt, tokens):
             if not s.done:
                 plan = s.next_plan(tok.shape[1], lm_finished=True)
                 out.append(s.flow_mel(tok, plan))
-                if not plan.finalize:  # a stream's buffers are its own once extended
-                    owned = s.flow_state.est.kv
-                    assert not owned.shared and owned.data.data_ptr() != s.voice_prefix.state.est.kv.data.data_ptr()
+                if not plan.finalize:  # a stream's buffers and blocks are its own once extended
+                    owned, shared = s.flow_state, s.voice_prefix.state
+                    assert not owned.enc.kv.shared and owned.enc.kv.data.data_ptr() != shared.enc.kv.data.data_ptr()
+                    assert not set(owned.est.table[owned.est.n_shared:]) & set(shared.est.table)
                 s.advance(plan)
     for a, b in zip(alone, together, strict=True):
         assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert cache.stats.misses == 2 and len(cache) == 2
     for key, p, _ in jobs:
-        assert all(torch.equal(s.kv.data, snap) for s, snap in zip(prefix_of(key, p).state.stages,
-                                                                   snapshots[key], strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(snapshot(prefix_of(key, p)), snapshots[key], strict=True))
 
 
 @pytest.mark.parity
 def test_stream_audio_incremental_equals_resolve(flow, hift, prompt, golden, manifest):
     """Whole Token2WavStream output (stream.npz and e2e.npz stream tokens): incremental (with and
     without the voice prefix) vs the re-solve and vs the official goldens, README tolerances."""
-    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding)
+    pool = new_pool(flow)
+    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, pool)
     cases = [(torch.from_numpy(golden("stream")["tokens"]).long(),
               [golden("stream")[f"stream_{i}_speech"] for i in range(len(manifest["stream_schedule"]))]),
              (torch.from_numpy(golden("e2e")["stream_llm_tokens"]).long(), None)]
     for tok, golden_chunks in cases:
         ref = _audio(flow, hift, prompt, tok, incremental=False)
         for voice_prefix in (None, prefix):
-            inc = _audio(flow, hift, prompt, tok, incremental=True, voice_prefix=voice_prefix)
+            inc = _audio(flow, hift, prompt, tok, incremental=True, voice_prefix=voice_prefix, pool=pool)
             assert [c.shape for c in inc] == [c.shape for c in ref]
             d = torch.cat(inc) - torch.cat(ref)
             print(f"audio incremental vs re-solve ({tok.shape[1]} tokens, prefix={voice_prefix is not None}): "
@@ -242,9 +261,9 @@ def test_stream_audio_incremental_equals_resolve(flow, hift, prompt, golden, man
                 assert e.abs().max().item() <= AUDIO_MAX and e.pow(2).mean().sqrt().item() <= AUDIO_RMS, i
 
 
-def _audio(flow, hift, prompt, tok, *, incremental: bool, voice_prefix=None) -> list[torch.Tensor]:
+def _audio(flow, hift, prompt, tok, *, incremental: bool, voice_prefix=None, pool=None) -> list[torch.Tensor]:
     s = Token2WavStream(flow, hift, prompt, StreamingConfig(), stream=True, incremental=incremental,
-                        voice_prefix=voice_prefix)
+                        voice_prefix=voice_prefix, flow_pool=pool)
     chunks = []
     while not s.done:
         chunks.append(run_chunk(s, tok, s.next_plan(tok.shape[1], lm_finished=True)))
@@ -254,7 +273,8 @@ def _audio(flow, hift, prompt, tok, *, incremental: bool, voice_prefix=None) -> 
 @pytest.mark.parity
 def test_prompt_cache_bounds_and_state_size(flow, prompt):
     voices = {"a": prompt, "b": other_voice(prompt), "c": other_voice(other_voice(prompt))}
-    cache = PromptCache(max_bytes=1 << 30, max_entries=2)
+    pool = new_pool(flow)
+    cache = PromptCache(max_bytes=1 << 30, max_entries=2, pool=pool)
     for key in ("a", "b", "a", "c"):  # "b" is least recently used when "c" arrives
         p = voices[key]
         cache.get(key, flow, p.tokens, p.mel, p.embedding)
@@ -263,25 +283,33 @@ def test_prompt_cache_bounds_and_state_size(flow, prompt):
     b = voices["b"]
     entry = cache.get("a", flow, b.tokens, b.mel, b.embedding)  # same key, another prompt: rebuilt
     assert cache.stats.misses == 4 and entry.matches(b.tokens, b.mel, b.embedding)
-    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding)
+    prefix = build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, pool)
     assert prefix.n_frames > 0
-    tails = sum(t.numel() * t.element_size() for s in prefix.state.stages for slot in s.tails for t in slot)
-    assert prefix.nbytes - tails == state_bytes(flow, prefix.n_frames)  # the documented formula
-    small = PromptCache(max_bytes=prefix.nbytes - 1)
+    est = prefix.state.est  # its chunks exactly, in whole blocks, and its tail slot
+    assert len(est.table) * pool.block_frames == prefix.n_frames
+    assert est.nbytes == len(est.table) * pool.block_bytes + pool.tail_bytes
+    enc_up = sum(s.nbytes for s in prefix.state.stages[:2])
+    assert prefix.nbytes == enc_up + est.nbytes
+    small = PromptCache(max_bytes=prefix.nbytes - 1, pool=pool)
     small.get("a", flow, prompt.tokens, prompt.mel, prompt.embedding)
     assert len(small) == 0  # larger than the bound: returned, not kept
     with pytest.raises(ValueError, match="another prompt"):
-        FlowState(flow, b.tokens, b.mel, b.embedding, prefix=prefix)
+        FlowState(flow, b.tokens, b.mel, b.embedding, pool=pool, prefix=prefix)
+    with pytest.raises(ValueError, match="same flow state pool"):
+        FlowState(flow, prompt.tokens, prompt.mel, prompt.embedding, pool=new_pool(flow), prefix=prefix)
 
 
 @pytest.mark.parity
 def test_state_dtype_follows_flow_and_bad_calls(flow, prompt, tokens):
     half = copy.deepcopy(flow).half()
-    s = Token2WavStream(half, None, prompt, StreamingConfig(), stream=True, incremental=True)
+    s = Token2WavStream(half, None, prompt, StreamingConfig(), stream=True, incremental=True,
+                        flow_pool=new_pool(half))
     plan = s.next_plan(tokens.shape[1], lm_finished=False)
     mel = s.flow_mel(tokens, plan)
-    assert all(st.kv.data.dtype == torch.float16 for st in s.flow_state.stages)
-    assert err(mel, flow_batch(half, [s.flow_item(tokens, plan)])[0]) <= MEL_ATOL
+    assert all(st.kv.data.dtype == torch.float16 for st in s.flow_state.stages[:2])
+    assert s.flow_state.est.pool.kv.dtype == torch.float16
+    # the fp16 hop is the packed call, whose spread vs the fp16 re-solve is tolerances.py's (5.9e-3 here)
+    assert err(mel, flow_batch(half, [s.flow_item(tokens, plan)])[0]) <= HALF_INCREMENTAL_ATOL
     state = s.flow_state
     s.advance(plan)
     with pytest.raises(ValueError, match="extend"):
@@ -290,6 +318,8 @@ def test_state_dtype_follows_flow_and_bad_calls(flow, prompt, tokens):
         flow_step(half, state, tokens, plan)  # the first hop again: its frames are committed
     with pytest.raises(ValueError, match="incremental"):
         Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, voice_prefix=object())
+    with pytest.raises(ValueError, match="flow_pool"):
+        Token2WavStream(flow, None, prompt, StreamingConfig(), stream=True, incremental=True)
 
 
 def test_tiny_model_constant_hops(tiny_model_dir, golden):
@@ -302,8 +332,9 @@ def test_tiny_model_constant_hops(tiny_model_dir, golden):
     tok = torch.from_numpy(golden("e2e")["stream_llm_tokens"]).long()
     chunk = flow.dims.encoder.static_chunk_size
     streaming = StreamingConfig(first_hop_tokens=chunk, hop_growth=1, max_hop_tokens=chunk)
-    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True,
-                        voice_prefix=build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding))
+    pool = new_pool(flow)
+    s = Token2WavStream(flow, None, prompt, streaming, stream=True, incremental=True, flow_pool=pool,
+                        voice_prefix=build_voice_prefix(flow, prompt.tokens, prompt.mel, prompt.embedding, pool))
     t_ref = t_inc = 0.0
     n_hops = 0
     while not (plan := s.next_plan(tok.shape[1], lm_finished=True)).finalize:

@@ -1,5 +1,5 @@
 """Cross-stream batching of incremental hops (app/model/flow/batch.py: one packed call over the pool,
-app/model/flow/packed.py) and the growable states' memory bound.
+app/model/flow/packed.py) and the states' memory bound.
 
 Interleaved streams with different voices, tokens and schedules (so different committed edges, new
 frame counts and key lengths share one call) give, per hop, what each stream gives alone through
@@ -20,8 +20,8 @@ from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.batch import incremental_batch
 from app.model.flow.cache import next_capacity
-from app.model.flow.incremental import build_voice_prefix, bytes_after, prepare_hop, prepare_hops, state_bytes
-from app.model.flow.paged import KVPool, PoolFull
+from app.model.flow.incremental import build_voice_prefix, prepare_hop, prepare_hops
+from app.model.flow.paged import KVPool, PoolFull, blocks_needed, bytes_per_frame
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -182,9 +182,9 @@ def test_one_encoder_pass_equals_each_stream_alone(flow, prompt, tokens):
              (b, tokens, 1, False)]
 
     def streams():  # each stream advanced by `hops` alone passes first: different committed edges
-        out = []
+        out, pool = [], KVPool(f64, n_blocks=96)
         for voice, tok, hops, _ in plans:
-            s = Token2WavStream(f64, None, voice, causal_final, stream=True, incremental=True)
+            s = Token2WavStream(f64, None, voice, causal_final, stream=True, incremental=True, flow_pool=pool)
             for _ in range(hops):
                 p = s.next_plan(tok.shape[1], lm_finished=False)
                 flow_step(f64, s.flow_state, tok, p)
@@ -224,27 +224,26 @@ def test_one_encoder_pass_equals_each_stream_alone(flow, prompt, tokens):
 
 
 def test_state_memory_bound_and_dtype(flow, prompt, tokens):
-    """Buffers grow by a quarter in whole chunks (<= 1.25x the committed frames + one chunk, doubling
-    held up to 2x); bytes_after bounds what a hop leaves; fp16 flows keep fp16 states. Prints bytes per
-    committed frame on this flow and, from the formula, on the full CosyVoice2 sizes."""
+    """The encoder stages' buffers grow by a quarter in whole chunks (<= 1.25x the committed positions + one
+    chunk; doubling held up to 2x); the estimator's frames take whole pool blocks, at most what
+    `blocks_needed` counted before the hop; fp16 flows keep fp16 states. Prints bytes per committed frame."""
     chunk = flow.dims.estimator.static_chunk_size
     assert next_capacity(0, 130, chunk) == 150 and next_capacity(400, 410, chunk) == 500
     assert next_capacity(400, 380, chunk) == 400 and next_capacity(400, 700, chunk) == 700
     for dtype in (torch.float32, torch.float16):
         f = copy.deepcopy(flow).to(dtype)
-        s = Token2WavStream(f, None, prompt, StreamingConfig(), stream=True, incremental=True)
+        pool = KVPool(f, n_blocks=64)
+        s = Token2WavStream(f, None, prompt, StreamingConfig(), stream=True, incremental=True, flow_pool=pool)
         per_frame = []
         while not (plan := s.next_plan(tokens.shape[1], lm_finished=True)).finalize:
-            need = bytes_after(f, s.flow_state_or_none, s.n_prompt + plan.n_tokens)
+            need, before = blocks_needed(pool, s.flow_state_or_none, s.n_prompt + plan.n_tokens), pool.used_blocks
             s.flow_mel(tokens, plan)
             st = s.flow_state
-            assert st.est.kv.data.dtype == dtype
-            kv = st.est.kv
-            assert kv.capacity <= 1.25 * kv.length + chunk, (kv.capacity, kv.length)
-            assert st.nbytes - sum(t.numel() * t.element_size() for g in st.stages for sl in g.tails for t in sl) \
-                <= need
+            assert pool.used_blocks - before <= need and len(st.est.table) * pool.block_frames >= st.n_frames
+            assert pool.kv.dtype == dtype and all(g.kv.data.dtype == dtype for g in st.stages[:2])
+            for g in st.stages[:2]:
+                assert g.kv.capacity <= 1.25 * g.kv.length + g.kv.quantum, (g.kv.capacity, g.kv.length)
             per_frame.append(st.nbytes / st.n_frames)
             s.advance(plan)
-        exact = state_bytes(f, 2) / 2
         print(f"{dtype}: bytes per committed frame after each hop {[round(b) for b in per_frame]} "
-              f"(K/V + positions alone: {exact:.0f})")
+              f"(the pool's K/V alone: {bytes_per_frame(f):.0f})")

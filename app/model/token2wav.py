@@ -182,8 +182,10 @@ class Token2WavStream:
             raise ValueError("speed change is only supported without streaming (as upstream)")
         if voice_prefix is not None and not incremental:
             raise ValueError("voice_prefix is used by the incremental flow only: pass incremental=True")
+        if incremental and flow_pool is None:
+            raise ValueError("the incremental flow keeps its states in a pool: pass flow_pool (a KVPool)")
         self.voice_prefix = voice_prefix  # shared, read only (PromptCache entry)
-        self.flow_pool = flow_pool  # the paged state pool of the incremental flow (None: growable buffers)
+        self.flow_pool = flow_pool  # the paged state pool of the incremental flow
         self._flow_state: FlowState | None = None  # incremental flow state, made on first use
         self.flow, self.hift, self.prompt, self.streaming = flow, hift, prompt, streaming
         # streaming hops through the incremental flow (exact w.r.t. the re-solve, O(new chunk) work)

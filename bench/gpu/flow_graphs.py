@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from app.model.flow.graphs import EstimatorGraphs
-from bench.gpu.incremental_graphs import build_flow
+from bench.gpu.paged_hops import build_flow
 from bench.gpu.timing import kernels, timed
 
 EVALS = [("A", 2, 320), ("B", 32, 640)]  # (shape, rows, frames): one evaluation, chunk-causal

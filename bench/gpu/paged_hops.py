@@ -1,11 +1,10 @@
-"""Paged incremental hops on a GPU (app/model/flow/packed.py, paged*.py), next to the growable path and the
-graphed re-solve measured by bench/gpu/incremental_graphs.py (whose flow builder this reuses).
+"""Paged incremental hops on a GPU (app/model/flow/packed.py, paged*.py), next to the graphed re-solve.
 
 Per dtype (fp32, fp16), hop (the first hop from a voice prefix: 100 new frames; a mid hop: the 3rd,
 200 new frames) and stream count (1 / 4 / 16, each stream its own voice and tokens): ms per call of
 the packed solve alone (streams one after another, eager), batched (one eager packed call), graphed
-(the packed bucket's CUDA graph, captured before timing, replayed), the growable eager hop alone (1 stream) and
-the re-solve of the same calls with the estimator's CUDA graphs; max |diff| graphed vs eager and
+(the packed bucket's CUDA graph, captured before timing, replayed) and the re-solve of the same calls
+with the estimator's CUDA graphs; max |diff| graphed vs eager and
 eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); the streams'
 encoder passes alone (one batched pass, as served, and one stream at a time); pool bytes per frame and
 per stream; the shared prefix's reference counts; with --profile, the top kernels of the most streams'
@@ -25,20 +24,52 @@ import argparse
 import gc
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from app.config import StreamingConfig
+from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import _solve_new, build_voice_prefix, prepare_hop, prepare_hops
+from app.model.flow.incremental import build_voice_prefix, prepare_hop, prepare_hops
 from app.model.flow.paged import KVPool, bytes_per_frame
 from app.model.flow.paged_graphs import PagedGraphs
 from app.model.flow.paged_solve import solve_calls
+from app.model.hparams import load_hparams
+from app.model.random import SIZES
+from app.model.random.init import randomize
+from app.model.random.tokenizer_files import write_qwen_config
+from app.model.random.yaml_template import render_cosyvoice2_yaml
 from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
-from bench.gpu.incremental_graphs import at_hop, build_flow
 from bench.gpu.timing import kernels, timed, top_kernels
+
+
+def at_hop(s: Token2WavStream, tok: Tensor, which: str) -> tuple:
+    """(stream, tokens, plan) at its first hop ("first"), or at its 3rd (a 100-token mid hop) after running
+    the two before it."""
+    for _ in range(0 if which == "first" else 2):
+        plan = s.next_plan(tok.shape[1], lm_finished=False)
+        s.flow_mel(tok, plan)
+        s.advance(plan)
+    return s, tok, s.next_plan(tok.shape[1], lm_finished=False)
+
+
+def build_flow(size: str, device: str, dtype: torch.dtype, *, weights: bool = True) -> CausalFlow:
+    """The `size` flow (app/model/random), random weights (seed 0); weights=False: on the meta device."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "cosyvoice2.yaml").write_text(render_cosyvoice2_yaml(SIZES[size]), encoding="utf-8")
+        write_qwen_config(d / "CosyVoice-BlankEN", SIZES[size])
+        hp = load_hparams(d)
+    if not weights:
+        with torch.device("meta"):
+            return CausalFlow(hp.flow).to(dtype)
+    flow = CausalFlow(hp.flow).eval()
+    randomize(flow, torch.Generator().manual_seed(0))
+    return flow.to(device, dtype)
 
 
 def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> dict:
@@ -64,10 +95,10 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                  "block_bytes": pool.block_bytes, "bytes_per_frame": bytes_per_frame(flow),
                  "tail_slot_bytes": pool.tail_bytes, "prefix_blocks": len(prefixes[0].state.est.table), "rows": []}
 
-    def stream(i: int, which: str, paged: bool = True) -> tuple:
+    def stream(i: int, which: str) -> tuple:
         p, tok = voices[i]
         s = Token2WavStream(flow, None, p, StreamingConfig(), stream=True, incremental=True,
-                            voice_prefix=prefixes[i] if paged else None, flow_pool=pool if paged else None)
+                            voice_prefix=prefixes[i], flow_pool=pool)
         return at_hop(s, tok, which)
 
     for which in ("first", "mid"):
@@ -144,21 +175,9 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                        "prefix_block_refcount": pool.refcount(prefixes[0].state.est.table[0]),
                        "graph_replays": graphs.replays, "graph_misses": graphs.misses}
                 if B == 1:
-                    g, tok, plan = stream(0, which, paged=False)  # the growable path (as run L)
-                    st = g.flow_state
-
-                    def growable(st=st, tok=tok, plan=plan):
-                        h = prepare_hop(flow, st, tok[:, : plan.n_tokens], finalize=False,
-                                        token_offset=plan.token_offset)
-                        return _solve_new(flow, h.est_call, h.mu, st.spks, h.cond)
-
-                    row["growable_alone_ms"] = round(timed(growable, args.reps, device), 2)
-                    row["kernels_growable_eager"] = kernels(growable, device)
                     row["kernels_paged_eager"] = kernels(batched, device)
                     row["kernels_paged_graphed"] = kernels(graphed, device)
                     row["kernels_resolve_graphs"] = kernels(resolve, device)
-                    g.drop_flow_state()
-                    del st
                 if args.profile and max(counts) == B:  # where the device time goes, packed vs re-solve
                     row["profile_graphed"] = top_kernels(graphed, device)
                     row["profile_resolve"] = top_kernels(resolve, device)

@@ -19,7 +19,7 @@
 #   fast          STAGE=options | defaults | fast (HOP_CHECK=1): the flow's speed options, then a sweep
 #   graphs        the flow's solve eager / CUDA graphs / torch.compile under the graphs (DTYPES: float32
 #                 float16), then the sweep with the graphs on (SWEEP=0: the check only)
-#   incremental   STEPS="base resolve fast fast_resolve long_base long_resolve long_fast long_fast_resolve hops",
+#   incremental   STEPS="base resolve fast fast_resolve long_base long_resolve long_fast long_fast_resolve",
 #                 CONC (1,16), RPS (2), WARMUP (1; long_*: 0), INC_GIB (0: the pool from flow_state_fraction;
 #                 > 0 caps it, engine.flow_state_max_gib). base/fast/long_*: the configs as shipped (the paged
 #                 incremental flow); *resolve: the same with engine.flow_incremental=false (the re-solve);
@@ -205,11 +205,6 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
       long_fast_inc_pg) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
       paged_hops) timeout "${HOPS_TIMEOUT:-330}" python3 -m bench.gpu.paged_hops "$OUT/paged_hops.json" 2>&1 \
           | grep -v Warning | tail -30
-        continue ;;
-      hops) for dt in float32 float16; do
-          timeout 500 python3 -m bench.gpu.incremental_graphs "$OUT/incremental_hops_$dt.json" --dtype $dt 2>&1 \
-            | grep -v Warning | tail -8
-        done
         continue ;;
       *) echo "unknown step $step" >&2; exit 2 ;;
     esac

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental import FlowState, _solve_new, prepare_hops
+from app.model.flow.incremental import FlowState, prepare_hops
 from app.model.flow.paged_solve import solve_calls
 
 
@@ -21,7 +21,7 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
 
     tokens[i]: [1, N_i] stream i's generated prefix; finalize/token_offsets: per stream. Returns per
     stream its fp32 mel [1, 80, T_i], or the ValueError that refused its call (its state unchanged;
-    the other streams still run; `PoolFull` when a pooled state found no free blocks). Pooled states
+    the other streams still run; `PoolFull` when a state found no free blocks in its pool). The states
     (app/model/flow/paged.py) solve together, packed (`graphs`: a `PagedGraphs` to replay).
     `work`: a `FlowWork` (app/model/flow/work.py) told each solve's shape.
     """
@@ -31,15 +31,8 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
     out: list[Tensor | ValueError | None] = [h if isinstance(h, ValueError) else None for h in prepared]
     if not hops:
         return out
-    paged = [h for h in hops if h.state.paged]
-    mels = dict(zip(map(id, paged), solve_calls(flow, [h.est_call for h in paged], [h.mu for h in paged],
-                                                [h.state.spks for h in paged], [h.cond for h in paged], graphs,
-                                                work), strict=True)) if paged else {}
-    for h in hops:
-        if not h.state.paged:  # its own keys/values in place, no gather (the alone path)
-            if work is not None:
-                c = h.est_call
-                work.add(1, c.end - c.start, c.end, c.end - c.start)
-            mels[id(h)] = _solve_new(flow, h.est_call, h.mu, h.state.spks, h.cond)
-    done = iter(h.commit(mels[id(h)]) for h in hops)
+    assert len({id(h.state.est.pool) for h in hops}) == 1, "one pool per packed call"
+    mels = solve_calls(flow, [h.est_call for h in hops], [h.mu for h in hops], [h.state.spks for h in hops],
+                       [h.cond for h in hops], graphs, work)
+    done = iter(h.commit(mel) for h, mel in zip(hops, mels, strict=True))
     return [next(done) if o is None else o for o in out]

@@ -1,5 +1,6 @@
-"""Storage for the incremental flow (app/model/flow/incremental.py): growable K/V buffers, conv left
-context, and `StageCall`, the view of one stage's state that the layers' `forward_cached` methods use.
+"""Storage for the incremental flow's encoder stages (app/model/flow/incremental.py): growable K/V and
+position buffers, conv left context, and `StageCall`, the view of one stage's state that the encoder layers'
+`forward_cached` methods use (the estimator's state is paged: app/model/flow/paged.py).
 Design notes: docs/model.md.
 """
 
@@ -11,7 +12,6 @@ import torch
 from torch import Tensor, nn
 
 from app.model.flow.encoder import position_rows
-from app.model.flow.estimator import MASK_BIAS, DenseCall
 
 GROWTH = 0.25  # a full buffer grows by a quarter of its capacity (at least what the call needs)
 
@@ -106,7 +106,7 @@ def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype
     return StageState(kv, pos)
 
 
-class StageCall(DenseCall):
+class StageCall:
     """One call's view of a `StageState`: positions start..end-1 are new, start..commit-1 get committed.
 
     The layers call, in their fixed order: `left_context` (each causal conv), `keys_values` (each
@@ -115,8 +115,7 @@ class StageCall(DenseCall):
     (keys/values are written only at positions >= its length).
     """
 
-    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int,
-                 num_left_chunks: int = -1) -> None:
+    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int) -> None:
         assert state.length == start <= commit <= end, (state.length, start, commit, end)
         self.state, self.start, self.end, self.commit = state, start, end, commit
         state.kv.reserve(end)  # copy-on-extend happens here
@@ -126,16 +125,12 @@ class StageCall(DenseCall):
         q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
         k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
         block = q // chunk  # block-causal with full left context, as `chunk_mask`
-        allowed = k < (block + 1) * chunk
-        if num_left_chunks >= 0:
-            allowed &= k >= (block - num_left_chunks).clamp(min=0) * chunk
-        self.hidden = ~allowed  # bool [n, end]
+        self.hidden = k >= (block + 1) * chunk  # bool [n, end]: keys past the query's chunk
         self.attention_hidden = self.hidden[None, None]  # [1, 1, n, end], as the encoder's attention reads it
         n = end - start
         # relative position of (query i, key j) is i - j; column (i - j) + n - 1 of `positions`
         self.position_columns = (q - k + n - 1)[None, None]  # [1, 1, n, end]
         self._pos_rows: tuple[Tensor, Tensor] | None = None
-        self._bias: Tensor | None = None
         self._tails: list[list[Tensor]] = [list(s) for s in state.tails]
         self.begin(0)
 
@@ -180,12 +175,6 @@ class StageCall(DenseCall):
         data[0, layer, self.slot, :, :, self.start : self.end] = k
         data[1, layer, self.slot, :, :, self.start : self.end] = v
         return data[0, layer, self.slot, :, :, : self.end], data[1, layer, self.slot, :, :, : self.end]
-
-    def bias(self, rows: int, dtype: torch.dtype) -> Tensor:
-        """Additive attention bias [rows, 1, n, end]: 0 where allowed, the estimator's MASK_BIAS else."""
-        if self._bias is None or self._bias.dtype != dtype or self._bias.shape[0] != rows:
-            self._bias = ((1.0 - (~self.hidden).to(dtype)) * MASK_BIAS)[None, None].expand(rows, -1, -1, -1)
-        return self._bias
 
     def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
         """linear_pos of the relative positions -(n-1)..end-1 -> [1, H, n-1+end, d] (column c is

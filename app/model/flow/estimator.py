@@ -5,6 +5,7 @@ any actual down/up-sampling). Design notes: docs/model.md.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,9 @@ from torch import nn
 
 from app.model.flow.encoder import attention_mask
 from app.model.hparams import EstimatorDims
+
+if TYPE_CHECKING:  # annotations only: the packed call is built on this module's layers
+    from app.model.flow.packed import PackedCall
 
 TIME_SCALE = 1000.0  # t in [0, 1] is scaled before the sinusoidal embedding
 MASK_BIAS = -1.0e10  # additive attention bias at hidden keys
@@ -234,14 +238,14 @@ class CausalConditionalDecoder(nn.Module):
         return (F.linear(h, *fz.proj) * m).transpose(1, 2)
 
     def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                       cond: torch.Tensor, cache: DenseCall) -> torch.Tensor:
+                       cond: torch.Tensor, cache: PackedCall) -> torch.Tensor:
         """`forward(streaming=True)` for new frames only, all valid (no mask).
 
-        x, mu, cond: [B, 80, n], frames start..end-1 of `cache` (a `StageCall` at one Euler
-        evaluation: the B rows' attention keys/values and conv left context of the earlier frames);
+        x, mu, cond: [B, 80, n], the new frames of `cache` (the packed call at one Euler evaluation:
+        the attention keys/values and conv left context of the earlier frames live in its pool);
         t: [B]; spks: [B, 80] (or per frame [B, n, 80]). Returns the velocity of the new frames
         [B, 80, n] (a view). The same restructured computation as `forward`; each causal conv is
-        `cache.conv3` and each attention `cache.attend` (a `DenseCall`, or the packed call).
+        `cache.conv3` and each attention `cache.attend`.
         """
         fz = self.fused()
         t_res, h = self._inputs(fz, x, mu, t, spks, cond)
@@ -290,7 +294,7 @@ def _norm_mish(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 
 
 def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
-           cache: DenseCall | None = None) -> torch.Tensor:
+           cache: PackedCall | None = None) -> torch.Tensor:
     """`TransformerBlock.forward` (or `forward_cached` with `cache`) with q/k/v as one GEMM: x [B, T, C]."""
     attn, (B, T, _) = block.attn1, x.shape
     qkv = F.linear(block.norm1(x), w_qkv).view(B, T, 3, attn.n_heads, attn.d_head)
@@ -299,20 +303,6 @@ def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: 
     out = cache.attend(q, k, v) if cache is not None else F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     x = x + attn.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
     return x + block.ff(block.norm3(x))
-
-
-class DenseCall:
-    """`conv3` / `attend` for `forward_cached` over a call's `left_context`, `keys_values` and `bias`
-    (the per-stream call on its own buffers; the packed call implements both itself)."""
-
-    def conv3(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """Causal k=3 conv of the new frames h [rows, n, C] -> [rows, n, out], left context from the state."""
-        return _gemm3(self.left_context(h.transpose(1, 2), 2).transpose(1, 2), w, b)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v [rows, H, n, d] of the new frames -> attention output [rows, H, n, d]."""
-        keys, values = self.keys_values(k, v)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.bias(q.shape[0], q.dtype))
 
 
 class _Fused:

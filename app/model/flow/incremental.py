@@ -13,11 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.model.flow.cache import StageCall, StageState, new_stage, next_capacity
+from app.model.flow.cache import StageCall, StageState, new_stage
 from app.model.flow.encode_batch import forward_cached_batch
 from app.model.flow.flow import CausalFlow
-from app.model.flow.packed import cfg_solve
-from app.model.flow.paged import CFG_ROWS, KVPool, PagedEstCall, PagedStage
+from app.model.flow.paged import KVPool, PagedEstCall, PagedStage
 from app.model.flow.paged_solve import solve_calls
 
 
@@ -26,41 +25,20 @@ def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) 
     return max(0, (n_prompt_tokens - lookahead) // chunk_tokens)
 
 
-def state_bytes(flow: CausalFlow, n_frames: int) -> int:
-    """Bytes of the keys/values and position rows a `FlowState` on this flow keeps for `n_frames`
-    committed mel frames (an even count; conv tails excluded): the module docstring's formula."""
-    e, enc = flow.dims.estimator, flow.dims.encoder
-    size = next(flow.parameters()).element_size()
-    layers = e.n_blocks * (e.num_mid_blocks + 2)
-    est = layers * 2 * e.num_heads * e.attention_head_dim * flow.dims.n_timesteps * CFG_ROWS  # K and V
-    per_token = enc.num_blocks * 3 * enc.output_size + 2 * enc.num_up_blocks * 3 * enc.output_size  # K, V, pos rows
-    return (n_frames * est + n_frames // 2 * per_token) * size
-
-
-def bytes_after(flow: CausalFlow, state: FlowState | None, n_tokens: int) -> int:
-    """Upper bound on the bytes `state` (None: a new one) holds after a call that encodes up to
-    `n_tokens` prompt + generated tokens: its buffers grown by `next_capacity` (conv tails excluded)."""
-    chunk = flow.dims.estimator.static_chunk_size
-    if state is not None and isinstance(state.est, PagedStage):  # whole blocks, none grown by copies
-        return state_bytes(flow, -(-2 * n_tokens // chunk) * chunk)
-    capacity = 0 if state is None or state.est.kv.shared else state.est.kv.capacity
-    return state_bytes(flow, next_capacity(capacity, 2 * n_tokens, chunk))
-
-
 class FlowState:
     """One stream's incremental flow state: the prompt, the committed tokens and, per stage,
     keys/values and conv left context of the committed positions (app/model/flow/cache.py).
 
     `n_tokens` prompt + generated tokens are committed (a multiple of the 25-token chunk), i.e.
     `2·n_tokens` mel frames. `prefix`: the shared voice state this one started from (read only).
-    `pool`: keep the estimator's keys/values and conv tails in this `KVPool` (app/model/flow/paged.py;
-    a prefix must then be built on the same pool, and its blocks are shared, not copied); `release()`
-    gives them back (call it from the stream's `finally`). Lives on the per-request object, never on
-    the shared flow module.
+    `pool`: the `KVPool` (app/model/flow/paged.py) that keeps the estimator's keys/values and conv tails
+    (a prefix is built on the same pool, and its blocks are shared, not copied); `release()` gives them
+    back (call it from the stream's `finally`). Lives on the per-request object, never on the shared
+    flow module.
     """
 
     def __init__(self, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor,
-                 *, prefix: VoicePrefix | None = None, pool: KVPool | None = None) -> None:
+                 *, pool: KVPool, prefix: VoicePrefix | None = None) -> None:
         w = next(flow.parameters())
         self.dtype, self.device = w.dtype, w.device
         self.prompt_tokens = prompt_tokens.to(self.device).long()  # [1, P]
@@ -74,21 +52,19 @@ class FlowState:
             if not prefix.matches(self.prompt_tokens, self.prompt_mel, self.embedding):
                 raise ValueError("voice prefix was built from another prompt (tokens, mel or x-vector differ)")
             src = prefix.state
-            if (src.est.pool if isinstance(src.est, PagedStage) else None) is not pool:
-                raise ValueError("voice prefix and stream state must use the same flow state pool (or none)")
+            if src.est.pool is not pool:
+                raise ValueError("voice prefix and stream state must use the same flow state pool")
             self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
             self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
             return
-        enc, e, D = flow.dims.encoder, flow.dims.estimator, flow.dims.encoder.output_size
+        enc, D = flow.dims.encoder, flow.dims.encoder.output_size
         H = enc.attention_heads
         chunk = enc.static_chunk_size  # tokens; x2 at the frame rate (the estimator's chunk)
         self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
                              chunk=chunk)
         self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
                             chunk=2 * chunk)
-        self.est = PagedStage(pool) if pool is not None else new_stage(
-            e.n_blocks * (e.num_mid_blocks + 2), flow.dims.n_timesteps, CFG_ROWS, e.num_heads, e.attention_head_dim,
-            self.dtype, self.device, positions=False, chunk=e.static_chunk_size)
+        self.est = PagedStage(pool)
         self.token_ids = self.prompt_tokens[:, :0]
 
     @property
@@ -100,7 +76,7 @@ class FlowState:
         return self.est.length
 
     @property
-    def stages(self) -> tuple[StageState, StageState, StageState]:
+    def stages(self) -> tuple[StageState, StageState, PagedStage]:
         return self.enc, self.up, self.est
 
     @property
@@ -108,14 +84,9 @@ class FlowState:
         """Bytes this state holds itself (a prefix it still aliases is not counted)."""
         return sum(s.nbytes for s in self.stages)
 
-    @property
-    def paged(self) -> bool:
-        return isinstance(self.est, PagedStage)
-
     def release(self) -> None:
-        """Gives pooled blocks and the tail slot back (idempotent; no-op without a pool)."""
-        if isinstance(self.est, PagedStage):
-            self.est.release()
+        """Gives pooled blocks and the tail slot back (idempotent)."""
+        self.est.release()
 
 
 class VoicePrefix:
@@ -140,10 +111,10 @@ class VoicePrefix:
 
 @torch.inference_mode()
 def build_voice_prefix(flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
-                       embedding: Tensor, pool: KVPool | None = None) -> VoicePrefix:
+                       embedding: Tensor, pool: KVPool) -> VoicePrefix:
     """State of the prompt-only chunks of a voice (prompt_tokens [1, P], prompt_mel [1, 2P, 80],
-    embedding [1, 192]); zero chunks (a short prompt) gives an empty prefix. `pool`: its estimator
-    blocks live there, shared by reference with the streams started from it."""
+    embedding [1, 192]); zero chunks (a short prompt) gives an empty prefix. Its estimator blocks live
+    in `pool`, shared by reference with the streams started from it."""
     state = FlowState(flow, prompt_tokens, prompt_mel, embedding, pool=pool)
     chunk, n_ctx = flow.dims.encoder.static_chunk_size, flow.dims.pre_lookahead_len
     n = prompt_only_chunks(state.prompt_tokens.shape[1], chunk, n_ctx) * chunk
@@ -171,11 +142,11 @@ def incremental_inference(flow: CausalFlow, state: FlowState, token: Tensor, *, 
 class Hop:
     """One stream's incremental call after its encoder pass, before the estimator solve (`prepare_hop`).
 
-    mu, cond: [1, 80, n] of the call's new frames; est_call: the estimator stage's `StageCall`.
+    mu, cond: [1, 80, n] of the call's new frames; est_call: the estimator stage's `PagedEstCall`.
     `commit(mel)` commits the call's whole chunks and returns the frames asked for.
     """
 
-    def __init__(self, state: FlowState, calls: tuple[StageCall, StageCall, StageCall], mu: Tensor,
+    def __init__(self, state: FlowState, calls: tuple[StageCall, StageCall, PagedEstCall], mu: Tensor,
                  cond: Tensor, tokens: Tensor, n_keep: int, first: int, finalize: bool) -> None:
         self.state, self.calls, self.mu, self.cond = state, calls, mu, cond
         self.est_call = calls[2]
@@ -302,17 +273,13 @@ def _hop(flow: CausalFlow, p: _Plan, h: Tensor) -> Hop:
     m = min(f1, n_prompt_frames) - f0  # prompt frames in this call
     if m > 0:
         cond[:, :, :m] = state.prompt_mel[:, f0 : f0 + m].transpose(1, 2).to(mu.dtype)
-    e = dims.estimator
-    assert (up * p.commit) % e.static_chunk_size == 0 or p.finalize, "encoder and estimator chunks disagree"
-    est_call = PagedEstCall(state.est, f0, f1, up * p.commit) if state.paged else \
-        StageCall(state.est, f0, f1, up * p.commit, e.static_chunk_size, e.num_decoding_left_chunks)
+    chunk = dims.estimator.static_chunk_size
+    assert (up * p.commit) % chunk == 0 or p.finalize, "encoder and estimator chunks disagree"
+    est_call = PagedEstCall(state.est, f0, f1, up * p.commit)
     return Hop(state, (p.tok_call, p.frm_call, est_call), mu, cond, p.tokens, p.commit + dims.pre_lookahead_len,
                f0 if p.first is None else p.first, p.finalize)
 
 
-def _solve_new(flow: CausalFlow, call: StageCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+def _solve_new(flow: CausalFlow, call: PagedEstCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
     """`CausalFlow._solve` on the new frames only (mu, cond [1, 80, n]; spks [1, 80]) -> fp32 [1, 80, n]."""
-    if isinstance(call, PagedEstCall):
-        return solve_calls(flow, [call], [mu], [spks], [cond])[0]
-    x = flow.noise(call.end, mu.device, mu.dtype)[:, :, call.start:]  # frames by absolute index
-    return cfg_solve(flow, x, mu, spks, cond, call).float()
+    return solve_calls(flow, [call], [mu], [spks], [cond])[0]

@@ -117,7 +117,7 @@ def pack(flow: CausalFlow, pool: KVPool, calls: list[PagedEstCall], mus: list[Te
 
 
 class PackedCall:
-    """`conv3` / `attend` (the estimator `DenseCall`'s interface) for `forward_cached` on the packed
+    """`conv3` / `attend` for the estimator's `forward_cached` on the packed
     row [2, M, C]; `begin(evaluation)` per Euler step, `flush()` at the end. Static shapes only."""
 
     def __init__(self, pool: KVPool, inp: PackedInputs) -> None:
@@ -193,8 +193,8 @@ def visible_pairs(calls: list[PagedEstCall], chunk: int, left: int = -1) -> int:
 def cfg_solve(flow: CausalFlow, x: Tensor, mu: Tensor, spk: Tensor, cond: Tensor, call) -> Tensor:
     """The flow's 10-step Euler solve with classifier-free guidance over cached estimator state, for B
     rows: x, mu, cond [B, 80, N] (x the frames' noise), spk [B, 80] (or per frame [B, N, 80]); `call`
-    (a stream's `StageCall` or the `PackedCall`) gets `begin(evaluation)` per step and `flush()` at the
-    end. Returns x [B, 80, N] in x's dtype."""
+    (the `PackedCall`) gets `begin(evaluation)` per step and `flush()` at the end. Returns x [B, 80, N]
+    in x's dtype."""
     B, w = x.shape[0], flow.dims.inference_cfg_rate
 
     def pair(a: Tensor) -> Tensor:  # [B, ...] -> [2B, ...]: (row, zeros) per stream, as the CFG pair

@@ -167,15 +167,10 @@ def _release(pool: KVPool, table: list[int], tail: list[int]) -> None:
 
 
 class PagedStage:
-    """One stream's estimator state in a `KVPool`: a block table, the committed frames and a tail slot.
-
-    Stands in for the estimator's `StageState` (`length`, `nbytes`, `share`, `trimmed`); the
-    `tails` list is empty (tails live in the pool's tail slot). `shared` blocks at the head of the
-    table belong to a voice prefix (counted once per voice, not in `nbytes`).
+    """One stream's estimator state in a `KVPool`: a block table, the committed frames and a tail slot
+    (`length`, `nbytes`, `share`, `trimmed` as the encoder stages' `StageState`). The `n_shared` blocks at
+    the head of the table belong to a voice prefix (counted once per voice, not in `nbytes`).
     """
-
-    tails: list = []  # noqa: RUF012  (the StageState interface; never written)
-    pos = None
 
     def __init__(self, pool: KVPool, source: PagedStage | None = None) -> None:
         self.pool, self.length = pool, 0 if source is None else source.length
@@ -250,5 +245,5 @@ def blocks_needed(pool: KVPool, state, n_tokens: int) -> int:
     """New blocks a hop that encodes up to `n_tokens` (prompt + generated) tokens takes from `pool`
     for `state` (a `FlowState`, or None before its first hop: counted as if it started empty, an
     upper bound when it will start from a shared prefix)."""
-    have = len(state.est.table) if state is not None and isinstance(state.est, PagedStage) else 0
+    have = len(state.est.table) if state is not None else 0
     return max(0, -(-2 * n_tokens // pool.block_frames) - have)

@@ -31,7 +31,7 @@ class PromptCache:
     """At most `max_entries` voice prefixes and `max_bytes` of their state (an entry larger than
     `max_bytes` is built and returned but not kept)."""
 
-    def __init__(self, *, max_bytes: int, max_entries: int = 64, pool: KVPool | None = None) -> None:
+    def __init__(self, *, pool: KVPool, max_bytes: int, max_entries: int = 64) -> None:
         if max_bytes < 0 or max_entries < 1:
             raise ValueError("PromptCache needs max_bytes >= 0 and max_entries >= 1")
         self.max_bytes, self.max_entries = max_bytes, max_entries
@@ -51,8 +51,8 @@ class PromptCache:
     def get(self, key: Hashable, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
             embedding: Tensor) -> VoicePrefix:
         """The prefix of voice `key` (prompt_tokens [1, P], prompt_mel [1, 2P, 80], embedding
-        [1, 192]), built on a miss (outside the lock: two streams of a new voice may both build). With a
-        pool, a stream must start from it through `start` (an eviction may release it once returned)."""
+        [1, 192]), built on a miss (outside the lock: two streams of a new voice may both build). A stream
+        must start from it through `start` (an eviction may release its pooled blocks once returned)."""
         return self.start(key, flow, prompt_tokens, prompt_mel, embedding, lambda entry: entry)
 
     def start(self, key: Hashable, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor,
