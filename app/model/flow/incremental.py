@@ -134,9 +134,7 @@ def incremental_inference(flow: CausalFlow, state: FlowState, token: Tensor, *, 
     Computes frames from the committed edge on and commits the call's whole chunks.
     Returns fp32 mel [1, 80, 2(N - 3·(not finalize) - token_offset)].
     """
-    hop = prepare_hop(flow, state, token, finalize=finalize, token_offset=token_offset)
-    mel = _solve_new(flow, hop.est_call, hop.mu, state.spks, hop.cond)
-    return hop.commit(mel)
+    return _solved(flow, prepare_hop(flow, state, token, finalize=finalize, token_offset=token_offset))
 
 
 class Hop:
@@ -206,9 +204,8 @@ def _checked(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: boo
 def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool) -> tuple[Tensor, int]:
     """Frames from the committed edge to the end of a streaming call on `tokens` [1, L] (prompt +
     generated); commits whole chunks. Returns (fp32 mel [1, 80, n], its first absolute frame)."""
-    hop = _encode_new(flow, state, tokens, finalize=finalize, first=None)
-    mel = _solve_new(flow, hop.est_call, hop.mu, state.spks, hop.cond)
-    return hop.commit(mel), hop.est_call.start
+    hop = _encoded(flow, _plan(flow, state, tokens, finalize=finalize, first=None))
+    return _solved(flow, hop), hop.est_call.start
 
 
 @dataclass
@@ -226,16 +223,9 @@ class _Plan:
     ahead: Tensor | None  # [1, lookahead, D_in] of the tokens after them; None at the end of the utterance
 
 
-def _encode_new(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
-                first: int | None) -> Hop:
-    """The encoder pass of a streaming call on `tokens` [1, L] (prompt + generated) from the committed
-    edge; `first`: the first frame the caller wants back (None: all new frames)."""
-    return _encoded(flow, _plan(flow, state, tokens, finalize=finalize, first=first))
-
-
 def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool, first: int | None) -> _Plan:
-    if state.finished:
-        raise ValueError("this flow state already ran its final call")
+    """The stage calls of a streaming call on `tokens` [1, L] (prompt + generated) from the committed edge, and
+    its embedded new tokens; `first`: the first frame the caller wants back (None: all new frames)."""
     dims = flow.dims
     n_ctx, chunk = dims.pre_lookahead_len, dims.encoder.static_chunk_size
     L = tokens.shape[1]
@@ -280,6 +270,6 @@ def _hop(flow: CausalFlow, p: _Plan, h: Tensor) -> Hop:
                f0 if p.first is None else p.first, p.finalize)
 
 
-def _solve_new(flow: CausalFlow, call: PagedEstCall, mu: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
-    """`CausalFlow._solve` on the new frames only (mu, cond [1, 80, n]; spks [1, 80]) -> fp32 [1, 80, n]."""
-    return solve_calls(flow, [call], [mu], [spks], [cond])[0]
+def _solved(flow: CausalFlow, hop: Hop) -> Tensor:
+    """`CausalFlow._solve` on one hop's new frames (its packed solve alone), committed -> fp32 [1, 80, n]."""
+    return hop.commit(solve_calls(flow, [hop.est_call], [hop.mu], [hop.state.spks], [hop.cond])[0])

@@ -12,7 +12,7 @@ from app.model.flow.paged import PagedEstCall
 
 def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], spks: list[Tensor],
                 conds: list[Tensor], graphs=None, work=None) -> list[Tensor]:
-    """`incremental._solve_new` for S paged streams in one packed call: mus, conds [1, 80, n_i], spks
+    """The estimator solve of S paged streams' hops in one packed call: mus, conds [1, 80, n_i], spks
     [1, 80] -> fp32 [1, 80, n_i] each. `graphs`: a `PagedGraphs` replays a captured bucket when one
     fits. `work`: a `FlowWork` (app/model/flow/work.py) told the frames computed (padding included)
     and the visible (query, key) pairs."""
