@@ -102,7 +102,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         df[column] = df[column].map(lambda x: word(x, lang))
     ago, req, series = text["seconds ago"], text["request #"], word("series", lang)
     return (
-        headline_text(service, snap, lang, text),
+        headline_text(service, snap, lang),
         gr.LinePlot(value=mem_df, title=mem_title, x_title=ago, y_title=word("MiB", lang), color_title=series),
         gr.LinePlot(value=load_df, title=titles["load"], x_title=ago, y_title=word("percent", lang),
                     color_title=series),
@@ -111,7 +111,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         gr.ScatterPlot(value=latency_df, title=titles["latency"], x_title=req, y_title=word("value", lang),
                        color_title=series),
         table_frame(recent, lang),
-        facts_text(service, snap, lang, text, public=owners is not None),
+        facts_text(service, snap, lang, public=owners is not None),
     )
 
 
@@ -172,8 +172,9 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[word(c, lang) for c in TABLE_COLUMNS])
 
 
-def headline_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str]) -> str:
+def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
     m = service.metrics
+    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     parts = [f"**{say(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
@@ -196,9 +197,10 @@ def headline_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str,
     return " · ".join(parts)
 
 
-def facts_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str], public: bool = False) -> str:
-    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`, texts
-    `w`). `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
+def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
+    """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`).
+    `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
+    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     try:
         facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
