@@ -250,7 +250,6 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     # the seed it used, into the seed box (so the take can be made again)
     synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
                   show_progress="hidden", **PAGE_ONLY)
-    ui.stop.click(None, None, None, js=ui_text("player_stop.js"), **PAGE_ONLY)  # the page's players
     ui.stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
 
 

@@ -376,6 +376,19 @@
   const style = document.createElement('style');  // which live part the page shows (body[data-studio-result])
   style.textContent = RESULT_CSS;
   document.head.appendChild(style);
+  // Stop in the click itself, on every page (the Gradio event runs a little later): the low-latency player
+  // stops; the standard player's <audio> pauses, muted, and stays paused until the next Generate (player_gate.js):
+  // hls.js resumes it on a late segment otherwise (media events do not bubble: captured on the document)
+  document.addEventListener('click', (e) => {
+    if (!(e.target && e.target.closest && e.target.closest('#stop'))) return;
+    document.body.dataset.studioStopped = '1';
+    for (const a of document.querySelectorAll('#stream_out audio')) { a.muted = true; a.pause(); }
+    if (window.studioPlayer) { window.studioPlayer.stop(true); window.studioPlayer.setBusy(false); }
+  }, true);
+  document.addEventListener('play', (e) => {
+    const a = e.target;
+    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) a.pause();
+  }, true);
   // without Web Audio or Workers this player cannot run: its line says so, and Generate uses the standard
   // player (player_gate.js finds no window.studioPlayer)
   const missing = ['AudioContext', 'Worker'].filter((name) => typeof window[name] !== 'function');
@@ -394,11 +407,5 @@
       player.clickAt = e.timeStamp;
       player.resume();
     }
-  }, true);
-  // after Stop, the standard player's <audio> stays paused until the next Generate (media events do not
-  // bubble: captured on the document)
-  document.addEventListener('play', (e) => {
-    const a = e.target;
-    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) a.pause();
   }, true);
 }
