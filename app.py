@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from app.server.main import build_server
-    from app.server.studio_stream import end_page_streams, quiet_access_log
+    from app.server.studio_stream import quiet_access_log
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_access_log()
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         def handle_exit(self, sig: int, frame) -> None:  # Ctrl+C / SIGTERM: open pages' streams end at once
             super().handle_exit(sig, frame)
             with contextlib.suppress(RuntimeError):  # the loop has already stopped
-                asyncio.get_running_loop().call_soon_threadsafe(end_page_streams, server_app)
+                asyncio.get_running_loop().call_soon_threadsafe(server_app.state.end_page_streams)
 
     # open pages keep SSE connections: ended at the signal; 5 s at most in case one does not end. The app
     # decides which proxies to trust (app/server/identity.py:ProxyClient), not uvicorn's loopback default

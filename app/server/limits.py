@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
-from starlette.requests import HTTPConnection
 
 from app.config import Config
 from app.server.errors import ApiError, error_response
@@ -23,6 +22,7 @@ from app.server.identity import Identity, authorization, with_cookie
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
 UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV for another download format
+LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cookie: 200 or 401
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
 DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
@@ -92,7 +92,7 @@ class Gate:
         self.limiter = RateLimiter(srv.requests_per_minute) if srv.requests_per_minute > 0 else None
         self.uploads = RateLimiter(UPLOADS_PER_REQUEST * srv.requests_per_minute) if self.limiter is not None else None
         self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
-        self.gradio_app: Any = None  # gradio.routes.App: its login tokens and cookie name
+        self.gradio_app: Any = None  # the mounted page (ASGI): asked whether a login cookie is its own
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
 
     def basic_user(self, scope: dict) -> str | None:
@@ -105,17 +105,28 @@ class Gate:
                 creds[1].encode(), password.encode())
         return creds[0] if ok else None
 
-    def logged_in(self, scope: dict) -> bool:
-        """A valid login cookie of the Gradio page, or HTTP Basic credentials of a configured user."""
+    async def logged_in(self, scope: dict) -> bool:
+        """A login cookie the Gradio page accepts (its own check, `LOGIN_CHECK`: 200 or 401), or HTTP Basic
+        credentials of a configured user."""
         if basic_credentials(scope) is not None:
             return self.basic_user(scope) is not None
-        if (app := self.gradio_app) is None:
+        if self.gradio_app is None:
             return False
-        cookies = HTTPConnection(scope).cookies
-        return any(app.tokens.get(cookies.get(name, "")) is not None
-                   for name in (f"access-token-{app.cookie_id}", f"access-token-unsecure-{app.cookie_id}"))
+        status = 0
 
-    def allowed(self, scope: dict, path: str) -> bool:
+        async def nothing() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def answered(message: dict) -> None:
+            nonlocal status
+            status = message.get("status", status)
+
+        cookies = [(k, v) for k, v in scope.get("headers", []) if k == b"cookie"]
+        await self.gradio_app({**scope, "method": "GET", "path": LOGIN_CHECK, "raw_path": LOGIN_CHECK.encode(),
+                               "root_path": "", "query_string": b"", "headers": cookies}, nothing, answered)
+        return status == 200
+
+    async def allowed(self, scope: dict, path: str) -> bool:
         """Whether `path` may be served to this request (the /v1 routes check their key themselves)."""
         ident = self.identity
         if path == "/metrics":
@@ -124,13 +135,13 @@ class Gate:
             scheme, token = authorization(scope)
             metrics_ok = bool(self.metrics_token) and scheme == "bearer" and secrets.compare_digest(
                 token.encode(), self.metrics_token.encode())
-            return metrics_ok or ident.bearer(scope) is not None or (bool(self.users) and self.logged_in(scope))
+            return metrics_ok or ident.bearer(scope) is not None or (bool(self.users) and await self.logged_in(scope))
         if path in DOC_PATHS and ident.any_key:
             return ident.bearer(scope) is not None
         if not self.users:
             return True
         if path.startswith("/studio/") or (path.startswith("/v1/") and not ident.any_key):
-            return self.logged_in(scope)
+            return await self.logged_in(scope)
         return True
 
 
@@ -163,7 +174,7 @@ class AccessLimits:
                                    f"try again in {retry_s} s", code="rate_limit_exceeded",
                                    headers={"retry-after": str(retry_s)})
                 return await error_response(refused)(scope, receive, send)
-        if gate.allowed(scope, path):
+        if await gate.allowed(scope, path):
             return await self.app(scope, receive, send)
         if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
             refused = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",

@@ -22,7 +22,7 @@ from app.server.identity import ProxyClient, caller_of
 from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
 from app.server.openai_api import api_router
 from app.server.prometheus import add_metrics_route
-from app.server.studio_stream import add_studio_routes
+from app.server.studio_stream import PageStreams, add_studio_routes
 from app.server.ws_speech import ws_router
 
 
@@ -40,6 +40,9 @@ def build_server(cfg: Config):
         await service.aclose()
 
     api, gate = build_api(cfg, service, lifespan)
+    ending = asyncio.Event()  # set at Ctrl+C / SIGTERM (app.py): the open pages' streams end
+    api.add_middleware(PageStreams, ending=ending)
+    api.state.end_page_streams = ending.set
     api.add_middleware(ProxyClient, server=cfg.server)  # outermost: every layer reads the client a proxy names
     return mount_page(api, gate, service)
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from gradio.utils import get_upload_folder
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.routing import Mount
 
 from app.engine.prepare import SpeechInputs
 from app.engine.service import ASSETS_DIR, StudioService
@@ -54,14 +55,42 @@ def reference_path(raw: str) -> Path:
                    param="prompt_audio", code="unknown_reference")
 
 
-def end_page_streams(app: FastAPI) -> None:
-    """At Ctrl+C / SIGTERM, on the serving loop: end the open pages' long-lived streams (Gradio's heartbeat
-    and queue SSE), which uvicorn's graceful shutdown would wait on; mounted, nothing sets Gradio's own
-    `stop_event` (only `Blocks.close()` after `launch()` does)."""
-    for route in app.routes:
-        if isinstance(route, Mount) and route.path == "":  # the page: a gradio.routes.App (stop_event from init)
-            route.app.get_blocks()._queue.close()  # its /queue/data streams end at their next wake-up
-            route.app.stop_event.set()  # the heartbeat streams end now
+class PageStreams:
+    """ASGI middleware: at Ctrl+C / SIGTERM (`ending` set) the open pages' long-lived Gradio streams (the queue's
+    messages, the heartbeat) end, which uvicorn's graceful shutdown would wait on: they never end by themselves,
+    and mounted, nothing ends them (Gradio's own stop only follows its `launch()`)."""
+
+    def __init__(self, app: Any, ending: asyncio.Event) -> None:
+        self.app, self.ending = app, ending
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(LONG_STREAMS):
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        inner = asyncio.ensure_future(self.app(scope, receive, sending))
+        ending = asyncio.ensure_future(self.ending.wait())
+        try:
+            await asyncio.wait((inner, ending), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+            if not inner.done():  # shutting down (or this request cancelled): the stream ends here
+                inner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await inner
+                if started and self.ending.is_set():
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not inner.cancelled():
+            inner.result()  # the stream's own error, raised as if unwrapped
+
+
+# the page's streams that stay open while the tab is: Gradio's queue messages and its heartbeat (SSE)
+LONG_STREAMS = ("/gradio_api/queue/data", "/gradio_api/heartbeat/")
 
 
 def quiet_access_log() -> None:
