@@ -176,6 +176,7 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
   local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
   local res="engine.flow_incremental=false"  # the re-solve, for A/B runs against the shipped path
   local pk="engine.flow_paged_graphs=false engine.flow_batch=64 engine.token2wav_workers=1"  # every hop packed
+  local one="engine.flow_batch=64 engine.token2wav_workers=1"  # default.toml's packed call: every due stream at once
   local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved "RPS=${RPS:-2}" "WARMUP=${WARMUP:-1}"
                "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
   local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved "RPS=${LONG_RPS:-2}" "WARMUP=${LONG_WARMUP:-0}"
@@ -191,9 +192,10 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
       fast_resolve) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$res" bash "$ME" serve ;;
       long_resolve) env TAG="$step" "${long[@]}" SETS="$res" bash "$ME" serve ;;
       long_fast_resolve) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$res" bash "$ME" serve ;;
-      fast_inc) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc" bash "$ME" serve ;;
+      fast_inc) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $one" bash "$ME" serve ;;
       long_base) env TAG="$step" "${long[@]}" bash "$ME" serve ;;
       long_fast) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml bash "$ME" serve ;;
+      long_fast_inc) env TAG="$step" "${long[@]}" CONFIG=configs/fast.toml SETS="$inc $one" bash "$ME" serve ;;
       long_inc) env TAG="$step" "${long[@]}" SETS="$inc" bash "$ME" serve ;;
       inc_pg) env TAG="$step" "${short[@]}" SETS="$inc $pg" bash "$ME" serve ;;
       fast_inc_pg) env TAG="$step" "${short[@]}" CONFIG=configs/fast.toml SETS="$inc $pg" bash "$ME" serve ;;
