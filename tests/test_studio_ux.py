@@ -459,7 +459,7 @@ def test_stop_with_the_standard_player_keeps_the_take_and_silences_it(studio, st
         missed.append(page.evaluate(PLAYER_STATE))
     else:
         raise AssertionError(f"the <audio> never played while a take was being made: {missed}")
-    assert not page.evaluate(STREAM_PLAYING)  # at once
+    assert not page.evaluate(STREAM_PLAYING), page.evaluate(PLAYER_STATE)  # at once
     # (the stopped take's stats come once the handler's stream has ended: seconds on a loaded 2-core box)
     page.wait_for_function("() => (document.querySelector('#stats')?.innerText || '').includes('Stopped')",
                            timeout=TIMEOUT_MS)

@@ -377,17 +377,19 @@
   style.textContent = RESULT_CSS;
   document.head.appendChild(style);
   // Stop in the click itself, on every page (the Gradio event runs a little later): the low-latency player
-  // stops; the standard player's <audio> pauses, muted, and stays paused until the next Generate (player_gate.js):
-  // hls.js resumes it on a late segment otherwise (media events do not bubble: captured on the document)
+  // stops; the standard player's <audio> pauses, muted, and stays paused until the next Generate (player_gate.js
+  // undoes this). Its play() does nothing until then: the streaming component and hls.js call it on a late
+  // segment, and a pause at the 'play' event (kept for an <audio> made after Stop) would let it sound meanwhile
+  const silence = (a) => { a.muted = true; a.pause(); a.play = () => Promise.resolve(); };
   document.addEventListener('click', (e) => {
     if (!(e.target && e.target.closest && e.target.closest('#stop'))) return;
     document.body.dataset.studioStopped = '1';
-    for (const a of document.querySelectorAll('#stream_out audio')) { a.muted = true; a.pause(); }
+    document.querySelectorAll('#stream_out audio').forEach(silence);
     if (window.studioPlayer) { window.studioPlayer.stop(true); window.studioPlayer.setBusy(false); }
   }, true);
-  document.addEventListener('play', (e) => {
+  document.addEventListener('play', (e) => {  // media events do not bubble: captured on the document
     const a = e.target;
-    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) a.pause();
+    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) silence(a);
   }, true);
   // without Web Audio or Workers this player cannot run: its line says so, and Generate uses the standard
   // player (player_gate.js finds no window.studioPlayer)

@@ -8,7 +8,7 @@
   const p = window.studioPlayer;
   if (p) { p.stop(); p.begin(); }  // the previous take's error line goes, the page is busy
   delete document.body.dataset.studioStopped;
-  for (const a of document.querySelectorAll('#stream_out audio')) a.muted = false;  // muted by Stop
+  for (const a of document.querySelectorAll('#stream_out audio')) { a.muted = false; delete a.play; }  // Stop's
   const feeds = text_streams && !dialogue;  // text that streams in (a dialogue script is spoken whole)
   if ((!stream && !feeds) || !p) {  // streaming off (the speed applies), or a browser without the page's player
     document.body.dataset.studioResult = 'gradio';
