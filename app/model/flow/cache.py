@@ -78,7 +78,7 @@ class StageState:
     """Committed state of one stage (see the module docstring)."""
 
     kv: Growable  # [2 (K, V), layers, slots, rows, heads, T, d_head]
-    pos: Growable | None  # encoder only: linear_pos rows [layers, heads, T, d_head] of offsets 0..T-1
+    pos: Growable  # linear_pos rows [layers, heads, T, d_head] of offsets 0..T-1
     tails: list[list[Tensor]] = field(default_factory=list)  # [slot][conv] -> [rows, C, k-1] inputs before `length`
 
     @property
@@ -88,22 +88,21 @@ class StageState:
     @property
     def nbytes(self) -> int:
         tails = sum(t.numel() * t.element_size() for slot in self.tails for t in slot)
-        return self.kv.nbytes + (self.pos.nbytes if self.pos is not None else 0) + tails
+        return self.kv.nbytes + self.pos.nbytes + tails
 
     def share(self) -> StageState:
-        return StageState(self.kv.share(), self.pos.share() if self.pos is not None else None,
+        return StageState(self.kv.share(), self.pos.share(),
                           [list(slot) for slot in self.tails])  # tails are replaced, never written
 
     def trimmed(self) -> StageState:
-        return StageState(self.kv.trimmed(), self.pos.trimmed() if self.pos is not None else None,
+        return StageState(self.kv.trimmed(), self.pos.trimmed(),
                           [list(slot) for slot in self.tails])
 
 
 def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype: torch.dtype,
-              device: torch.device, *, positions: bool, chunk: int = 1) -> StageState:
-    kv = Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk)
-    pos = Growable((layers, heads), d_head, dtype, device, chunk) if positions else None
-    return StageState(kv, pos)
+              device: torch.device, *, chunk: int = 1) -> StageState:
+    return StageState(Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk),
+                      Growable((layers, heads), d_head, dtype, device, chunk))
 
 
 class StageCall:
@@ -119,8 +118,7 @@ class StageCall:
         assert state.length == start <= commit <= end, (state.length, start, commit, end)
         self.state, self.start, self.end, self.commit = state, start, end, commit
         state.kv.reserve(end)  # copy-on-extend happens here
-        if state.pos is not None:
-            state.pos.reserve(end)
+        state.pos.reserve(end)
         device = state.kv.data.device
         q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
         k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
@@ -180,7 +178,6 @@ class StageCall:
         """linear_pos of the relative positions -(n-1)..end-1 -> [1, H, n-1+end, d] (column c is
         offset c-(n-1)); rows of offsets >= 0 are computed once per stream and kept."""
         pos = self.state.pos
-        assert pos is not None
         layer = self._pos
         self._pos += 1
         n = self.end - self.start
@@ -201,5 +198,5 @@ class StageCall:
         """Commit: positions < `commit` and the conv tails at `commit` become the state."""
         self.state.tails = self._tails
         self.state.kv.length = self.commit
-        if self.state.pos is not None and self._pos_rows is not None:
+        if self._pos_rows is not None:
             self.state.pos.length = max(self.state.pos.length, self.end)

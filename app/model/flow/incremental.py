@@ -60,10 +60,8 @@ class FlowState:
         enc, D = flow.dims.encoder, flow.dims.encoder.output_size
         H = enc.attention_heads
         chunk = enc.static_chunk_size  # tokens; x2 at the frame rate (the estimator's chunk)
-        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
-                             chunk=chunk)
-        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, positions=True,
-                            chunk=2 * chunk)
+        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=chunk)
+        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=2 * chunk)
         self.est = PagedStage(pool)
         self.token_ids = self.prompt_tokens[:, :0]
 
