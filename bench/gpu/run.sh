@@ -175,8 +175,8 @@ step_incremental() {  # the incremental flow vs the re-solve; sweep_<step>.json 
   local inc="engine.flow_incremental=true engine.flow_state_max_gib=${INC_GIB:-0}" step dt
   local pg="engine.flow_paged_graphs=true engine.hift_graphs=true"  # the paged hop and HiFT replayed as graphs
   local res="engine.flow_incremental=false"  # the re-solve, for A/B runs against the shipped path
-  local pk="engine.flow_paged_graphs=false engine.flow_batch=64 engine.token2wav_workers=1"  # every hop packed
   local one="engine.flow_batch=64 engine.token2wav_workers=1"  # default.toml's packed call: every due stream at once
+  local pk="engine.flow_paged_graphs=false $one"  # every hop packed, eagerly
   local short=(PREFLIGHT=0 "CONC=${CONC:-1,16}" VOICE=saved "RPS=${RPS:-2}" "WARMUP=${WARMUP:-1}"
                "SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}")
   local long=(PREFLIGHT=0 CONC=1 FIXED=1500 VOICE=saved "RPS=${LONG_RPS:-2}" "WARMUP=${LONG_WARMUP:-0}"
