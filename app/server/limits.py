@@ -123,7 +123,8 @@ class Gate:
 
         cookies = [(k, v) for k, v in scope.get("headers", []) if k == b"cookie"]
         await self.gradio_app({**scope, "method": "GET", "path": LOGIN_CHECK, "raw_path": LOGIN_CHECK.encode(),
-                               "root_path": "", "query_string": b"", "headers": cookies}, nothing, answered)
+                               "root_path": "", "query_string": b"", "headers": cookies, "state": {}},
+                              nothing, answered)  # a state of its own: the page's app writes none into ours
         return status == 200
 
     async def allowed(self, scope: dict, path: str) -> bool:
