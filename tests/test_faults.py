@@ -344,6 +344,12 @@ class Disconnector:
             assert time.monotonic() < deadline and not job.done(), job.status()
             time.sleep(0.05)
         job.cancel()
+        # gradio_client shares one event stream per Client; the server closes it once the session has no event
+        # left. A submit that lands after that close is sent but before the reader has read it is dropped with
+        # that reader (its job ends in CancelledError), so the next submit waits for the reader to end.
+        while self.local.client.stream_open:
+            assert time.monotonic() < deadline, "the cancelled event's stream stayed open"
+            time.sleep(0.05)
 
     def closed_tab(self) -> None:
         """A closed tab: the page's event stream (SSE) and its heartbeat connection go away mid-generation."""
