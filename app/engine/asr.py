@@ -4,20 +4,19 @@ Design notes: docs/design.md."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 from app.audio import AudioError
 from app.config import AsrConfig
+from app.engine.voices import ClipCache
 from app.message import Message
 from app.model.asr import AsrInputError, AsrModelError, Transcript, WhisperAsr, fetch_asr_model
 
 log = logging.getLogger(__name__)
 
-TRANSCRIPT_CACHE_SIZE = 64  # clips whose transcripts stay in memory (keyed by sha256 of the bytes)
+TRANSCRIPT_CACHE_SIZE = 64  # clips whose transcripts stay in memory
 Report = Callable[[int, int], None]  # (bytes done, bytes total) of the model download
 
 
@@ -35,29 +34,16 @@ class Transcriber:
         self._asr: WhisperAsr | None = None
         self._load_lock = asyncio.Lock()  # one load, however many first uses arrive together
         self._run_lock = asyncio.Lock()  # one clip at a time: each decode uses every core (or the GPU)
-        self._cache: OrderedDict[tuple[str, str], Transcript] = OrderedDict()
+        self._cache: ClipCache[Transcript] = ClipCache(TRANSCRIPT_CACHE_SIZE)  # by the clip's bytes and language
 
     async def transcribe(self, src: str | Path | bytes, *, report: Report | None = None,
                          retry: bool = False) -> Transcript:
         """The clip's words and language (cached by content). Raises `AsrUnavailable`."""
         if not self.cfg.enabled:
             raise AsrUnavailable(self.error)
-        data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
-        key = (hashlib.sha256(data).hexdigest(), self.cfg.language)
         async with self._run_lock:
-            if (hit := self._cache.get(key)) is not None:
-                self._cache.move_to_end(key)
-                return hit
-            asr = await self._model(report, retry)
-            try:  # the path (not the bytes) keeps the file's suffix for format errors
-                got = await asyncio.to_thread(asr.transcribe, src, self.cfg.language)
-            except (AsrInputError, AudioError) as e:
-                raise AsrUnavailable(Message("asr_failed", "the reference could not be transcribed: {error}",
-                                             error=e)) from e
-            self._cache[key] = got
-            while len(self._cache) > TRANSCRIPT_CACHE_SIZE:
-                self._cache.popitem(last=False)
-            return got
+            asr = await self._model(report, retry)  # at once when loaded (a cached clip implies it is)
+            return await self._cache.get(src, self.cfg.language, lambda clip, lang: _transcribe(asr, clip, lang))
 
     async def _model(self, report: Report | None, retry: bool) -> WhisperAsr:
         async with self._load_lock:
@@ -85,3 +71,11 @@ class Transcriber:
             self.error, self.status = "", f"ready ({c.model_id} on {self._asr.device})"
             log.info("transcription model %s loaded on %s", c.model_id, self._asr.device)
             return self._asr
+
+
+def _transcribe(asr: WhisperAsr, src: str | Path | bytes, language: str) -> Transcript:
+    """`asr`'s transcript of `src` (the path, not the bytes, keeps the file's suffix for format errors)."""
+    try:
+        return asr.transcribe(src, language)
+    except (AsrInputError, AudioError) as e:
+        raise AsrUnavailable(Message("asr_failed", "the reference could not be transcribed: {error}", error=e)) from e

@@ -47,14 +47,10 @@ class OwnedVoices:
 
     def __init__(self, root: str | Path, scope: str, max_transcript_chars: int | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
-        self.scope = scope  # "private" or "shared": the config's resolved [voices] scope
+        self.private = scope == "private"  # scope: "private" or "shared", the config's resolved [voices] scope
         self.model_fingerprint = ""  # set once the model is loaded (voices of another model are refused)
         self.max_transcript_chars = max_transcript_chars
         self._lock = threading.Lock()  # one for every store: a name's two files are written together
-
-    @property
-    def private(self) -> bool:
-        return self.scope == "private"
 
     def of(self, owner: Owner, target: str | None = None) -> VoiceStore:
         """The store `owner` reads and writes; the admin may name another owner's (`target`, an owner id)."""
@@ -68,10 +64,8 @@ class OwnedVoices:
 
     def visible(self, owner: Owner) -> list[VoiceInfo]:
         """What `owner` may list, newest first: their own; for the admin in private scope every owner's too."""
-        if not (owner.admin and self.private):
-            return self.of(owner).list()
-        found = self.of(owner).list()
-        if self.root.is_dir():
+        found = self.of(owner).list()  # newest first
+        if owner.admin and self.private and self.root.is_dir():
             for folder in sorted(self.root.glob(OWNER_DIR_PREFIX + "*")):
                 if folder.is_dir():
                     found += VoiceStore(folder, self.model_fingerprint).list()

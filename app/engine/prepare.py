@@ -119,18 +119,15 @@ async def _prepare(service, x: SpeechInputs) -> Prepared:
     given = str(x.instruct_text or "").strip()
     mode = inputs.check_mode(x.mode if x.mode else ("instruct" if given else "zero_shot"))
     instruct_text = inputs.check_instruct(given, mode, lim.max_instruct_chars)
-    speed_value = 1.0 if x.speed is None else x.speed
-    stream = bool(x.stream) if x.stream is not None else speed_value == 1.0
-    speed = inputs.check_speed(speed_value, stream)
+    stream = bool(x.stream) if x.stream is not None else (x.speed is None or x.speed == 1.0)
+    speed = inputs.check_speed(x.speed, stream)
     seed = inputs.check_seed(x.seed)
     fixed_tokens = inputs.check_fixed_tokens(x.fixed_tokens, lim.max_fixed_tokens)
     t0 = time.perf_counter()
     script = dialogue.parse_script(text) if x.dialogue else None
     names = dialogue.speakers(script, lim.max_dialogue_speakers) if script else []
-    if script is not None and script[0].speaker:  # no text of the request's own voice: it is not needed
-        voice, own = None, ""
-    else:
-        voice, own = await _own_voice(service, x, mode), x.voice or ""
+    # a script whose first line names a speaker has no text of the request's own voice: it is not needed
+    voice, own = (None, "") if script and script[0].speaker else (await _own_voice(service, x, mode), x.voice or "")
     turns: tuple[Turn, ...] = ()
     if script is not None:
         voices = {"": voice} | {n: await load_voice(service, n, x.owner, param="text") for n in names}

@@ -28,14 +28,11 @@ def vllm_gauges(registry: Any = None) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for metric in registry.restricted_registry([*KV_USAGE_GAUGES, RUNNING_GAUGE, WAITING_GAUGE]).collect():
         values.setdefault(metric.name, []).extend(s.value for s in metric.samples if s.name == metric.name)
-    out: dict[str, float] = {}
-    for name in KV_USAGE_GAUGES:
-        if values.get(name):
-            out["kv_cache_usage"] = float(np.mean(values[name]))
-            break
-    for key, name in (("engine_running", RUNNING_GAUGE), ("engine_waiting", WAITING_GAUGE)):
-        if values.get(name):
-            out[key] = float(sum(values[name]))
+    out: dict[str, float] = {}  # per key: the first of its gauge names that vLLM has
+    for key, names, agg in (("kv_cache_usage", KV_USAGE_GAUGES, np.mean), ("engine_running", [RUNNING_GAUGE], sum),
+                            ("engine_waiting", [WAITING_GAUGE], sum)):
+        if got := next((values[n] for n in names if values.get(n)), None):
+            out[key] = float(agg(got))
     return out
 
 

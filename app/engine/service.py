@@ -23,7 +23,7 @@ from app.engine.metrics import Metrics
 from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
-from app.engine.voices import VoiceFeatureCache
+from app.engine.voices import ClipCache
 from app.message import Message
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
@@ -113,7 +113,7 @@ class StudioService:
         self.metrics = Metrics()
         self.started_at = time.time()
         self.start_s: float | None = None
-        self.voice_cache = VoiceFeatureCache(VOICE_CACHE_SIZE)
+        self.voice_cache: ClipCache[VoiceFeatures] = ClipCache(VOICE_CACHE_SIZE)
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use

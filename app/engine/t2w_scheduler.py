@@ -31,9 +31,8 @@ def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> N
 class _Job:
     deadline: float
     seq: int
-    fn: Callable[[], Any] | None = field(compare=False)  # a plain job
-    item: Any = field(compare=False)  # a flow job's input (has .batch_key), for flow_fn
-    finish: Callable[[Any, float], Any] | None = field(compare=False)  # (flow output, flow wall s) -> result
+    item: Any = field(compare=False)  # a flow job's input (has .batch_key), for flow_fn; None: a plain job
+    finish: Callable[..., Any] = field(compare=False)  # (flow output, flow wall s) -> result; a plain job's: () -> it
     fut: asyncio.Future = field(compare=False)  # of the awaiting request's loop
     on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
 
@@ -60,8 +59,15 @@ class Token2WavScheduler:
         self._closed = False
         self.batch_sizes: dict[int, int] = {}  # flow calls by batch size (facts for the panels/bench)
 
-    async def _submit(self, key: int | None, deadline: float, fn=None, item=None, finish=None,
-                      on_worker=None) -> Any:
+    async def run(self, fn: Callable[[], T], *, deadline: float, key: int | None = 0) -> T:
+        """`fn()` on worker `key % n_workers` (None: the first free one); `deadline` in time.perf_counter()
+        seconds (smaller = sooner)."""
+        return await self.run_flow(None, fn, deadline=deadline, key=key)
+
+    async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int | None = 0,
+                       on_worker: Callable[[int], None] | None = None) -> T:
+        """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs; with
+        `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         with self._cv:
             if self._closed:
@@ -72,20 +78,9 @@ class Token2WavScheduler:
                 for t in self._threads:
                     t.start()
             heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), fn, item, finish, fut, on_worker))
+                           _Job(deadline, next(self._seq), item, finish, fut, on_worker))
             self._cv.notify_all()
         return await fut
-
-    async def run(self, fn: Callable[[], T], *, deadline: float, key: int | None = 0) -> T:
-        """`fn()` on worker `key % n_workers` (None: the first free one); `deadline` in time.perf_counter()
-        seconds (smaller = sooner)."""
-        return await self._submit(key, deadline, fn=fn)
-
-    async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int | None = 0,
-                       on_worker: Callable[[int], None] | None = None) -> T:
-        """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs; with
-        `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs."""
-        return await self._submit(key, deadline, item=item, finish=finish, on_worker=on_worker)
 
     def queued(self) -> int:
         with self._cv:
@@ -125,12 +120,10 @@ class Token2WavScheduler:
                         return  # closed and drained
                     jobs = self._take(w)
                 jobs = [j for j in jobs if not j.fut.done()]  # cancelled while queued: skip the work
-                if not jobs:
-                    continue
-                if jobs[0].item is None:
-                    self._call(jobs[0], jobs[0].fn)
-                    continue
-                self._flow_call(jobs)
+                if jobs and jobs[0].item is None:
+                    self._call(jobs[0], jobs[0].finish)
+                elif jobs:
+                    self._flow_call(jobs)
 
     def _flow_call(self, jobs: list[_Job]) -> None:
         """One flow call for `jobs`, then their finishes (one by one, or together through finish_batch)."""
@@ -154,22 +147,15 @@ class Token2WavScheduler:
         if self.finish_batch is None:
             for j, out in good:
                 self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
-        elif good:
-            jobs, outs = map(list, zip(*good, strict=True))
-            self._finish_together(jobs, outs, flow_s)
-
-    def _finish_together(self, jobs: list[_Job], outs: list[Any], flow_s: float) -> None:
-        """`finish_batch` over one flow call's jobs; a job it never answered gets its error (or a bug report)."""
-        left = dict(enumerate(jobs))
-        try:
-            for i, result, error in self.finish_batch([j.finish for j in jobs], outs, flow_s):
-                self._hand_back(left.pop(i), result, error)
-        except BaseException as e:  # handed to every job still waiting
+        elif good:  # finish_batch over the call's jobs; a job it never answered gets its error (or a bug report)
+            left, error = dict(enumerate(j for j, _ in good)), None
+            try:
+                for i, result, err in self.finish_batch([j.finish for j, _ in good], [o for _, o in good], flow_s):
+                    self._hand_back(left.pop(i), result, err)
+            except BaseException as e:  # handed to every job still waiting
+                error = e
             for j in left.values():
-                self._hand_back(j, None, e)
-            return
-        for j in left.values():
-            self._hand_back(j, None, RuntimeError("finish_batch returned no result for this job"))
+                self._hand_back(j, None, error or RuntimeError("finish_batch returned no result for this job"))
 
     def _call(self, job: _Job, fn: Callable[[], Any]) -> None:
         result, error = None, None

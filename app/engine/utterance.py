@@ -102,9 +102,7 @@ class Utterance:
             await lm.aclose()
 
     def add_tokens(self, new: list[int], waited_s: float) -> None:
-        seg = self.segment
-        assert seg is not None
-        seg.tokens.extend(new)
+        self.segment.tokens.extend(new)
         self.n_tokens += len(new)
         self.lm_s += waited_s
         if self.first_token is None and new:
@@ -137,20 +135,17 @@ class Utterance:
     def stats(self) -> RequestStats:
         now = time.perf_counter()
         first = self.first_audio if self.first_audio is not None else now
+        n = self.first_hop_tokens - self.first_delta_tokens  # tokens between the first delta and the first hop
+        per_token = (self.first_hop - self.first_token) * 1e3 / n \
+            if self.first_token is not None and self.first_hop is not None and n >= 1 else None
         return RequestStats(
             ttfa_ms=(first - self.t0) * 1e3, wall_s=now - self.t0, audio_s=self.n_samples / OUTPUT_SAMPLE_RATE_HZ,
             n_tokens=self.n_tokens, n_segments=len(self.segments), n_chunks=self.n_chunks, lm_s=self.lm_s,
             flow_s=self.flow_s, hift_s=self.hift_s, chunk_flow_ms=tuple(self.chunk_flow_ms),
             chunk_frames=tuple(self.chunk_frames), first_token_ms=self._since_t0(self.first_token),
-            first_hop_ms=self._since_t0(self.first_hop), lm_ms_per_token=self._lm_ms_per_token(),
+            first_hop_ms=self._since_t0(self.first_hop), lm_ms_per_token=per_token,
             first_wave_ms=self._since_t0(self.first_wave),
             first_hift_ms=None if self.first_hift_s is None else self.first_hift_s * 1e3)
-
-    def _lm_ms_per_token(self) -> float | None:
-        n = self.first_hop_tokens - self.first_delta_tokens
-        if self.first_token is None or self.first_hop is None or n < 1:
-            return None
-        return (self.first_hop - self.first_token) * 1e3 / n
 
     def _since_t0(self, t: float | None) -> float | None:
         return None if t is None else (t - self.t0) * 1e3

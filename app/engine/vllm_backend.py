@@ -26,14 +26,7 @@ from app.engine.vllm_start import (
     explain_start_failure,
     unset_env,
 )
-from app.model.llm import (
-    EOS_TOKEN,
-    N_SPEECH_ROWS,
-    SOS_ID,
-    SPEECH_TOKEN_SIZE,
-    STOP_TOKENS,
-    TASK_ID_ID,
-)
+from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SOS_ID, SPEECH_TOKEN_SIZE, STOP_TOKENS, TASK_ID_ID
 from app.model.vllm_export import export_lm_for_vllm
 from app.vllm_lm import model as vllm_model
 

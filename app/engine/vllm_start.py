@@ -111,10 +111,7 @@ def check_source(quantized: Path, model_dir: Path) -> None:
 
 
 def death_reason(engine: Any) -> str:
-    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one (the
-    in-process engine says why its step failed)."""
-    if getattr(engine, "death", ""):
-        return engine.death
+    """'EngineCore exited with signal 9 (SIGKILL)', from vLLM's process manager where it has one."""
     manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
     with contextlib.suppress(Exception):  # a vLLM without this layout
         for name, code in manager.finished_procs().items():

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import safetensors.numpy
@@ -97,26 +98,28 @@ def check_name(name: str) -> str:
     return norm
 
 
-class VoiceFeatureCache:
-    """LRU of `VoiceFeatures` by (clip bytes, transcript); the frontend runs in a worker thread."""
+T = TypeVar("T")  # what a ClipCache keeps
+
+
+class ClipCache(Generic[T]):
+    """LRU of what a clip gave (its features, its transcript) by (clip bytes, text); computed in a worker thread."""
 
     def __init__(self, size: int = 32) -> None:
         self.size = size
-        self._items: OrderedDict[str, VoiceFeatures] = OrderedDict()
+        self._items: OrderedDict[str, T] = OrderedDict()
 
-    async def get(self, src: str | Path | bytes, prompt_text: str,
-                  compute: Callable[[str | Path | bytes, str], VoiceFeatures]) -> VoiceFeatures:
-        """The features of `src` (a path or its bytes), from `compute(src, prompt_text)` on a miss."""
+    async def get(self, src: str | Path | bytes, text: str, compute: Callable[[str | Path | bytes, str], T]) -> T:
+        """What `compute(src, text)` gives for `src` (a path or its bytes), computed on a miss only."""
         data = src if isinstance(src, bytes) else await asyncio.to_thread(Path(src).read_bytes)
-        key = hashlib.sha256(data + b"\0" + prompt_text.encode("utf-8")).hexdigest()
-        voice = self._items.get(key)
-        if voice is None:  # the path (not the bytes) keeps the file's suffix for format errors
-            voice = await asyncio.to_thread(compute, src, prompt_text)
-            self._items[key] = voice
+        key = hashlib.sha256(data + b"\0" + text.encode("utf-8")).hexdigest()
+        got = self._items.get(key)
+        if got is None:  # the path (not the bytes) keeps the file's suffix for format errors
+            got = await asyncio.to_thread(compute, src, text)
+            self._items[key] = got
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         self._items.move_to_end(key)
-        return voice
+        return got
 
 
 class VoiceStore:
