@@ -80,7 +80,7 @@ def test_front_matter_is_a_gradio_gpu_space():
     assert REPO_ID in fm["preload_from_hub"] and REPO_ID in fm["models"]  # app.py finds it in the cache
     assert all(re.fullmatch(r"[\w.-]+/[\w.-]+", m) for m in fm["preload_from_hub"] + fm["models"])
     assert isinstance(fm["tags"], list) and fm["license"] == "apache-2.0"
-    # Hugging Face sign-in: a signed-in visitor's saved voices follow the account (app/ui/layout.py signs_in)
+    # Hugging Face sign-in: a signed-in visitor's saved voices follow the account (app/ui/layout.py header)
     assert fm["hf_oauth"] is True
 
 

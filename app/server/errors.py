@@ -48,11 +48,6 @@ def error_responses(*statuses: int) -> dict:
     return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
 
 
-def _union_tag(part: object) -> bool:
-    """Whether a pydantic error location part names a union's branch ("str", "VoiceRef"), not a field."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or part[:1].isupper())
-
-
 def body_fields(request: Request) -> list[str]:
     """The fields the request's route takes in its body (JSON or form), in their order; [] if unknown."""
     field = getattr(request.scope.get("route"), "body_field", None)
@@ -87,11 +82,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
         # an unknown field first (a misspelt name also shows as the real field "missing", which misleads), a
         # type mismatch last (a union's other branch: `voice` {"id": too long} is no string either)
-        errors = sorted(e.errors() or [{}], key=lambda x: (x.get("type") != "extra_forbidden",
-                                                           str(x.get("type", "")).endswith("_type")))
-        first = errors[0]
-        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")
-                         and not _union_tag(p)) or None
+        first = min(e.errors() or [{}], key=lambda x: (x.get("type") != "extra_forbidden",
+                                                       str(x.get("type", "")).endswith("_type")))
+        # a location part that names a union's branch ("str", "VoiceRef") is no field
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form") and not (
+            isinstance(p, str) and (p in ("str", "int", "float", "bool", "none") or p[:1].isupper()))) or None
         msg = first.get("msg", "invalid request")
         message = f"{param}: {msg}" if param else str(msg)
         if first.get("type") == "json_invalid":
@@ -107,8 +102,8 @@ def install_error_handlers(app: FastAPI) -> None:
         path = request.url.path
         if not path.startswith("/v1/") and e.status_code == 404 and path not in ("/health", "/metrics"):
             return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-        message = f"no route {request.method} {path}" if e.status_code == 404 else str(e.detail or "error")
-        return error_response(ApiError(e.status_code, message, headers=e.headers))
+        # no 404 comes here: every /v1/* path has a route (api_router's catch-all), /health and /metrics too
+        return error_response(ApiError(e.status_code, str(e.detail or "error"), headers=e.headers))
 
     default_openapi = app.openapi
 

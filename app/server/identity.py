@@ -133,11 +133,8 @@ class Identity:
         scheme, token = authorization(scope)
         if scheme != "bearer" or not token:
             return None
-        found = None
-        for key, owner in self.keys:
-            if secrets.compare_digest(token.encode(), key.encode()):
-                found = owner
-        return found
+        found = [owner for key, owner in self.keys if secrets.compare_digest(token.encode(), key.encode())]
+        return found[-1] if found else None  # a list, not next(): no timing hint of which key matched
 
     def identify(self, scope: dict, basic_user: str | None) -> tuple[Caller, str | None]:
         """Who sent `scope` (`basic_user`: a valid HTTP Basic login's user), also written into its state, and a

@@ -99,11 +99,9 @@ class Gate:
         """The user of valid HTTP Basic credentials of a configured login, else None."""
         if (creds := basic_credentials(scope)) is None:
             return None
-        ok = False
-        for user, password in self.users:  # every pair is compared: no timing hint of which user exists
-            ok |= secrets.compare_digest(creds[0].encode(), user.encode()) & secrets.compare_digest(
-                creds[1].encode(), password.encode())
-        return creds[0] if ok else None
+        ok = [secrets.compare_digest(creds[0].encode(), user.encode()) & secrets.compare_digest(
+            creds[1].encode(), password.encode()) for user, password in self.users]
+        return creds[0] if any(ok) else None  # every pair compared (a list): no timing hint of which user exists
 
     async def logged_in(self, scope: dict) -> bool:
         """A login cookie the Gradio page accepts (its own check, `LOGIN_CHECK`: 200 or 401), or HTTP Basic
@@ -165,7 +163,11 @@ class AccessLimits:
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
                 body, receive = await peek_body(receive, MAX_JOIN_BODY)
-                limited = _fn_index(body) in gate.limited_fns
+                try:
+                    index = json.loads(body).get("fn_index")
+                except (ValueError, AttributeError):  # not JSON, or not an object
+                    index = None
+                limited = isinstance(index, int) and index in gate.limited_fns
             bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
                 (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
             if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
@@ -203,11 +205,3 @@ async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
         return messages.pop(0) if messages else await receive()
 
     return bytes(body), replayed
-
-
-def _fn_index(body: bytes) -> int | None:
-    try:
-        value = json.loads(body).get("fn_index")
-    except (ValueError, AttributeError):  # not JSON, or not an object
-        return None
-    return value if isinstance(value, int) else None

@@ -130,8 +130,7 @@ def add_studio_routes(app: FastAPI, service: StudioService,
                 text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
                 mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True,
                 dialogue=body.dialogue, owner=caller.owner), STUDIO_PARAMS)
-            stop = asyncio.Event()  # set by POST /studio/requests/{id}/stop: the player's Stop, before it hangs up
-            stops[prepared.request.request_id] = stop
+            stop = stops[prepared.request.request_id] = asyncio.Event()  # set by studio_stop below
             response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
                                              headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
                                              caller=caller, stop=stop, params=STUDIO_PARAMS)
@@ -148,8 +147,7 @@ def add_studio_routes(app: FastAPI, service: StudioService,
         then says "stopped" (as the standard player's Stop), not "cancelled" (a closed tab). 404 once it has ended."""
         stop = stops.get(request_id)
         if stop is None:
-            raise ApiError(404, "no running page take with this id", param="request_id",
-                           code="unknown_request")
+            raise ApiError(404, "no running page take with this id", param="request_id", code="unknown_request")
         stop.set()
         return {"request_id": request_id, "stopped": True}
 

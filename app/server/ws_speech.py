@@ -11,7 +11,7 @@ import logging
 import weakref
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect, WebSocketException
 
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
@@ -30,31 +30,24 @@ PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its 
 BAD, UNAUTHORIZED, IDLE, BUSY, FAILED = 4400, 4401, 4408, 4429, 1011  # close codes (44xx: HTTP's, +4000)
 
 
-class Refused(Exception):
-    """Close the socket with `code` and `reason` (also sent first as an `error` message)."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code, self.reason = code, reason
-
-
 def ws_router(service: StudioService, identity: Identity,
               stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
     router = APIRouter(prefix="/v1")
     srv, lim = service.cfg.server, service.cfg.limits
 
     async def message(ws: WebSocket) -> dict:
-        """The next JSON message; `Refused` on silence past the idle timeout or anything but a JSON object."""
+        """The next JSON message; a refusal on silence past the idle timeout or anything but a JSON object."""
         try:
             msg = await asyncio.wait_for(ws.receive_json(), srv.ws_idle_timeout_s)
         except TimeoutError:
-            raise Refused(IDLE, f"no message for {srv.ws_idle_timeout_s:g} s ([server] ws_idle_timeout_s)") from None
+            raise WebSocketException(IDLE, f"no message for {srv.ws_idle_timeout_s:g} s ([server] "
+                                     "ws_idle_timeout_s)") from None
         except KeyError:  # a binary frame: Starlette's receive_json finds no "text"
-            raise Refused(BAD, "send JSON text frames, not binary") from None
+            raise WebSocketException(BAD, "send JSON text frames, not binary") from None
         except ValueError:
-            raise Refused(BAD, "a message is not JSON: send {\"type\": ...} objects") from None
+            raise WebSocketException(BAD, "a message is not JSON: send {\"type\": ...} objects") from None
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-            raise Refused(BAD, "a message must be a JSON object with a \"type\"")
+            raise WebSocketException(BAD, "a message must be a JSON object with a \"type\"")
         return msg
 
     @router.websocket("/audio/speech/stream")
@@ -64,10 +57,10 @@ def ws_router(service: StudioService, identity: Identity,
         try:
             identity.identify(ws.scope, None)  # the Caller, as AccessLimits finds it for /v1/audio/speech
             if identity.any_key and identity.bearer(ws.scope) is None:
-                raise Refused(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+                raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
             await session(ws, tasks)
             await ws.close(1000)
-        except Refused as e:
+        except WebSocketException as e:  # a refusal: sent first as an error message, then the close
             await _close(ws, e.code, e.reason)
         except WebSocketDisconnect:
             pass
@@ -86,12 +79,12 @@ def ws_router(service: StudioService, identity: Identity,
     async def session(ws: WebSocket, tasks: list[asyncio.Task]) -> None:
         start = await message(ws)
         if start["type"] != "start":
-            raise Refused(BAD, f"the first message must be start, not {start['type'][:20]!r}")
+            raise WebSocketException(BAD, f"the first message must be start, not {start['type'][:20]!r}")
         if extra := sorted(set(start) - START_FIELDS - PAGE_FIELDS):
-            raise Refused(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
+            raise WebSocketException(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
         fmt = start.get("response_format", "pcm")
         if fmt not in ("pcm", "wav"):
-            raise Refused(BAD, "response_format must be pcm or wav")
+            raise WebSocketException(BAD, "response_format must be pcm or wav")
         caller = caller_of(ws.scope)
         raw = start.get("prompt_audio")
         reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
@@ -110,15 +103,15 @@ def ws_router(service: StudioService, identity: Identity,
                 kind = msg["type"]
                 if kind == "text":
                     if not isinstance(msg.get("text"), str):
-                        raise Refused(BAD, "a text message needs a string \"text\"")
+                        raise WebSocketException(BAD, "a text message needs a string \"text\"")
                     if feed.n_chars + len(msg["text"]) > lim.max_text_chars:
-                        raise Refused(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
-                                      "max_text_chars)")
+                        raise WebSocketException(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
+                                                 "max_text_chars)")
                     ids = feed.add(msg["text"])
                 elif kind in ("flush", "close"):
                     ids = feed.flush()
                 else:
-                    raise Refused(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
+                    raise WebSocketException(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
                 for piece in ids:
                     await ws.send_json({"type": "segment", "index": n_segments, "n_tokens": len(piece)})
                     n_segments += 1

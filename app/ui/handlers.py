@@ -1,12 +1,11 @@
-"""Event handlers of the studio page (and of its Gradio API): validate, synthesise, stream, save, export and
-import voices. Design notes: docs/design.md."""
+"""Event handlers of the studio page (and of its Gradio API): validate, transcribe, synthesise, stream, save,
+export and import voices. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import secrets
 import shutil
 import tempfile
 import time
@@ -20,9 +19,10 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
 from app.engine import voice_door
-from app.engine.inputs import MAX_SEED, InputError
+from app.engine.asr import AsrUnavailable
+from app.engine.inputs import InputError, check_transcript
 from app.engine.owners import Caller
-from app.engine.prepare import SpeechInputs, prepare
+from app.engine.prepare import HEARD_NOTHING_NOTE, SpeechInputs, prepare
 from app.engine.refusals import refusal
 from app.engine.service import NotReadyError, StudioService
 from app.engine.voice_file import SUFFIX
@@ -187,9 +187,49 @@ class Handlers:
             return None
         return prompt_audio
 
-    @staticmethod
-    def random_seed() -> int:
-        return secrets.randbelow(MAX_SEED + 1)
+    async def _transcribe(self, prompt_audio: str, lang: str, progress: gr.Progress, retry: bool) -> str:
+        """The clip's cleaned transcript, said found in a pop-up; `AsrUnavailable` as it comes."""
+        model = self.service.asr.cfg.model_id
+
+        def report(done: int, total: int) -> None:  # from the download thread: Gradio's progress is thread-safe
+            progress(done / total, desc=t(lang, "downloading", model=model, done=done / 1e9, total=total / 1e9))
+
+        progress(None, desc=t(lang, "transcribing"))
+        got = await self.service.asr.transcribe(prompt_audio, report=report, retry=retry)
+        limit = self.service.cfg.limits.max_transcript_chars
+        text = check_transcript(got.text[:limit], limit)
+        if text:
+            gr.Info(t(lang, "transcribed", language=got.language))
+        return text
+
+    async def transcribe(self, prompt_audio: str | None, request: gr.Request = None,
+                         progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio's injection idiom)
+        """Whisper's transcript of `prompt_audio` (retries a model that failed to load before)."""
+        lang = lang_of(request)
+        if not prompt_audio:
+            raise error(t(lang, "need_audio"), lang)
+        try:
+            text = await self._transcribe(prompt_audio, lang, progress, retry=True)
+        except AsrUnavailable as e:
+            raise error(e, lang) from e
+        if not text:
+            raise error(HEARD_NOTHING_NOTE, lang)
+        return text
+
+    async def fill(self, prompt_audio: str | None, prompt_text: str | None, mode: str | None = None,
+                   voice: str | None = None, request: gr.Request = None,
+                   progress: gr.Progress = gr.Progress()):  # noqa: B008
+        """The transcript box after Generate / Save voice: Whisper's words for a blank one, else unchanged. Save
+        passes no mode or voice (Gradio fills in the defaults): a saved voice keeps its transcript whatever the mode."""
+        limit = self.service.cfg.limits.max_transcript_chars
+        if (not prompt_audio or voice or mode not in (None, "", "zero_shot") or check_transcript(prompt_text, limit)
+                or not self.service.asr.cfg.enabled):
+            return gr.skip()
+        try:
+            text = await self._transcribe(prompt_audio, lang_of(request), progress, retry=False)
+        except AsrUnavailable:  # synthesis / the save says why in its notes, and falls back to cross-lingual
+            return gr.skip()
+        return text or gr.skip()
 
     # --- saved voices --------------------------------------------------------------------------
 

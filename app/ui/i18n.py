@@ -40,8 +40,6 @@ def title_in(title: str, lang: str) -> str:
 
 def lang_of(request: Any) -> str:
     """The page's language for `request` (a gr.Request or None): the switch's cookie, else Accept-Language."""
-    if request is None:
-        return "en"
     cookies = getattr(request, "cookies", None) or {}
     if cookies.get(LANG_COOKIE) in LANGS:
         return cookies[LANG_COOKIE]

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
 from app.config import Config
+from app.engine.inputs import MAX_SEED
 from app.engine.service import ASSETS_DIR, StudioService
 from app.engine.voice_file import SUFFIX
 from app.ui import hidden_element, history, panels, ui_text
@@ -22,7 +25,6 @@ from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
 from app.ui.player import FINAL_JS, IDLE_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, PlayerTake, player_js
 from app.ui.presets import apply_preset, preset_choices
 from app.ui.stop import StopSignal
-from app.ui.transcription import TranscriptionEvents
 
 log = logging.getLogger(__name__)
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
@@ -76,12 +78,6 @@ def malformed(event: str, problem: str) -> gr.Error:
                     title="Malformed request", print_exception=False)
 
 
-def signs_in() -> bool:
-    """A Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): the page offers
-    Hugging Face sign-in. Nowhere else: Gradio's LoginButton off a Space logs in with this machine's token."""
-    return bool(os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"))
-
-
 def example_rows() -> list[list]:
     """Rows (text, prompt_audio, prompt_text, mode, instruct_text) from assets/examples.json, labelled by
     EXAMPLE_KEYS (app/ui/locales/labels.toml) in this order."""
@@ -118,7 +114,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         examples_and_panels(ui, service, i18n)
         wire_synthesis(ui, h, cfg)
         wire_voices(ui, h)
-        wire_controls(ui, h, service)
+        wire_controls(ui, h)
         wire_page(demo, ui, h, cfg, i18n)
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n
@@ -129,7 +125,10 @@ def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
         gr.Markdown(f"# {cfg.ui.title}")
         ui.lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
                            scale=0, min_width=200)
-        if signs_in():  # a Space with hf_oauth: voices belong to the signed-in user (app/engine/owners.py)
+        # a Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): Hugging Face sign-in, voices
+        # are the signed-in user's (app/engine/owners.py). Nowhere else: off a Space, Gradio's LoginButton logs in
+        # with this machine's token
+        if os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"):
             gr.LoginButton(scale=0, min_width=160, elem_id="login")
     gr.Markdown(i18n("intro"))
     ui.banner = gr.Markdown(visible=False, elem_id="banner")
@@ -272,20 +271,19 @@ def wire_voices(ui: SimpleNamespace, h: Handlers) -> None:
         event.then(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
 
 
-def wire_controls(ui: SimpleNamespace, h: Handlers, service: StudioService) -> None:
-    """The reference check, the seed dice, the speed slider; transcription (app/ui/transcription.py): the button,
-    and a blank transcript filled beside Generate / Save; the instruct box and presets, shown in instruct mode."""
+def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
+    """The reference check, the seed dice, the speed slider; transcription: the button, and a blank transcript
+    filled beside Generate / Save; the instruct box and presets, shown in instruct mode."""
     # refused at once (queued: Gradio delivers gr.Warning pop-ups only to queued events)
     ui.prompt_audio.upload(h.check_upload, ui.prompt_audio, ui.prompt_audio, concurrency_id="upload_check",
                            concurrency_limit=2, show_progress="hidden", api_visibility="private")
-    ui.dice.click(h.random_seed, None, ui.seed, **PAGE_ONLY)
+    ui.dice.click(partial(secrets.randbelow, MAX_SEED + 1), None, ui.seed, api_name="random_seed", **PAGE_ONLY)
     # streaming speaks at speed 1 (the slider shows it); off again, the slider keeps what it was set to
     ui.stream.change(lambda on: gr.Slider(interactive=False, value=1.0) if on else gr.Slider(interactive=True),
                      ui.stream, ui.speed, **PAGE_ONLY)
-    tr = TranscriptionEvents(service)
-    ui.transcribe.click(tr.transcribe, ui.prompt_audio, ui.prompt_text, api_name="transcribe")
-    ui.go.click(tr.fill, [ui.prompt_audio, ui.prompt_text, ui.mode, ui.voice], ui.prompt_text, api_visibility="private")
-    ui.save.click(tr.fill_for_save, [ui.prompt_audio, ui.prompt_text], ui.prompt_text, api_visibility="private")
+    ui.transcribe.click(h.transcribe, ui.prompt_audio, ui.prompt_text, api_name="transcribe")
+    ui.go.click(h.fill, [ui.prompt_audio, ui.prompt_text, ui.mode, ui.voice], ui.prompt_text, api_visibility="private")
+    ui.save.click(h.fill, [ui.prompt_audio, ui.prompt_text], ui.prompt_text, api_visibility="private")
     ui.preset.input(apply_preset, [ui.preset, ui.instruct_text], ui.instruct_text, **PAGE_ONLY)
     ui.mode.change(lambda m: (gr.Textbox(visible=m == "instruct"), gr.Dropdown(visible=m == "instruct")), ui.mode,
                    [ui.instruct_text, ui.preset], **PAGE_ONLY)

@@ -102,7 +102,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         df[column] = df[column].map(lambda x: word(x, lang))
     ago, req, series = text["seconds ago"], text["request #"], word("series", lang)
     return (
-        headline_text(service, snap, lang),
+        headline_text(service, snap, lang, text),
         gr.LinePlot(value=mem_df, title=mem_title, x_title=ago, y_title=word("MiB", lang), color_title=series),
         gr.LinePlot(value=load_df, title=titles["load"], x_title=ago, y_title=word("percent", lang),
                     color_title=series),
@@ -111,7 +111,7 @@ def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = N
         gr.ScatterPlot(value=latency_df, title=titles["latency"], x_title=req, y_title=word("value", lang),
                        color_title=series),
         table_frame(recent, lang),
-        facts_text(service, snap, lang, public=owners is not None),
+        facts_text(service, snap, lang, text, public=owners is not None),
     )
 
 
@@ -172,9 +172,8 @@ def table_frame(recent: list[dict[str, Any]], lang: str = "en") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[word(c, lang) for c in TABLE_COLUMNS])
 
 
-def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> str:
+def headline_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str]) -> str:
     m = service.metrics
-    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     parts = [f"**{say(service.status, lang)}**", w["active"].format(n=m.active_streams)]
     if snap["gpu"]:
         d = snap["device"]
@@ -197,10 +196,9 @@ def headline_text(service: Studio, snap: dict[str, Any], lang: str = "en") -> st
     return " · ".join(parts)
 
 
-def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: bool = False) -> str:
+def facts_text(service: Studio, snap: dict[str, Any], lang: str, w: dict[str, str], public: bool = False) -> str:
     """A two-column Markdown table: service facts, live engine numbers, request counters (names in `lang`).
     `public`: what anybody may know (`public_health`: no paths, engine arguments or environment)."""
-    w = catalog()["text"]["zh" if lang == "zh" else "en"]
     try:
         facts = dict(service.public_health() if public else service.facts())
     except Exception as e:  # the service is still loading or failed: show why, keep the panel alive
@@ -215,10 +213,8 @@ def facts_text(service: Studio, snap: dict[str, Any], lang: str = "en", public: 
         live["KV-cache capacity"] = w["tokens"].format(n=snap["kv_cache_tokens"])
     live["requests"] = ", ".join(f"{word(k, lang)} {v}" for k, v in counters["outcomes"].items())
     live["audio produced"] = w["audio"].format(s=counters["audio_s_total"])
-    lines = [f"| {word('fact', lang)} | {word('value', lang)} |", "|---|---|"]
-    for key, value in {**live, **facts}.items():
-        lines.append(f"| {word(key, lang)} | {_cell(value)} |")
-    return "\n".join(lines)
+    return "\n".join([f"| {word('fact', lang)} | {word('value', lang)} |", "|---|---|",
+                      *(f"| {word(key, lang)} | {_cell(value)} |" for key, value in {**live, **facts}.items())])
 
 
 def _cell(value: Any) -> str:
