@@ -48,6 +48,11 @@ def error_responses(*statuses: int) -> dict:
     return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
 
 
+def _union_tag(part: object) -> bool:
+    """Whether a pydantic error location part names a union's branch ("str", "VoiceRef"), not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or part[:1].isupper())
+
+
 def body_fields(request: Request) -> list[str]:
     """The fields the request's route takes in its body (JSON or form), in their order; [] if unknown."""
     field = getattr(request.scope.get("route"), "body_field", None)
@@ -84,9 +89,8 @@ def install_error_handlers(app: FastAPI) -> None:
         # type mismatch last (a union's other branch: `voice` {"id": too long} is no string either)
         first = min(e.errors() or [{}], key=lambda x: (x.get("type") != "extra_forbidden",
                                                        str(x.get("type", "")).endswith("_type")))
-        # a location part that names a union's branch ("str", "VoiceRef") is no field
-        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form") and not (
-            isinstance(p, str) and (p in ("str", "int", "float", "bool", "none") or p[:1].isupper()))) or None
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")
+                         and not _union_tag(p)) or None
         msg = first.get("msg", "invalid request")
         message = f"{param}: {msg}" if param else str(msg)
         if first.get("type") == "json_invalid":
@@ -100,9 +104,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
-        if not path.startswith("/v1/") and e.status_code == 404 and path not in ("/health", "/metrics"):
+        # a 404 is never a /v1 path's (api_router's catch-all routes every one): the page's own paths keep Gradio's
+        if e.status_code == 404 and not path.startswith("/v1/"):
             return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-        # no 404 comes here: every /v1/* path has a route (api_router's catch-all), /health and /metrics too
         return error_response(ApiError(e.status_code, str(e.detail or "error"), headers=e.headers))
 
     default_openapi = app.openapi

@@ -163,11 +163,7 @@ class AccessLimits:
             limited = path in SYNTH_PATHS
             if path == QUEUE_JOIN_PATH and gate.limited_fns:
                 body, receive = await peek_body(receive, MAX_JOIN_BODY)
-                try:
-                    index = json.loads(body).get("fn_index")
-                except (ValueError, AttributeError):  # not JSON, or not an object
-                    index = None
-                limited = isinstance(index, int) and index in gate.limited_fns
+                limited = _fn_index(body) in gate.limited_fns
             bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
                 (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
             if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
@@ -205,3 +201,12 @@ async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:
         return messages.pop(0) if messages else await receive()
 
     return bytes(body), replayed
+
+
+def _fn_index(body: bytes) -> int | None:
+    """The event a queue/join body names (None: not JSON, not an object, or no integer `fn_index`)."""
+    try:
+        value = json.loads(body).get("fn_index")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return None
+    return value if isinstance(value, int) else None
