@@ -33,12 +33,22 @@ def test_ras_settings_come_from_the_yaml_unless_overridden(parity_model_dir, tmp
 
 
 def test_the_flow_defaults_of_every_config():
-    """As measured served on the H200: the exact default serves the paged O(chunk) path, fast.toml's fp16
-    flow the re-solve; the CPU config re-solves (unmeasured there); each is one override away from the
-    other; HiFT's graphs (CUDA only) everywhere; removed keys are refused."""
-    for path, incremental in ((None, True), ("configs/fast.toml", False), ("configs/cpu.toml", False)):
-        e = load_config(path).engine
+    """The official vLLM mode by default: the flow in fp16 on the packed O(chunk) path, and fast.toml the same
+    path with a 10-token first hop; exact.toml the fp32 flow (the parity reference); the CPU config keeps its
+    fp32 re-solve (no fast fp16 on CPUs); each is one override away from the other; HiFT's graphs (CUDA only)
+    everywhere; removed keys are refused."""
+    default = load_config()
+    for path, incremental, dtype in ((None, True, "float16"), ("configs/fast.toml", True, "float16"),
+                                     ("configs/exact.toml", True, "float32"), ("configs/cpu.toml", False, "float32")):
+        cfg = load_config(path)
+        e = cfg.engine
         assert e.flow_incremental is incremental and e.flow_paged_graphs and e.hift_graphs, path
+        assert (cfg.model.flow_dtype, cfg.model.hift_dtype) == (dtype, "float32"), path
+        if path in ("configs/fast.toml", "configs/exact.toml"):  # one path: only the hop or the dtype differs
+            assert e == default.engine and cfg.vllm == default.vllm, path
+    assert default.mode == "official fp16 mode, official schedule"
+    assert load_config("configs/fast.toml").mode == "official fp16 mode, 10-token first hop"
+    assert load_config("configs/exact.toml").mode == "exact mode (fp32 flow), official schedule"
     assert load_config(None, {"engine.flow_incremental": False}).engine.flow_incremental is False
     assert load_config("configs/fast.toml", {"engine.flow_incremental": True}).engine.flow_incremental is True
     with pytest.raises(ConfigError, match="first_chunk_priority"):

@@ -114,8 +114,8 @@ def test_batched_hops_float64(flow, prompt, tokens):
 
 
 def test_batched_hops_float16(flow, prompt, tokens):
-    """fp16 (configs/fast.toml's flow): the packed call stays finite (every segment, padding too, has a
-    visible key) and agrees with each stream alone and with the fp16 re-solve to within
+    """fp16 (the default's flow, the official vLLM mode): the packed call stays finite (every segment, padding
+    too, has a visible key) and agrees with each stream alone and with the fp16 re-solve to within
     a few fp16 steps at the mel's magnitude (the fp16 path's own spread across call shapes)."""
     half = copy.deepcopy(flow).half()
     jobs = _jobs(half, prompt, tokens)

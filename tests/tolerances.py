@@ -53,9 +53,9 @@ PREFIX_ATOL = 1e-5
 # The incremental flow vs the re-solve (tests/test_flow_incremental.py): fp32 max 2.1e-6 (the re-solve's own
 # rounding across GEMM/attention shapes), fp64 0.0 (measured on the default dispatch).
 INCREMENTAL_ATOL, INCREMENTAL_F64_ATOL = 2e-5, 1e-12
-# fp16 flow (configs/fast.toml), incremental hops batched across streams vs alone and vs the fp16 re-solve
+# fp16 flow (the default and fast.toml), incremental hops batched across streams vs alone and vs the fp16 re-solve
 # (tests/test_incremental_batch.py): max 7.8e-3, two fp16 steps at the mel's absmax (~4.9); >= 3x that,
-# below fast.toml's measured fp16-vs-fp32 deviation (max 0.048).
+# below the fp16 flow's measured deviation from fp32 (max 0.048).
 HALF_INCREMENTAL_ATOL = 2.5e-2
 # The fixed flow noise drawn by ATen's scalar normal_ kernel (ATEN_CPU_CAPABILITY=default) instead of its
 # AVX2/AVX-512 one: 38 % of values differ, by at most 2.3e-6 (measured); exact on the vectorised kernels.

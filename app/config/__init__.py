@@ -43,6 +43,17 @@ class Config:
     asr: AsrConfig = field(default_factory=AsrConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
+    @property
+    def mode(self) -> str:
+        """The precision and schedule in words (/health's facts, the Engine panel): the official vLLM example's
+        fp16 flow, or the exact fp32 one; the official 25-token first hop, or a shorter one."""
+        m, s = self.model, self.streaming
+        flow = {"float16": "official fp16 mode", "float32": "exact mode (fp32 flow)"}.get(
+            m.flow_dtype, f"{m.flow_dtype} flow")
+        hop = "official schedule" if (s.first_hop_tokens, s.align_first_hop) == (25, True) else \
+            f"{s.first_hop_tokens}-token first hop"
+        return f"{flow}, {hop}"
+
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)

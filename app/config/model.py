@@ -17,7 +17,7 @@ class ModelConfig:
     dir: str = ""  # CosyVoice2 folder in the official layout ("" = decided by app.py)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     llm_dtype: Dtype = "float32"  # reference (torch) LM backend only; vLLM has its own
-    flow_dtype: Dtype = "float32"
+    flow_dtype: Dtype = "float16"  # the official vLLM mode (fp16=True); exact.toml / cpu.toml: float32
     hift_dtype: Dtype = "float32"  # the vocoder is numerically sensitive; fp32 by default
     text_frontend: bool = True  # wetext normalisation + paragraph splitting
     repo_id: str = "FunAudioLLM/CosyVoice2-0.5B"  # downloaded with huggingface_hub when dir is ""
@@ -103,6 +103,8 @@ class EngineConfig:
     max_concurrency: int = 4  # torch backend: decode threads (requests decoded at once)
     token2wav_workers: int = 1  # flow+HiFT threads (each its own CUDA stream; a request stays on one)
     flow_batch: int = 64  # flow calls of up to this many streams share one batched call (1 = off)
+    first_call_ms: float = 150.0  # CUDA: a call carrying a first chunk is sized to end within this (0 = off)
+    max_call_ms: float = 400.0  # CUDA: no call is sized past this, nor past a member's deadline (0 = off)
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
@@ -126,6 +128,8 @@ class EngineConfig:
             raise ConfigError("engine.hift_graph_frames must be positive integers (mel frames)")
         if min(self.flow_state_gib, self.flow_state_max_gib, self.prompt_cache_gib) < 0:
             raise ConfigError("engine.flow_state_gib, flow_state_max_gib and prompt_cache_gib must be >= 0")
+        if min(self.first_call_ms, self.max_call_ms) < 0:
+            raise ConfigError("engine.first_call_ms and max_call_ms must be >= 0 (0 = calls not sized)")
         if not 0.0 <= self.flow_state_fraction < 1.0:
             raise ConfigError(f"engine.flow_state_fraction must be in [0, 1), got {self.flow_state_fraction}")
         if self.backend not in _BACKENDS:

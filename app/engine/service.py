@@ -254,7 +254,7 @@ class StudioService:
     def facts(self) -> dict[str, Any]:
         """What runs: model folder, device and dtypes, backend facts (engine args, quantization, ...)."""
         m = self.cfg.model
-        facts: dict[str, Any] = {"model_dir": str(self.model_dir) if self.model_dir else None,
+        facts: dict[str, Any] = {"mode": self.cfg.mode, "model_dir": str(self.model_dir) if self.model_dir else None,
                                  "random_model": self.random_model,
                                  "device": m.device if self.model is None else str(self.model.device),
                                  "dtypes": {"llm (torch)": m.llm_dtype, "flow": m.flow_dtype, "hift": m.hift_dtype}}
