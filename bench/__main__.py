@@ -95,6 +95,8 @@ async def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 print("BENCH", json.dumps({k: row[k] for k in rep.LEVEL_FIELDS}), flush=True)
                 if args.out:  # after every level: a run cut short by a time limit still leaves its levels
                     write_outputs({**report, "partial": True}, args.out, None, rep.plot_sweep)
+        report["capacity"] = rep.capacity(report["levels"])
+        print("CAPACITY", json.dumps(report["capacity"]), flush=True)
     finally:
         await target.aclose()
     return report

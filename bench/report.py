@@ -8,6 +8,8 @@ Definitions (docs/bench.md has the long form; times in seconds from the request'
 * stall: audio piece k (k >= 1) is late when it arrives after the audio before it has finished
   playing, playback starting at the first piece: t_k > t_0 + sum(duration of pieces < k). Per level:
   `stalls` (late pieces), `late_pct` (of the pieces k >= 1), `streams_stalled`, `max_late_ms`.
+* continuity: the share of requests whose worst gap is at most CONTINUITY_GAP_MS (vLLM-Omni's benchmark
+  counts it so); capacity: the most streams of a sweep served with no late piece and no error.
 Nothing here imports matplotlib at import time (the PNG needs it; `bench plot` re-draws from JSON).
 """
 
@@ -30,8 +32,12 @@ from app.audio import OUTPUT_SAMPLE_RATE_HZ
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 LEVEL_FIELDS = ("voice", "concurrency", "n", "errors", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_max_ms", "rtf_p50",
-                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "late_pct", "max_late_ms", "gpu_mem_gb", "rss_gb",
+                "rtf_p95", "audio_s_per_s", "tokens_per_s", "stalls", "late_pct", "max_late_ms", "continuity_pct",
+                "gpu_mem_gb", "rss_gb",
                 "first_wait_p50_ms", "flow_tflops", "padding_waste")  # the last three: what each lever moves
+
+
+CONTINUITY_GAP_MS = 100.0  # a gap a listener barely notices (the field's continuity figure)
 
 
 @dataclass
@@ -149,6 +155,7 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "tokens_per_s": _r(tokens / wall_s if wall_s > 0 else None),
         "stalls": stalls, "late_pct": _r(100 * stalls / can_be_late if can_be_late else 0.0, 2),
         "max_late_ms": _r(max((r.max_late_ms for r in ok), default=0.0)),
+        "continuity_pct": _r(100 * sum(r.max_late_ms <= CONTINUITY_GAP_MS for r in ok) / len(ok) if ok else None, 1),
         "gpu_mem_gb": _r(mem.get("gpu_mem_gb"), 2), "rss_gb": _r(mem.get("rss_gb"), 2),
         # extras
         "wall_s": _r(wall_s, 3), "audio_s_total": _r(audio_s, 3), "tokens_total": tokens,
@@ -167,6 +174,18 @@ def summarize_level(voice: str, concurrency: int, results: list[RequestResult], 
         "flow_ms_per_frame_by_chunk": flow_by_chunk(ok),
         "requests": [_request_row(r) for r in results],
     }
+
+
+def capacity(levels: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per voice, the most concurrent streams of a sweep's levels served with no late piece and no error
+    (None: every level had one)."""
+    best: dict[str, int | None] = {}
+    for lv in levels:
+        clean = lv["stalls"] == 0 and lv["errors"] == 0 and lv["n"] > 0
+        best.setdefault(lv["voice"], None)
+        if clean and (best[lv["voice"]] or 0) < lv["concurrency"]:
+            best[lv["voice"]] = lv["concurrency"]
+    return best
 
 
 def flow_by_chunk(results: list[RequestResult]) -> list[float] | None:

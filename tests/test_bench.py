@@ -95,6 +95,21 @@ def test_late_pieces_per_level():
     assert level["stalls"] == 1 and level["late_pct"] == pytest.approx(100 / 5, abs=0.01)  # 1 of 3 + 2 pieces
     assert level["streams_stalled"] == 1 and level["max_late_ms"] == pytest.approx(200.0)
     assert summarize_level("saved", 1, [on_time], 2.2, {})["late_pct"] == 0.0
+    # continuity: the worst gap of each request at most 100 ms (the 200 ms one fails it, a 60 ms one passes)
+    assert level["continuity_pct"] == 50.0
+    slight = result_from_arrivals(2, [(0.1, 24_000), (1.16, 24_000)], 2.2)
+    assert summarize_level("saved", 2, [slight, on_time], 2.2, {})["continuity_pct"] == 100.0
+
+
+def test_capacity_is_the_most_streams_with_no_late_piece():
+    from bench.report import capacity
+
+    def lv(voice, c, stalls, errors=0):
+        return {"voice": voice, "concurrency": c, "stalls": stalls, "errors": errors, "n": 2 * c}
+
+    levels = [lv("saved", 16, 0), lv("saved", 32, 0), lv("saved", 48, 3), lv("saved", 64, 0, errors=1),
+              lv("new", 16, 2)]
+    assert capacity(levels) == {"saved": 32, "new": None}
 
 
 def test_level_reports_the_first_audio_path_and_lm_pace():

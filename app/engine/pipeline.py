@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from app.config import Config
+from app.engine.call_sizing import CallBudget
 from app.engine.flow_budget import FlowBudget, pool_bytes
 from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
@@ -46,14 +47,12 @@ class Synthesizer:
         self.model, self.lm, self.cfg = model, lm, cfg
         self.sampling = cfg.sampling.resolved(model.hparams.llm)  # RAS: the checkpoint's yaml unless overridden
         s, e, fd = cfg.streaming, cfg.engine, model.hparams.flow
-        # every request's Token2WavStream: the user's schedule, the engine's incremental switch, and the
-        # flow's chunk size and look-ahead (tokens) from the checkpoint's yaml
+        # every Token2WavStream: the schedule, the incremental switch, the yaml's chunk and look-ahead (tokens)
         self.streaming, self.incremental = s, False  # True once the state pool is sized
         self.chunk_tokens, self.pre_lookahead = fd.encoder.static_chunk_size, fd.pre_lookahead_len
-        # incremental flow: per-voice prompt prefixes (shared, read only) and the budget of all streams' states.
-        # Its pool is sized from the memory left once everything else is up: on CUDA at warm-up
-        # (`capture_graphs`, after the HiFT graphs; until then streams re-solve), on the CPU now (a GiB key)
-        self.cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (nothing to capture on CPU)
+        # incremental flow: per-voice prompt prefixes (shared, read only), the budget of all streams' states; its
+        # pool sized from the memory left: on CUDA at warm-up (`capture_graphs`; streams re-solve until then)
+        self.cuda = torch.device(model.device).type == "cuda"  # CUDA graphs only there (none to capture on a CPU)
         self.flow_pool: KVPool | None = None
         self.paged_graphs: PagedGraphs | None = None
         self.prompt_cache: PromptCache | None = None
@@ -69,12 +68,13 @@ class Synthesizer:
         self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
         self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
         finish_batch = self._vocode_chunks if e.hift_batch else None
+        # calls sized by deadlines on CUDA; a CPU call's seconds dwarf any allowance: one call for every due hop
+        budget = CallBudget(e.first_call_ms / 1e3, e.max_call_ms / 1e3) if self.cuda else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=self._flow_batch, finish_batch=finish_batch)
+                                       flow_fn=self._flow_batch, finish_batch=finish_batch, budget=budget)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
-        # the scheduler's finish_batch: one flow call's chunks, HiFT batched per mel length, through the graphs
-        # `self.hift_graphs` holds when the call runs (tests swap in a counting stand-in after construction)
+        # the scheduler's finish_batch: HiFT batched per mel length through `self.hift_graphs` (tests swap it)
         return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
 
     def _flow_batch(self, items: list) -> list:
@@ -150,7 +150,7 @@ class Synthesizer:
         tokens = torch.tensor([seg.tokens], dtype=torch.int64)
         t2w = seg.t2w
         run = lambda item: self._t2w.run_flow(item, ChunkFinish(u, plan), deadline=u.deadline(), key=u.worker,
-                                              on_worker=u.pin)
+                                              on_worker=u.pin, first=u.first_audio is None)
         incremental = t2w.incremental and plan.streaming and not seg.resolve
         if incremental and self.flow_budget.admit(t2w, self._bytes_after(t2w, plan)):
             try:  # the hop is a flow job of its own batch key (concurrent streams' hops share one estimator call)
@@ -278,7 +278,7 @@ class Synthesizer:
         # full re-solves), "re-solve" (off, or on CUDA before warm-up)
         path = "paged incremental" if self.incremental else "re-solve"
         facts: dict[str, Any] = {"workers": e.token2wav_workers, "flow_batch": e.flow_batch,
-                                 "flow_path": path, "flow_work": self.flow_work.snapshot(),
+                                 "flow_path": path, "flow_work": self.flow_work.snapshot(), "calls": self._t2w.facts(),
                                  "flow_cuda_graphs": None if graphs is None else vars(graphs.stats) | {
                                      "kept": graphs.n_graphs, "bucket_frames": graphs.bucket_frames}}
         if self.hift_graphs is not None:  # engine.hift_graphs on a GPU

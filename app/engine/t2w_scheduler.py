@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from app.engine.call_sizing import CallBudget, CallCost, size_call
+
 T = TypeVar("T")
 
 
@@ -35,16 +37,26 @@ class _Job:
     finish: Callable[..., Any] = field(compare=False)  # (flow output, flow wall s) -> result; a plain job's: () -> it
     fut: asyncio.Future = field(compare=False)  # of the awaiting request's loop
     on_worker: Callable[[int], None] | None = field(compare=False, default=None)  # told the worker that takes it
+    first: bool = field(compare=False, default=False)  # its request's first chunk (app/engine/call_sizing.py)
+
+    @property
+    def frames(self) -> int:  # mel frames its flow call computes (the call's cost grows with their sum)
+        return getattr(self.item, "work_frames", 1)
 
 
 class Token2WavScheduler:
-    """`await run(fn, ...)` / `await run_flow(item, finish, ...)` on worker threads, earliest deadline first."""
+    """`await run(fn, ...)` / `await run_flow(item, finish, ...)` on worker threads, earliest deadline first;
+    a flow call takes the due jobs of its batch key that `size_call` lets join the most urgent one (`budget`;
+    `clock`: time.perf_counter, the deadlines' clock)."""
 
     def __init__(self, n_workers: int = 1, device: torch.device | str = "cpu", *,
                  flow_fn: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 1,
                  finish_batch: Callable[[list[Any], list[Any], float], Iterator[tuple[int, Any, BaseException | None]]]
-                 | None = None) -> None:
+                 | None = None, budget: CallBudget | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
+        self.budget, self.clock = budget or CallBudget(0.0, 0.0), clock
+        self.cost = CallCost()  # seconds per call (flow + its HiFT), learned from the calls run
         self.finish_batch = finish_batch
         self.device = torch.device(device)
         # one CUDA stream per worker (the default stream for a single worker): workers overlap on the GPU;
@@ -65,9 +77,10 @@ class Token2WavScheduler:
         return await self.run_flow(None, fn, deadline=deadline, key=key)
 
     async def run_flow(self, item: Any, finish: Callable[[Any, float], T], *, deadline: float, key: int | None = 0,
-                       on_worker: Callable[[int], None] | None = None) -> T:
+                       on_worker: Callable[[int], None] | None = None, first: bool = False) -> T:
         """`finish(flow_fn([item, ...])[i], flow wall s)`, the flow call possibly shared with other jobs; with
-        `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs."""
+        `key` None on the first free worker, `on_worker(w)` called (on that worker) before it runs; `first`: the
+        request's first chunk (its call is kept small)."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         with self._cv:
             if self._closed:
@@ -78,9 +91,15 @@ class Token2WavScheduler:
                 for t in self._threads:
                     t.start()
             heapq.heappush(self._shared if key is None else self._heaps[key % self.n_workers],
-                           _Job(deadline, next(self._seq), item, finish, fut, on_worker))
+                           _Job(deadline, next(self._seq), item, finish, fut, on_worker, first))
             self._cv.notify_all()
         return await fut
+
+    def facts(self) -> dict[str, Any]:
+        """How calls are sized (ms; 0 = not sized), the learned cost of a 100-frame call, calls by rows."""
+        cost = self.cost.predict(100)
+        return {"first_call_ms": self.budget.first_call_s * 1e3, "max_call_ms": self.budget.max_call_s * 1e3,
+                "ms_per_100_frames": None if cost is None else round(cost * 1e3, 1), "by_rows": dict(self.batch_sizes)}
 
     def queued(self) -> int:
         with self._cv:
@@ -97,7 +116,8 @@ class Token2WavScheduler:
         jobs = [job]
         if job.item is not None and self.max_batch > 1:
             mates = sorted(j for heap in (own, shared) for j in heap if j.item is not None
-                           and j.item.batch_key == job.item.batch_key and not j.fut.done())[: self.max_batch - 1]
+                           and j.item.batch_key == job.item.batch_key and not j.fut.done())
+            mates = size_call(job, mates, self.clock(), self.cost, self.budget, self.max_batch)
             if mates:
                 taken = {id(j) for j in mates}
                 for heap in (own, shared):
@@ -126,8 +146,15 @@ class Token2WavScheduler:
                     self._flow_call(jobs)
 
     def _flow_call(self, jobs: list[_Job]) -> None:
-        """One flow call for `jobs`, then their finishes (one by one, or together through finish_batch)."""
+        """One flow call for `jobs`, then their finishes; the whole call's seconds teach `cost`."""
         t0 = time.perf_counter()
+        try:
+            self._flow_and_finish(jobs, t0)
+        finally:
+            self.cost.observe(sum(j.frames for j in jobs), time.perf_counter() - t0)
+
+    def _flow_and_finish(self, jobs: list[_Job], t0: float) -> None:
+        # the flow call, then the finishes one by one, or together through finish_batch
         try:
             outs = self.flow_fn([j.item for j in jobs])
             if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop

@@ -75,6 +75,11 @@ class FlowItem:
         """Calls can share a batch only with the same attention masks and look-ahead rule."""
         return self.streaming, self.finalize
 
+    @property
+    def work_frames(self) -> int:
+        """Mel frames the call computes for this row: the prompt's and every token's (a re-solve)."""
+        return (self.prompt.mel.shape[1] + self.tokens.shape[1] * MEL_FRAMES_PER_TOKEN)
+
 
 @dataclass(frozen=True)
 class IncrementalItem:
@@ -86,6 +91,11 @@ class IncrementalItem:
     finalize: bool  # a chunk-causal final call
     token_offset: int  # mel is kept from this token on
     batch_key: ClassVar[str] = "incremental"
+
+    @property
+    def work_frames(self) -> int:
+        """Mel frames the hop computes: its new tokens' (the prefix's are in its state)."""
+        return (self.tokens.shape[1] - self.token_offset) * MEL_FRAMES_PER_TOKEN
 
 
 @torch.inference_mode()
