@@ -7,34 +7,34 @@
 #   bash bench/gpu/presets.sh 2                                      # (a cold one: the install again first)
 #
 # PART 1, the A/B pair: default.toml as shipped (the official fp16 mode on the packed O(chunk) path, calls
-#   sized by deadline) at 1 / 16 / 64 streams, then the fp16 re-solve (engine.flow_incremental=false) at the same
-#   levels; then one 1,500-token segment on the default.
+#   sized by deadline) at 1 / 16 / 64 streams, then the fp16 re-solve (engine.flow_incremental=false) there.
 # PART 2: the engine's capacity (default.toml, the LM's batch lifted to 128 streams: levels 16 ... 128), then
 #   fast.toml as shipped at 1 / 16 / 64.
-# PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, and the default with calls not sized (the schedule's A/B).
-# Knobs: RPS (2 requests per stream), FIXED (250 tokens), T (seconds per sweep, 200).
+# PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default.
+# PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64.
+# Knobs: RPS (2 requests per stream), FIXED (250 tokens), T (seconds per sweep, 240).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ME=bench/gpu/run.sh
 sweep() {  # sweep TAG CONC [CONFIG] [SETS]: one in-process sweep, saved voice, as run.sh's serve step runs it
   echo "=== $1 (conc $2${3:+, $3}${4:+, $4})"
   env TAG="$1" CONC="$2" CONFIG="${3:-}" SETS="${4:-}" PREFLIGHT=0 VOICE=saved RPS="${RPS:-2}" WARMUP=1 \
-    FIXED="${FIXED:-250}" SWEEP_TIMEOUT="${T:-200}" bash "$ME" serve 2>&1 | grep -E "^(BENCH|CAPACITY|\||NVIDIA)|Error"
+    FIXED="${FIXED:-250}" SWEEP_TIMEOUT="${T:-240}" bash "$ME" serve 2>&1 | grep -E "^(BENCH|CAPACITY|\||NVIDIA)|Error|Traceback"
 }
 long() {  # long TAG [CONFIG] [SETS]: one 1,500-token segment, one stream
   echo "Hello." > /tmp/one_segment.txt
   env TAG="$1" CONC=1 CONFIG="${2:-}" SETS="${3:-}" PREFLIGHT=0 VOICE=saved RPS=2 WARMUP=0 FIXED=1500 \
-    TEXTS=/tmp/one_segment.txt SWEEP_TIMEOUT="${T:-200}" bash "$ME" serve 2>&1 | grep -E "^(BENCH|\|)|Error"
+    TEXTS=/tmp/one_segment.txt SWEEP_TIMEOUT="${T:-200}" bash "$ME" serve 2>&1 | grep -E "^(BENCH|\|)|Error|Traceback"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case ${1:-} in
   1) sweep default 1,16,64
-     sweep resolve16 1,16,64 "" "engine.flow_incremental=false"
-     T=150 long long_default ;;
-  2) sweep capacity 16,32,48,64,96,128 "" "vllm.max_num_seqs=128 vllm.kv_cache_gib=3.5"
+     sweep resolve16 1,16,64 "" "engine.flow_incremental=false" ;;
+  2) T=270 sweep capacity 16,32,48,64,96,128 "" "vllm.max_num_seqs=128 vllm.kv_cache_gib=3.5"
      sweep fast 1,16,64 configs/fast.toml ;;
   3) sweep exact 1,16,64 configs/exact.toml
-     sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
-  *) echo "usage: bash $0 1|2|3" >&2; exit 2 ;;
+     T=150 long long_default ;;
+  4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
+  *) echo "usage: bash $0 1|2|3|4" >&2; exit 2 ;;
 esac
 ls "${OUT:-out}"
