@@ -110,6 +110,9 @@ def test_generate_plays_and_panels_update(studio):
     t2w = health["facts"]["token2wav"]
     work = t2w.pop("flow_work")
     assert work["calls"] > 0 and 0 < work["frames_needed"] <= work["frames_computed"]  # the warm-up's flow calls
+    calls = t2w.pop("calls")  # a CPU's calls take every due hop (not sized); their cost is learned all the same
+    assert (calls["first_call_ms"], calls["max_call_ms"]) == (0, 0) and sum(calls["by_rows"].values()) > 0, calls
+    assert health["facts"]["mode"] == "exact mode (fp32 flow), official schedule"  # cpu.toml keeps fp32
     assert t2w == {"workers": 1, "flow_batch": 16, "flow_path": "re-solve", "flow_cuda_graphs": None}
     ok_before = _ok_takes(url)  # the shared server may have served other files' takes
     with sync_playwright() as p:
