@@ -7,7 +7,7 @@ it), the take's stats line and the live panels show the finished request. Saves 
 Gradio's own streamed <audio> (the page's fallback) is tested in test_player and test_studio_ux.
 
 Needs /usr/bin/chromium, ffmpeg (Gradio encodes streamed audio with it) and the `playwright`
-package: `bash scripts/setup_browser.sh`. Never `playwright install` (no browser download).
+package: `bash scripts/test.sh` sets them up (apt). Never `playwright install` (no browser download).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _need(ok: bool, why: str) -> None:
     """Skip where the browser stack is missing; in CI that is a setup error, so fail instead."""
     if ok:
         return
-    msg = f"{why}; run: bash scripts/setup_browser.sh"
+    msg = f"{why}; run: bash scripts/test.sh (it installs them with apt)"
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)

@@ -8,7 +8,7 @@ RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S, 10 s by default); a 600 s downsc
 requests spread over both replicas; a voice saved through one is used through the other; one replica
 killed (SIGKILL) mid-stream breaks that stream only, requests after it succeed, Ray starts a new
 replica; no replica keeps an engine request. Skips (saying why) where Ray Serve is not installed
-(requirements-ray.txt; scripts/setup_cpu.sh installs it).
+(requirements-ray.txt; scripts/test.sh installs it).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _wait_ready(base: str, n: int, timeout_s: float, proc: subprocess.Popen, log
 
 
 def need_ray_serve() -> None:
-    """Skip without Ray Serve; scripts/setup_cpu.sh installs it, so in CI a missing Ray fails (a broken setup)."""
+    """Skip without Ray Serve; scripts/test.sh installs it, so in CI a missing Ray fails (a broken setup)."""
     try:
         import ray.serve  # noqa: F401
     except ImportError:
@@ -249,7 +249,7 @@ def test_merged_metrics_label_each_replica_and_sum_them():
     assert {s.labels["state"]: s.value for s in fams["cosyvoice_cluster_replicas"].samples} == {
         "ready": 1, "not_ready": 1, "unreachable": 0}
     assert not [name for name in fams if name.startswith("cosyvoice_cluster_") and name.endswith("_created")]
-    if shutil.which("promtool"):  # setup_cpu.sh installs Debian's prometheus (tests/test_prometheus.py)
+    if shutil.which("promtool"):  # scripts/test.sh installs Debian's prometheus (tests/test_prometheus.py)
         check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
 

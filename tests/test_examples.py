@@ -38,7 +38,7 @@ def studio(studio_public):
     _need(Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing")
     _need(subprocess.run(["which", "ffmpeg"], capture_output=True).returncode == 0, "ffmpeg is missing")
     _need(importlib.util.find_spec("playwright") is not None, "the playwright package is missing")
-    _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (bash scripts/setup_cpu.sh)")
+    _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (bash scripts/studio.sh)")
     assert {**SHARED_SERVERS["studio_public"], **SETS} == SHARED_SERVERS["studio_public"]
     return studio_public
 

