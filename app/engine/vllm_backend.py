@@ -29,6 +29,7 @@ from app.engine.vllm_start import (
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SOS_ID, SPEECH_TOKEN_SIZE, STOP_TOKENS, TASK_ID_ID
 from app.model.vllm_export import export_lm_for_vllm
 from app.vllm_lm import model as vllm_model
+from app.vllm_lm.quiet import quiet_env
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,13 @@ class VLLMBackend:
             model_path = await asyncio.to_thread(export_lm_for_vllm, model_dir,
                                                  Path(cfg.export_cache_dir).expanduser(), dtype=cfg.dtype)
         export = check_lm_folder(model_path)
-        env = {k: v for k, v in cpu_env(cfg).items() if k not in os.environ}  # a user's own setting wins
         try:
             from vllm.platforms import current_platform
         except ImportError as e:
             raise EngineStartError(f"vLLM is not importable ({e}); install requirements.txt (GPU) or "
                                    "requirements-cpu.txt, or set [engine] backend = \"torch\"") from e
+        quiet = quiet_env(Path(cfg.export_cache_dir).expanduser())  # start-up notes a user cannot act on
+        env = {k: v for k, v in (cpu_env(cfg) | quiet).items() if k not in os.environ}  # a user's own setting wins
         vllm_model.register()  # the engine's view of the export: the id space's table, a speech-sized head
         kwargs = (engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
                   | {"hf_overrides": vllm_model.hf_overrides(export)} | extra)
