@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import itertools
 import logging
 import os
@@ -32,6 +33,9 @@ from app.vllm_lm import model as vllm_model
 from app.vllm_lm.quiet import quiet_env
 
 log = logging.getLogger(__name__)
+# vLLM kills its engine process 5 s after asking it to stop; on 2 busy cores the engine took 6-8 s to stop its
+# worker, was killed in its teardown and left its shared-memory queue behind ("leaked shared_memory" at exit)
+ENGINE_STOP_S = 20.0
 
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
 
@@ -42,6 +46,29 @@ def new_engine(kwargs: dict[str, Any]) -> Any:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def stop_engine(engine: Any) -> None:
+    """Shut the engine down, giving its processes ENGINE_STOP_S to tear down (where vLLM takes a timeout)."""
+    if "timeout" in inspect.signature(engine.shutdown).parameters:
+        engine.shutdown(timeout=ENGINE_STOP_S)
+    else:
+        engine.shutdown()
+
+
+def token_prompt(engine: Any, ids: list[int]) -> Any:
+    """The prompt rendered by the engine's renderer, as vLLM 0.32 takes it (it deprecates raw prompts, with a
+    warning at the first request); the raw dict where vLLM has no renderer of this kind (0.26, the GPU stack)."""
+    prompt, renderer = {"prompt_token_ids": ids}, getattr(engine, "renderer", None)
+    try:
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+    except ImportError:
+        return prompt
+    if not hasattr(renderer, "render_cmpl"):
+        return prompt
+    (rendered,) = renderer.render_cmpl([parse_model_prompt(engine.model_config, prompt)],
+                                       renderer.default_cmpl_tok_params)  # what vLLM does to the raw dict
+    return rendered
 
 
 class VLLMBackend:
@@ -152,7 +179,7 @@ class VLLMBackend:
                              f"{self.cfg.max_model_len}: use a shorter reference clip or raise vllm.max_model_len")
         params = self.sampling_params(req, prompt_len)
         rid = f"{req.request_id}#{next(self._ids)}"  # unique: an abort by id hits only this stream
-        gen = engine.generate({"prompt_token_ids": list(req.prompt_ids)}, params, request_id=rid)
+        gen = engine.generate(token_prompt(engine, list(req.prompt_ids)), params, request_id=rid)
         finished = False
         try:
             async for out in gen:
@@ -291,7 +318,7 @@ class VLLMBackend:
         engine, self.engine = self.engine, None
         try:
             if engine is not None:
-                engine.shutdown()
+                stop_engine(engine)
         finally:
             del engine
             gc.collect()  # free the AsyncLLM now; its __del__ fails at interpreter exit
