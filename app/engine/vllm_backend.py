@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import inspect
 import itertools
 import logging
 import os
@@ -25,6 +24,8 @@ from app.engine.vllm_start import (
     death_reason,
     engine_kwargs,
     explain_start_failure,
+    stop_engine,
+    token_prompt,
     unset_env,
 )
 from app.model.llm import EOS_TOKEN, N_SPEECH_ROWS, SOS_ID, SPEECH_TOKEN_SIZE, STOP_TOKENS, TASK_ID_ID
@@ -33,10 +34,6 @@ from app.vllm_lm import model as vllm_model
 from app.vllm_lm.quiet import quiet_env
 
 log = logging.getLogger(__name__)
-# vLLM kills its engine process 5 s after asking it to stop; on 2 busy cores the engine took 6-8 s to stop its
-# worker, was killed in its teardown and left its shared-memory queue behind ("leaked shared_memory" at exit)
-ENGINE_STOP_S = 20.0
-
 _running: object | None = None  # the one engine of this process (a backend, or "starting")
 
 
@@ -46,29 +43,6 @@ def new_engine(kwargs: dict[str, Any]) -> Any:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-
-
-def stop_engine(engine: Any) -> None:
-    """Shut the engine down, giving its processes ENGINE_STOP_S to tear down (where vLLM takes a timeout)."""
-    if "timeout" in inspect.signature(engine.shutdown).parameters:
-        engine.shutdown(timeout=ENGINE_STOP_S)
-    else:
-        engine.shutdown()
-
-
-def token_prompt(engine: Any, ids: list[int]) -> Any:
-    """The prompt rendered by the engine's renderer, as vLLM 0.32 takes it (it deprecates raw prompts, with a
-    warning at the first request); the raw dict where vLLM has no renderer of this kind (0.26, the GPU stack)."""
-    prompt, renderer = {"prompt_token_ids": ids}, getattr(engine, "renderer", None)
-    try:
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-    except ImportError:
-        return prompt
-    if not hasattr(renderer, "render_cmpl"):
-        return prompt
-    (rendered,) = renderer.render_cmpl([parse_model_prompt(engine.model_config, prompt)],
-                                       renderer.default_cmpl_tok_params)  # what vLLM does to the raw dict
-    return rendered
 
 
 class VLLMBackend:
@@ -93,9 +67,8 @@ class VLLMBackend:
     @classmethod
     async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path, *,
                     extra_engine_args: dict[str, Any] | None = None) -> VLLMBackend:
-        """Export (cached) and start the engine (~20 s on CPU). Raises `EngineStartError` (with the setting
-        to change) when it cannot start, including when this process already runs an engine.
-        `extra_engine_args`: more `AsyncEngineArgs` (benchmarks: vLLM's profiler)."""
+        """Export (cached) and start the engine (~20 s on CPU). Raises `EngineStartError` (with the setting to
+        change) when it cannot start, or one already runs here. `extra_engine_args`: more `AsyncEngineArgs`."""
         global _running
         if _running is not None:
             raise EngineStartError("a vLLM engine already runs in this process; share that VLLMBackend "

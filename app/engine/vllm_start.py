@@ -5,6 +5,7 @@ folder check, and what a failed start or a dead engine means in words. Design no
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -127,3 +128,31 @@ def unset_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if os.environ.get(k) == v:
             del os.environ[k]
+
+
+# vLLM kills its engine process 5 s after asking it to stop; on 2 busy cores the engine took 6-8 s to stop its
+# worker, was killed in its teardown and left its shared-memory queue behind ("leaked shared_memory" at exit)
+ENGINE_STOP_S = 20.0
+
+
+def stop_engine(engine: Any) -> None:
+    """Shut the engine down, giving its processes ENGINE_STOP_S to tear down (where vLLM takes a timeout)."""
+    if "timeout" in inspect.signature(engine.shutdown).parameters:
+        engine.shutdown(timeout=ENGINE_STOP_S)
+    else:
+        engine.shutdown()
+
+
+def token_prompt(engine: Any, ids: list[int]) -> Any:
+    """The prompt rendered by the engine's renderer, as vLLM 0.32 takes it (it deprecates raw prompts, with a
+    warning at the first request); the raw dict where vLLM has no renderer of this kind (0.26, the GPU stack)."""
+    prompt, renderer = {"prompt_token_ids": ids}, getattr(engine, "renderer", None)
+    try:
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+    except ImportError:
+        return prompt
+    if not hasattr(renderer, "render_cmpl"):
+        return prompt
+    (rendered,) = renderer.render_cmpl([parse_model_prompt(engine.model_config, prompt)],
+                                       renderer.default_cmpl_tok_params)  # what vLLM does to the raw dict
+    return rendered
