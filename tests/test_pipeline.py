@@ -81,9 +81,9 @@ def test_chunk_contract(tiny, stream):
 
 
 def test_fast_preset_streams(tiny_model_dir):
-    """configs/fast.toml on the CPU: flow in float16, a 10-token unaligned first hop, two token2wav
-    workers. The first chunk carries 10 tokens of audio minus the held-back cross-fade tail, the
-    utterance has all its samples (tokens x 960), and the two workers serve two requests at once."""
+    """configs/fast.toml on the CPU: flow in float16 on the packed O(chunk) path, a 10-token unaligned first
+    hop. The first chunk carries 10 tokens of audio minus the held-back cross-fade tail, and each of two
+    requests at once has all its samples (tokens x 960)."""
     from app.config import CONFIG_DIR
     from app.model.token2wav import CROSSFADE_SAMPLES
 

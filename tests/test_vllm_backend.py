@@ -85,8 +85,7 @@ def test_kv_cache_size_is_fixed_on_gpu_only(tmp_path):
         load_config(overrides={"vllm.kv_cache_gib": -1})
     fast = load_config(CONFIG_DIR / "fast.toml")  # the low-latency GPU preset loads, and is what it says
     assert (fast.model.flow_dtype, fast.streaming.first_hop_tokens, fast.streaming.align_first_hop,
-            fast.engine.token2wav_workers) == \
-        ("float16", 10, False, 2)
+            fast.engine.token2wav_workers, fast.vllm) == ("float16", 10, False, 1, load_config().vllm)
 
 
 def test_per_step_levers_reach_gpu_engines_only(tmp_path):
