@@ -74,8 +74,13 @@ def config_from_cli(args: argparse.Namespace) -> Config:
     overrides.update(parse_sets(getattr(args, "set", None) or []))  # explicit --set wins
     path = config_path(getattr(args, "config", None))
     cfg = load_config(path, overrides)
+    found: dict[str, Any] = {}  # what a Space's environment settles, where the config leaves it open
     if os.environ.get("SYSTEM") == "spaces" and cfg.server.trusted_proxies.strip() == "auto":
         # a Space's proxy connects from an internal address and writes the visitor's in X-Forwarded-For;
         # without trusting it every visitor would be one client with one fair share
-        cfg = load_config(path, overrides | {"server.trusted_proxies": SPACE_PROXIES})
-    return cfg
+        found["server.trusted_proxies"] = SPACE_PROXIES
+    if (space_host := os.environ.get("SPACE_HOST")) and f"https://{space_host.lower()}" not in cfg.server.origin_list:
+        # a Space's page is served from https://<SPACE_HOST> (the frame huggingface.co shows): its own origin,
+        # whatever Host its proxy hands on
+        found["server.allowed_origins"] = ",".join([*cfg.server.origin_list, f"https://{space_host}"])
+    return load_config(path, overrides | found) if found else cfg

@@ -178,6 +178,7 @@ def test_ws_take_is_the_same_however_the_text_arrives(studio_cpu, ws_voice):
         got, audio, code, _ = asyncio.run(talk(studio_cpu[0], msgs))
         assert code == 1000 and got[0]["type"] == "started" and got[-1]["type"] == "done", got
         assert [m["type"] for m in got[1:-1]] == ["segment", "segment"]
+        assert got[-1]["stats"]["n_segments"] == 2  # as many as the segment messages said
         assert len(audio) > 24000 and len(audio) % 2 == 0  # s16le, over half a second
         takes.append(audio)
     assert takes[0] == takes[1] == takes[2]

@@ -45,10 +45,12 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.server.identity import ProxyClient
     from app.server.limits import AccessLimits, Gate
     from app.server.main import mount_page
+    from app.server.origins import add_cors
     from app.server.studio_stream import add_studio_routes
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(EarlyScript)
+    add_cors(api, cfg.server)  # inside the gate, as build_api's
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here
     gate = Gate(cfg)

@@ -58,6 +58,9 @@ class ServerConfig:
     # (there they cost GPU time out of proportion to the text); the admin key may always use them
     bench_options: bool | str = "auto"
     ws_idle_timeout_s: float = 30.0  # /v1/audio/speech/stream: a client silent this long is closed (4408)
+    # "https://site[:port][,…]": other web pages whose scripts may call this server with a visitor's cookie
+    # (CORS, the WebSocket door); the page's own origin always may, a Space's too (app/cli.py adds SPACE_HOST's)
+    allowed_origins: str = ""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -79,6 +82,15 @@ class ServerConfig:
             raise ConfigError("server.ws_idle_timeout_s must be > 0")
         if self.bench_options not in ("auto", True, False):
             raise ConfigError('server.bench_options must be "auto", true or false')
+        for origin in self.origin_list:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+                raise ConfigError(f"server.allowed_origins must be origins such as https://example.com[:8443] "
+                                  f"separated by commas (no path, no *), got {origin[:80]!r}")
+
+    @property
+    def origin_list(self) -> tuple[str, ...]:  # allowed_origins as a list
+        return tuple(filter(None, (o.strip().rstrip("/").lower() for o in self.allowed_origins.split(","))))
 
     @property
     def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

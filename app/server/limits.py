@@ -1,11 +1,12 @@
-"""Who may call what, and how often: the login guard of /studio and /v1, the /v1 bearer key, and the
-per-client rate limit (docs/design.md)."""
+"""Who may call what, and how often: the login guard of /studio and /v1, the /v1 bearer key, the allowed
+origins, and the per-client rate limit, for every door, the WebSocket one included (docs/design.md)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+import logging
 import math
 import secrets
 import time
@@ -18,8 +19,13 @@ from fastapi import Request
 from app.config import Config
 from app.server.errors import ApiError, error_response
 from app.server.identity import Identity, authorization, with_cookie
+from app.server.origins import OriginPolicy
 
+log = logging.getLogger(__name__)
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
+SOCKET_PATH = "/v1/audio/speech/stream"  # one session: one synthesis request of the client's rate limit
+# the socket's refusals, as its own (app/server/ws_speech.py): HTTP's status + 4000
+SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED = 4401, 4403, 4429
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
 UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV for another download format
 LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cookie: 200 or 401
@@ -88,12 +94,22 @@ class Gate:
     def __init__(self, cfg: Config, on_refused: Callable[[str], None] | None = None) -> None:
         srv = cfg.server
         self.identity = Identity(cfg)
+        self.origins = OriginPolicy(srv)
         self.users, self.metrics_token = srv.auth_users, srv.metrics_token
         self.limiter = RateLimiter(srv.requests_per_minute) if srv.requests_per_minute > 0 else None
         self.uploads = RateLimiter(UPLOADS_PER_REQUEST * srv.requests_per_minute) if self.limiter is not None else None
         self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
         self.gradio_app: Any = None  # the mounted page (ASGI): asked whether a login cookie is its own
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
+
+    def rate_refusal(self, bucket: RateLimiter | None, what: str, reason: str, client: str) -> ApiError | None:
+        """A 429 when `client` has no token left in `bucket` (counted as `reason`), else None (a token taken)."""
+        if bucket is None or (wait_s := bucket.acquire(client)) <= 0:
+            return None
+        self.on_refused(reason)
+        retry_s = max(1, math.ceil(wait_s))
+        return ApiError(429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; try again "
+                        f"in {retry_s} s", code="rate_limit_exceeded", headers={"retry-after": str(retry_s)})
 
     def basic_user(self, scope: dict) -> str | None:
         """The user of valid HTTP Basic credentials of a configured login, else None."""
@@ -120,8 +136,10 @@ class Gate:
             status = message.get("status", status)
 
         cookies = [(k, v) for k, v in scope.get("headers", []) if k == b"cookie"]
-        await self.gradio_app({**scope, "method": "GET", "path": LOGIN_CHECK, "raw_path": LOGIN_CHECK.encode(),
-                               "root_path": "", "query_string": b"", "headers": cookies, "state": {}},
+        # (an HTTP request, also for a WebSocket session's scope)
+        await self.gradio_app({**scope, "type": "http", "method": "GET", "path": LOGIN_CHECK,
+                               "raw_path": LOGIN_CHECK.encode(), "root_path": "", "query_string": b"",
+                               "headers": cookies, "state": {}},
                               nothing, answered)  # a state of its own: the page's app writes none into ours
         return status == 200
 
@@ -145,18 +163,24 @@ class Gate:
 
 
 class AccessLimits:
-    """ASGI middleware applying a `Gate` (identity, then the rate limit, then the login guard); it also stamps
-    each request's arrival (`ARRIVAL_KEY`), so a handler can tell how long it queued."""
+    """ASGI middleware applying a `Gate` to every door, HTTP and WebSocket alike: identity, the origin, the rate
+    limit, then the login guard. It also stamps each request's arrival (`ARRIVAL_KEY`), so a handler can tell
+    how long it queued."""
 
     def __init__(self, app: Any, gate: Gate) -> None:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
         gate, path = self.gate, scope.get("path", "")
         caller, set_cookie = gate.identity.identify(scope, gate.basic_user(scope) if gate.users else None)
+        if scope["type"] == "websocket":
+            return await self.socket(scope, receive, send, caller.client)
+        if not gate.origins.allows(scope):  # preflights too: a listed origin's are answered by CORSMiddleware
+            gate.on_refused("origin")
+            return await error_response(ApiError(403, ORIGIN_REFUSED, code="origin_not_allowed"))(scope, receive, send)
         if set_cookie:
             send = with_cookie(send, set_cookie)
         if gate.limiter is not None and scope.get("method") == "POST":
@@ -166,12 +190,7 @@ class AccessLimits:
                 limited = _fn_index(body) in gate.limited_fns
             bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
                 (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
-            if bucket is not None and (wait_s := bucket.acquire(caller.client)) > 0:
-                gate.on_refused(reason)
-                retry_s = max(1, math.ceil(wait_s))
-                refused = ApiError(429, f"rate limit: at most {int(bucket.capacity)} {what} per minute per client; "
-                                   f"try again in {retry_s} s", code="rate_limit_exceeded",
-                                   headers={"retry-after": str(retry_s)})
+            if (refused := gate.rate_refusal(bucket, what, reason, caller.client)) is not None:
                 return await error_response(refused)(scope, receive, send)
         if await gate.allowed(scope, path):
             return await self.app(scope, receive, send)
@@ -179,10 +198,43 @@ class AccessLimits:
             refused = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key", headers={"www-authenticate": "Bearer"})
         else:
-            refused = ApiError(401, "log in first: open the page and sign in, or send HTTP Basic credentials (the "
-                               "server's [server] auth / COSYVOICE_AUTH)", code="login_required",
+            refused = ApiError(401, LOGIN_REQUIRED, code="login_required",
                                headers={"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
         await error_response(refused)(scope, receive, send)
+
+    async def socket(self, scope: dict, receive: Any, send: Any, client: str) -> None:
+        """A WebSocket session: the same origin, rate limit and login as HTTP; a refusal is an `error` message
+        and a 44xx close (the socket's own codes), with one log line and no traceback."""
+        gate, path = self.gate, scope.get("path", "")
+        refused = None
+        if not gate.origins.allows(scope):
+            gate.on_refused("origin")
+            refused = SOCKET_FORBIDDEN, ORIGIN_REFUSED
+        elif path == SOCKET_PATH and (e := gate.rate_refusal(gate.limiter, "synthesis requests", "rate_limit",
+                                                             client)) is not None:
+            refused = SOCKET_RATE_LIMITED, e.message
+        elif not await gate.allowed(scope, path):
+            refused = SOCKET_UNAUTHORIZED, LOGIN_REQUIRED
+        if refused is None:
+            return await self.app(scope, receive, send)
+        log.info("refused a WebSocket session on %s (%d): %s", path, refused[0], refused[1].split(":")[0])
+        await refuse_socket(receive, send, *refused)
+
+
+ORIGIN_REFUSED = ("origin not allowed: this server takes browser requests from its own page and the origins in "
+                  "[server] allowed_origins only")
+LOGIN_REQUIRED = ("log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
+                  "[server] auth / COSYVOICE_AUTH)")
+
+
+async def refuse_socket(receive: Any, send: Any, code: int, reason: str) -> None:
+    """Accept the WebSocket (a close before accepting reaches a browser as 1006, without the reason), send
+    `{"type": "error", "code", "message"}` and close with `code`."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": json.dumps({"type": "error", "code": code, "message": reason})})
+    await send({"type": "websocket.close", "code": code, "reason": reason.encode()[:120].decode(errors="ignore")})
 
 
 async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:

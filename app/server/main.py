@@ -21,6 +21,7 @@ from app.server.gradio_guard import GradioGuard
 from app.server.identity import ProxyClient, caller_of
 from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
 from app.server.openai_api import api_router
+from app.server.origins import add_cors
 from app.server.prometheus import add_metrics_route
 from app.server.studio_stream import PageStreams, add_studio_routes
 from app.server.ws_speech import ws_router
@@ -77,6 +78,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
     api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/server/early_script.py)
+    add_cors(api, cfg.server)  # inside the gate: CORS answers for the listed origins only (docs/access.md)
     gate = Gate(cfg, service.metrics.share_refused)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
     install_error_handlers(api)

@@ -17,17 +17,21 @@ from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine import bistream
 from app.engine.prepare import SpeechInputs
+from app.engine.refusals import refusal
 from app.engine.service import StudioService
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
+from app.server.limits import SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED, SOCKET_UNAUTHORIZED
 from app.server.openai_api import V1_PARAMS
-from app.server.speech import pcm_bytes, prepare_or_raise
+from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
 
 log = logging.getLogger(__name__)
 START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
 PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its uploaded reference, as /studio/speech
-BAD, UNAUTHORIZED, IDLE, BUSY, FAILED = 4400, 4401, 4408, 4429, 1011  # close codes (44xx: HTTP's, +4000)
+# close codes (44xx: HTTP's status + 4000); the gate's refusals (4401, 4403, 4429) come from AccessLimits
+BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED
+IDLE, FAILED = 4408, 1011
 
 
 def ws_router(service: StudioService, identity: Identity,
@@ -54,8 +58,7 @@ def ws_router(service: StudioService, identity: Identity,
     async def speech_stream(ws: WebSocket) -> None:
         await ws.accept()
         tasks: list[asyncio.Task] = []
-        try:
-            identity.identify(ws.scope, None)  # the Caller, as AccessLimits finds it for /v1/audio/speech
+        try:  # (the Caller, origin, rate limit and login: AccessLimits, as for every door)
             if identity.any_key and identity.bearer(ws.scope) is None:
                 raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
             await session(ws, tasks)
@@ -64,11 +67,13 @@ def ws_router(service: StudioService, identity: Identity,
             await _close(ws, e.code, e.reason)
         except WebSocketDisconnect:
             pass
-        except Exception as e:  # a refusal of prepare/admission (ApiError) or a failure: said, then closed
-            code = BUSY if getattr(e, "status", 0) in (429, 503) else BAD if isinstance(e, ApiError) else FAILED
+        except Exception as e:  # a refusal of prepare, the share or admission, or a failure: said, then closed
+            code, reason = close_for(e)
             if code == FAILED:
                 log.exception("speech stream failed")
-            await _close(ws, code, str(getattr(e, "message", "") or e) or type(e).__name__)
+            else:  # a refusal: one line, no traceback (a flood must not fill the log)
+                log.info("refused a WebSocket take (%d): %s", code, getattr(e, "code", None) or type(e).__name__)
+            await _close(ws, code, reason)
         finally:  # the reader and the synthesis (its LM request aborted) end here, whatever happened
             for t in tasks:
                 t.cancel()
@@ -95,9 +100,9 @@ def ws_router(service: StudioService, identity: Identity,
         req = prepared.request
         synth = service.require_ready()
         feed, queue = bistream.TextFeed(synth.model.frontend), asyncio.Queue()
+        segments: list[int] = []  # n_tokens of each text segment read so far
 
         async def reader() -> None:
-            n_segments = 0
             while True:
                 msg = await message(ws)
                 kind = msg["type"]
@@ -113,8 +118,8 @@ def ws_router(service: StudioService, identity: Identity,
                 else:
                     raise WebSocketException(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
                 for piece in ids:
-                    await ws.send_json({"type": "segment", "index": n_segments, "n_tokens": len(piece)})
-                    n_segments += 1
+                    await ws.send_json({"type": "segment", "index": len(segments), "n_tokens": len(piece)})
+                    segments.append(len(piece))
                     queue.put_nowait(piece)
                 if kind == "close":
                     queue.put_nowait(None)
@@ -135,6 +140,7 @@ def ws_router(service: StudioService, identity: Identity,
                         await ws.send_bytes(pcm_bytes(chunk))
                     if chunk.is_final:
                         stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
+                        stats["n_segments"] = len(segments)  # the segments said (the engine's take is one)
                         await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
 
         stop = stops[req.request_id] = asyncio.Event()  # the page's Stop (POST /studio/requests/{id}/stop)
@@ -147,6 +153,17 @@ def ws_router(service: StudioService, identity: Identity,
             t.result()  # raises a task's exception
 
     return router
+
+
+def close_for(e: Exception) -> tuple[int, str]:
+    """(close code, reason) for what ended a session: a refusal (an ApiError, or one the seam reads in an engine
+    exception: the share, admission, a dead engine) by its status, else FAILED, whose reason names nothing
+    of the server (the traceback goes to the log)."""
+    if not isinstance(e, ApiError) and refusal(e) is not None:
+        e = map_error(e)
+    if not isinstance(e, ApiError):
+        return FAILED, "the synthesis failed on the server; try again"
+    return (BUSY if e.status in (429, 503) else FORBIDDEN if e.status == 403 else BAD), str(e.message)
 
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
