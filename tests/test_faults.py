@@ -415,6 +415,47 @@ def test_no_user_text_in_the_log(server):
     assert MARKER not in log and "keeps the model talking" not in log
 
 
+def test_an_unwritable_voice_store_is_refused_clearly_and_saved_voices_still_speak(server, voice):
+    """The voices folder made immutable (chattr +i: root may not write it either): save, overwrite, delete and
+    import on /v1 and the page's save are refused (507 `voices_unwritable`) naming no path, one log line each
+    and no traceback; the saved voice still speaks."""
+    import shutil
+    import subprocess
+
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    base, tmp = server
+    folder = tmp / "voices"
+    exported = httpx.get(f"{base}/v1/voices/{voice}/export", timeout=60).content
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "-R", "+i", str(folder)]).returncode:
+        pytest.skip("chattr +i is not available on this file system")
+    before = len((tmp / "server.log").read_text(encoding="utf-8", errors="replace"))
+    try:
+        def save(name: str, **more) -> httpx.Response:
+            return httpx.post(f"{base}/v1/voices", files={"audio": ("ref.wav", EN_WAV.read_bytes(), "audio/wav")},
+                              data={"transcript": EN_TRANSCRIPT, "name": name, **more}, timeout=120)
+
+        answers = [save("ro-new"), save(voice, overwrite="true"), httpx.delete(f"{base}/v1/voices/{voice}"),
+                   httpx.post(f"{base}/v1/voices/import", files={"file": ("v.cvvoice", exported)},
+                              data={"name": "ro-imported"}, timeout=120)]
+        for r in answers:
+            assert r.status_code == 507 and r.json()["error"]["code"] == "voices_unwritable", r.text
+            assert str(tmp) not in r.text and "/" not in r.json()["error"]["message"], r.text
+        with pytest.raises(AppError, match="voices folder") as page:
+            Client(base + "/", verbose=False).predict(name="ro-page", prompt_audio=handle_file(str(EN_WAV)),
+                                                      prompt_text=EN_TRANSCRIPT, api_name="/save_voice")
+        assert str(tmp) not in str(page.value)
+        r = httpx.post(f"{base}/v1/audio/speech", json={"input": "Hello there.", "voice": voice,
+                                                          "response_format": "pcm", "seed": 1}, timeout=120)
+        assert r.status_code == 200 and len(r.content) > 0  # the saved voice speaks
+        assert voice in {v["id"] for v in httpx.get(f"{base}/v1/voices").json()["data"]}
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
+    log = (tmp / "server.log").read_text(encoding="utf-8", errors="replace")[before:]
+    assert "Traceback" not in log and log.count("cannot write the voices folder") == 5, log[-3000:]
+
+
 def test_engine_death_is_reported_then_the_engine_restarts(server, voice):
     """kill -9 of the EngineCore (bench/engine_kill.py's drill): /health says so within seconds,
     /v1 and the page refuse at once with "engine died", the engine restarts in-process and serves."""

@@ -22,7 +22,9 @@ ENGINE_RETRY_AFTER_S = 30  # a dead engine restarts in 15-60 s
 VOICE_REFUSALS = {"exists": (409, "voice_exists", "Name taken", "name"),
                   "not_found": (404, "voice_not_found", "Error", "voice"),
                   **dict.fromkeys(("damaged", "other_model"), (409, "voice_unusable", "Error", "voice")),
-                  "invalid_transcript": (400, "invalid_value", "Error", "prompt_text")}
+                  "invalid_transcript": (400, "invalid_value", "Error", "prompt_text"),
+                  # the store's folder cannot be written (read-only, full): 507 Insufficient Storage, no field
+                  "unwritable": (507, "voices_unwritable", "Cannot save", None)}
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -13,7 +15,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -26,6 +28,7 @@ from app.audio import TOKEN_RATE_HZ
 from app.message import Message
 from app.model.frontend import VoiceFeatures
 
+log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
 NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
 # one format for a stored voice and an exported one: safetensors, the arrays as tensors, the rest as
@@ -153,7 +156,8 @@ class VoiceStore:
             return
         if info.name != name:
             return
-        with self._lock:
+        # a folder that cannot be written: the pair stays, converted once it can be
+        with self._lock, contextlib.suppress(VoiceError), self._writing():
             self._atomic_write(self.root / f"{name}{SUFFIX}", voice_bytes(info, voice))
             old.unlink(missing_ok=True)
             npz.unlink(missing_ok=True)
@@ -225,10 +229,11 @@ class VoiceStore:
         data = voice_bytes(info, voice)
         with self._lock:
             self.refuse_taken(name, overwrite)
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._atomic_write(path, data)
-            for old in (self.root / f"{name}.json", self.root / f"{name}.npz"):
-                old.unlink(missing_ok=True)
+            with self._writing():
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._atomic_write(path, data)
+                for old in (self.root / f"{name}.json", self.root / f"{name}.npz"):
+                    old.unlink(missing_ok=True)
         return info
 
     def refuse_taken(self, name: str, overwrite: bool = False) -> None:
@@ -245,8 +250,21 @@ class VoiceStore:
             if not path.exists() and not any(p.exists() for p in old):
                 raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=check_name(name)),
                                  code="not_found")
-            for p in (*old, path):  # unlisted first
-                p.unlink(missing_ok=True)
+            with self._writing():
+                for p in (*old, path):  # unlisted first
+                    p.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write to the folder; its OSError (read-only, full, no permission) as VoiceError "unwritable",
+        whose message names no path (the log line does, for the operator)."""
+        try:
+            yield
+        except OSError as e:
+            log.error("cannot write the voices folder %s: %s", self.root, e.strerror or type(e).__name__)
+            raise VoiceError(Message("voices_unwritable", "saved voices cannot be changed now: the server cannot write "
+                                     "its voices folder (voices saved before still work); try again later or tell "
+                                     "the server's operator"), code="unwritable") from e
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=path.suffix)

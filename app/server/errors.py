@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 # HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-               429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error"}
+               429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error", 507: "server_error"}
 # what each error status means on /v1, for the schema (`error_responses`)
 ERROR_MEANINGS = {
     400: "invalid request: the message says which field (`param`) and what to do",
@@ -27,6 +27,7 @@ ERROR_MEANINGS = {
     413: "the request body or upload is larger than [limits] max_upload_mb",
     429: "too many requests from this client (Retry-After says when to try again)",
     503: "not ready yet, busy, or out of memory (Retry-After says when to try again)",
+    507: "the server cannot write its voices folder (read-only or full); saved voices still work",
 }
 
 

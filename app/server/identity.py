@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import time
@@ -20,6 +21,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from app.config import Config, ServerConfig
 from app.engine.owners import NOBODY, Caller, Owner
 
+log = logging.getLogger(__name__)
 CALLER_KEY = "studio_caller"  # the request's ASGI state key of its Caller
 VISITOR_COOKIE = "cosyvoice_visitor"
 SESSION_COOKIE, SESSION_MAX_AGE_S = "session", 14 * 24 * 3600  # Gradio's OAuth session (Starlette's defaults)
@@ -97,15 +99,20 @@ def session_user(scope: dict) -> str | None:
 
 
 def load_secret(voices_dir: str) -> bytes:
-    """COSYVOICE_SECRET, else the key kept beside the voices (made once, readable by this user only)."""
+    """COSYVOICE_SECRET, else the key kept beside the voices (made once, readable by this user only); a folder
+    that cannot be written gets a key for this process alone (cookies then last until a restart)."""
     if env := os.environ.get("COSYVOICE_SECRET"):
         return env.encode()
     path = Path(voices_dir).expanduser() / SECRET_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return path.read_bytes()
+    except OSError as e:
+        log.warning("cannot write %s (%s): visitor cookies are signed with a key that lasts until a restart",
+                    path, e.strerror or type(e).__name__)
+        return secrets.token_hex(32).encode()
     with os.fdopen(fd, "wb") as f:  # another process racing here reads the file the winner wrote
         f.write(secrets.token_hex(32).encode())
     return path.read_bytes()

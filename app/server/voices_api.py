@@ -56,7 +56,7 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
     router = APIRouter(route_class=route_class)
     max_mb, limit = service.cfg.limits.max_upload_mb, service.cfg.limits.max_transcript_chars
 
-    @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503))
+    @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503, 507))
     async def create_voice(request: Request,
                            audio: Annotated[UploadFile, File(description=(
                                "the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; 1-30 s of one "
@@ -98,7 +98,7 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return voice_json(info, caller.admin)
 
-    @router.delete("/voices/{voice_id}", responses=error_responses(404))
+    @router.delete("/voices/{voice_id}", responses=error_responses(404, 507))
     async def delete_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
         """Delete one of the caller's voices (the admin key may name another `owner`)."""
         with refused():
@@ -118,7 +118,7 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
         disposition = f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": disposition})
 
-    @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503))
+    @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503, 507))
     async def import_voice_file(request: Request,
                                 file: Annotated[UploadFile, File(description=(
                                     "a .cvvoice file (GET /v1/voices/{id}/export), at most [limits] max_upload_mb"),
