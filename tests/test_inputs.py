@@ -499,3 +499,15 @@ def test_no_server_file_through_the_gradio_api(server, audio):
         text = "".join(events.iter_text())
     assert "event: error" in text and "event: complete" not in text, text
     http_ok(http)
+
+
+def test_over_long_text_on_the_page_is_refused_with_the_limit_named(server):
+    """The page's text box has no maxlength (a browser cuts a longer paste silently, mid-word): the page's own
+    door refuses it naming the limit, as /v1 does (the player shows the message)."""
+    http = server[1]
+    components = http.get("/config").json()["components"]
+    (box,) = [c for c in components if c.get("props", {}).get("elem_id") == "text"]
+    assert box["props"].get("max_length") is None, box["props"]
+    r = http.post("/studio/speech", json={"text": "a" * (LIMIT + 1), "voice": "ref"})
+    err = r.json()["error"]
+    assert r.status_code == 400 and f"{LIMIT + 1} characters; the limit is {LIMIT}" in err["message"], r.text

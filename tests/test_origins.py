@@ -195,3 +195,40 @@ def test_a_spaces_own_origin_is_allowed_and_bad_origins_are_config_errors(monkey
     for bad in ("*", "a.example", "https://a.example/path", "ftp://a.example"):
         with pytest.raises(ConfigError, match="allowed_origins"):
             load_config(None, {"server.allowed_origins": bad})
+
+
+def test_no_example_or_public_fact_carries_a_server_path(studio_public):
+    """Each example a visitor clicks (Gradio's load_example event) gives its clip by a path relative to the app's
+    folder, not where the app is installed; that path still plays and speaks through the page's door. The
+    click is followed by the page's labels in its language (a Chinese page stays Chinese)."""
+    import httpx
+    from studio import REPO
+
+    from app.ui.i18n import labels
+
+    base, tmp = studio_public
+    c = httpx.Client(timeout=120, headers={"X-Forwarded-For": "198.51.100.44"})
+    config = c.get(f"{base}/config")
+    deps = config.json()["dependencies"]
+    (load,) = [i for i, d in enumerate(deps) if d.get("api_name") == "load_example"]
+    seen = [config.text, c.get(f"{base}/health").text, c.get(f"{base}/gradio_api/info").text]
+    clips = set()
+    for row in range(5):
+        r = c.post(f"{base}/gradio_api/run/predict", json={"data": [row], "fn_index": load, "session_hash": "ex50",
+                                                           "event_data": None, "trigger_id": None})
+        assert r.status_code == 200, r.text[:300]
+        seen.append(r.text)
+        clips |= {v["value"]["path"] for v in r.json()["data"] if isinstance(v.get("value"), dict)}
+    for text in seen:
+        assert str(REPO) not in text and str(tmp) not in text, text[:300]
+    assert clips == {"assets/prompt_en.wav", "assets/prompt_zh.wav"}, clips
+    assert c.get(f"{base}/gradio_api/file=assets/prompt_en.wav").status_code == 200
+    # the click sends its components whole, labels in the browser's language: the page's language follows
+    (after,) = [i for i, d in enumerate(deps) if d.get("trigger_after") == load]
+    r = c.post(f"{base}/gradio_api/run/predict", json={"data": ["zh"], "fn_index": after, "session_hash": "ex50",
+                                                       "event_data": None, "trigger_id": None})
+    assert labels("zh")["text"] in {u.get("label") for u in r.json()["data"]}, r.text[:300]
+    r = c.post(f"{base}/studio/speech", json={"text": "Hi there.", "prompt_audio": "assets/prompt_en.wav",
+                                              "prompt_text": "The quick brown fox jumps over the lazy dog near the "
+                                              "quiet river bank.", "seed": 1})
+    assert r.status_code == 200 and len(r.content) > 0, r.text[:300]

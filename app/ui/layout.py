@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -78,6 +79,14 @@ def malformed(event: str, problem: str) -> gr.Error:
                     title="Malformed request", print_exception=False)
 
 
+def example_path(name: str) -> str:
+    """An example clip's path as the page gets it (in its file URL, and back in each request): relative to the
+    working folder (the app's, as `python app.py` runs), so no visitor learns where the app is installed."""
+    path = ASSETS_DIR / name
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
 def example_rows() -> list[list]:
     """Rows (text, prompt_audio, prompt_text, mode, instruct_text) from assets/examples.json, labelled by
     EXAMPLE_KEYS (app/ui/locales/labels.toml) in this order."""
@@ -88,7 +97,7 @@ def example_rows() -> list[list]:
     en, zh = voices["espeak-en"], voices["espeak-zh"]
 
     def row(text: str, voice: dict, mode: str = "zero_shot", instruct: str = "") -> list:
-        return [text, str(ASSETS_DIR / voice["audio"]), voice["transcript"] if mode == "zero_shot" else "", mode,
+        return [text, example_path(voice["audio"]), voice["transcript"] if mode == "zero_shot" else "", mode,
                 instruct]
 
     return [row(texts["en"], en), row(texts["zh"], zh), row(numbers, en), row(texts["zh"], en, "cross_lingual"),
@@ -109,7 +118,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
     with StudioBlocks(title=cfg.ui.title, delete_cache=cleanup, english=i18n.translations.get("en")) as demo:
         header(ui, cfg, i18n)
         with gr.Row():
-            inputs_column(ui, cfg, i18n)
+            inputs_column(ui, i18n)
             outputs_column(ui, i18n)
         examples_and_panels(ui, service, i18n)
         wire_synthesis(ui, h, cfg)
@@ -135,10 +144,10 @@ def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
     ui.status = gr.Markdown("**Status:** starting…", elem_id="status")
 
 
-def inputs_column(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
+def inputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
     with gr.Column():
-        ui.text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4,
-                             max_length=cfg.limits.max_text_chars, elem_id="text")
+        # no max_length: a browser cuts a longer paste silently (mid-word); the server refuses it naming the limit
+        ui.text = gr.Textbox(label=i18n("text"), placeholder=i18n("text_placeholder"), lines=4, elem_id="text")
         gr.Markdown(i18n("tags_help"), elem_id="tags_help")
         ui.dialogue = gr.Checkbox(False, label=i18n("dialogue"), info=i18n("dialogue_info"), elem_id="dialogue")
         with gr.Group():
@@ -212,9 +221,9 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 
 
 def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
-    gr.Examples(example_rows(), [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text],
-                cache_examples=False, example_labels=[labels("en")[k] for k in EXAMPLE_KEYS], label=i18n("examples"),
-                elem_id="examples")
+    ui.examples = gr.Examples(example_rows(), [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text],
+                              cache_examples=False, example_labels=[labels("en")[k] for k in EXAMPLE_KEYS],
+                              label=i18n("examples"), elem_id="examples")
     with gr.Accordion(i18n("panels"), open=True) as panels_box:
         ui.panel_timer, ui.redraw_panels = panels.build_panels(service, i18n)
     # a collapsed panel costs nothing: its timer stops
@@ -306,4 +315,6 @@ def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i1
     ui.redraw_panels(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
     demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private").then(
         relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)  # a language chosen earlier: its labels
+    # an example's click sends its components whole, their labels in the browser's language: the page's again
+    ui.examples.load_input_event.then(relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)
     demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory
