@@ -191,6 +191,16 @@ def test_a_two_voice_dialogue_through_the_openai_sdk(server, oai, voice):
     r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "voice": voice, "dialogue": True,
                                                          "input": f"[{voice}] Hi. [dlg-zh]"}, timeout=60)
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_dialogue", r.text
+    # a script that starts with a tag needs no `voice`; text before the first tag does, as any take
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "dialogue": True, "response_format": "pcm",
+                                                         "seed": 9, "input": f"[{voice}] {first} [dlg-zh] {second}"},
+                   timeout=120)
+    assert r.status_code == 200 and np.array_equal(pcm_samples(r.content), two), r.text[:300]
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "dialogue": True,
+                                                         "input": f"Hello. [{voice}] {first}"}, timeout=60)
+    assert r.status_code == 400 and "needs a voice" in error_of(r)["message"], r.text
+    r = httpx.post(server[0] + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi."}, timeout=60)
+    assert r.status_code == 400 and (error_of(r)["param"], error_of(r)["code"]) == ("voice", "missing"), r.text
     assert httpx.delete(f"{server[0]}/v1/voices/dlg-zh").status_code == 200
 
 

@@ -98,6 +98,7 @@ def test_health_holds_no_path_for_a_stranger(gated):
     assert "facts" in client("127.0.0.1").get("/health").json()  # the machine's own operator
     details = stranger.get("/health", headers={"Authorization": "Bearer adm"}).json()
     assert {"facts", "requests", "status"} <= set(details)  # the admin key
+    assert set(body) <= set(details) and details["voices"] == "private"  # the public view and more
     assert "facts" not in stranger.get("/health", headers={"Authorization": "Bearer ka"}).json()  # any other key
 
 

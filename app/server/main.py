@@ -87,7 +87,9 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     def health(request: Request):
         """200 when ready to synthesise, else 503. Anybody: ready, backend, model name, version; the admin key
         and local clients: also the reason, counters and engine facts (paths, engine arguments)."""
-        body = service.health() if caller_of(request.scope).admin else service.public_health()
+        # the admin's view is the public one and more, never less
+        body = {**service.public_health(), **service.health()} if caller_of(request.scope).admin else \
+            service.public_health()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     add_metrics_route(api, service)

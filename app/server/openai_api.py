@@ -51,8 +51,10 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
                            json_schema_extra={"enum": list(accepted_models(DEFAULT_REPO_ID))})  # checked in the route
         input: str = Field(description="the text to speak ([limits] max_text_chars)",
                            json_schema_extra={"maxLength": lim.max_text_chars})
-        voice: str | VoiceRef = Field(description="a saved voice's id (POST /v1/voices)",
-                                      json_schema_extra={"maxLength": NAME_MAX_CHARS})  # checked with the voice
+        # required (checked in the route) except by a dialogue script that starts with a speaker tag
+        voice: str | VoiceRef | None = Field(None, description="a saved voice's id (POST /v1/voices); a dialogue "
+                                             "script that starts with a [name] tag may leave it out",
+                                             json_schema_extra={"maxLength": NAME_MAX_CHARS})
         response_format: Literal["wav", "pcm", "mp3", "opus", "aac", "flac"] = Field(
             "wav", description="24 kHz mono: wav, pcm (s16le), mp3, opus (Ogg), aac (ADTS), flac. Streamed as made "
             "(wav with an unknown-length header), except flac and any speed other than 1.0: sent whole, with exact "
@@ -159,6 +161,9 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
                            f"{', '.join(f for f in audio_formats.FORMATS if audio_formats.available(f))}",
                            param="response_format", code="unsupported_value")
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
+        if name is None and not body.dialogue:
+            raise ApiError(400, "voice: a saved voice's id is required (GET /v1/voices lists them)", param="voice",
+                           code="missing")
         prepared = await prepare_or_raise(service, SpeechInputs(
             text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
             seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
