@@ -415,6 +415,28 @@ def test_no_user_text_in_the_log(server):
     assert MARKER not in log and "keeps the model talking" not in log
 
 
+def test_the_pages_stop_ends_generation_when_it_arrives(server, voice):
+    """POST /studio/requests/{id}/stop ends the take at once, not when the page hangs up (which a loaded box or a
+    browser's full connection pool delays): the body ends and the engine holds nothing while the client still
+    listens; the take counts as cancelled (its record: stopped)."""
+    base = server[0]
+    before = health(server)["requests"]["outcomes"]
+    with httpx.Client(timeout=120) as c, c.stream("POST", f"{base}/studio/speech",
+                                                  json={"text": LONG_TEXT, "voice": voice, "seed": 1}) as r:
+        assert r.status_code == 200
+        pieces = r.iter_bytes()
+        received = len(next(pieces))
+        t0 = time.monotonic()
+        assert httpx.post(f"{base}/studio/requests/{r.headers['x-request-id']}/stop", timeout=30).status_code == 200
+        for piece in pieces:  # what was on its way, then the end: the client never hung up
+            received += len(piece)
+        ended_s = time.monotonic() - t0
+        assert health(server)["lm_unfinished"] == 0
+    assert ended_s < 10 and received < 24000 * 2 * 60, (ended_s, received)  # far from the whole LONG_TEXT
+    after = wait_idle(server)["requests"]["outcomes"]
+    assert after["cancelled"] == before["cancelled"] + 1 and after["ok"] == before["ok"], (before, after)
+
+
 def test_an_unwritable_voice_store_is_refused_clearly_and_saved_voices_still_speak(server, voice):
     """The voices folder made immutable (chattr +i: root may not write it either): save, overwrite, delete and
     import on /v1 and the page's save are refused (507 `voices_unwritable`) naming no path, one log line each

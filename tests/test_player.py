@@ -447,7 +447,8 @@ def test_stop_mid_stream_aborts_the_request(studio, page):
     page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null", timeout=TIMEOUT_MS)
     assert health(url)["active_streams"] == 1
     stop_while_made(page, seq, 10_000)
-    page.wait_for_function(f"() => {LAST}.aborted && {LAST}.flushed", timeout=10_000)  # fetch aborted, queue dropped
+    # the body ended by the server's Stop (or the fetch aborted, had the Stop been slow), the queue dropped
+    page.wait_for_function(f"() => ({LAST}.aborted || {LAST}.t.end !== null) && {LAST}.flushed", timeout=10_000)
     run = page.evaluate(RUN_INFO)
     assert run["state"] == "stopped", run
     assert page.locator("#studio_player_line").inner_text().startswith("Stopped")
@@ -471,6 +472,46 @@ def test_stop_mid_stream_aborts_the_request(studio, page):
     page.wait_for_function(f"() => /{rid}\\s+[0-9:]+\\s+stopped\\b/.test("
                            "document.querySelector('#latency_table')?.innerText || '')", timeout=30_000)
     page.locator("#text textarea").fill(TEXT)  # the server keeps serving
+    assert play_low_latency(page)["state"] == "done"
+
+
+def test_engine_death_mid_take_keeps_the_audio_and_says_so(studio, page):
+    """kill -9 of the EngineCore while a take plays: the page keeps what it received as the final WAV and says
+    the engine stopped and is restarting (not "network error"); its status line says so until the engine is
+    ready again, then the page serves."""
+    import re
+    import signal
+
+    from bench.engine_kill import engine_processes
+    from bench.soak import server_process
+
+    url, _ = studio
+    page.locator("#text textarea").fill(LONG_TEXT)
+    seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
+    page.locator("#go").click()
+    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.t.firstSound !== null", timeout=TIMEOUT_MS)
+    (engine,), _ = engine_processes(server_process(url))
+    os.kill(engine.pid, signal.SIGKILL)
+    page.wait_for_function(f"() => {LAST}.seq === {seq} && /mid-take/.test({LAST}.error || '')", timeout=60_000)
+    run = page.evaluate(RUN_INFO)
+    assert run["state"] == "error" and "engine stopped mid-take and is restarting" in run["error"], run
+    assert "received are kept" in page.locator("#studio_player_line").inner_text()
+    kept = page.locator("#final_out a[download]")
+    raw = base64.b64decode(page.evaluate("window.studioPlayer.receivedBase64()"))
+    kept_pcm = _wav_pcm(base64.b64decode(page.evaluate(FETCH_BASE64, kept.get_attribute("href"))))
+    assert kept_pcm.size > 0
+    np.testing.assert_array_equal(kept_pcm, np.frombuffer(raw[:len(raw) // 2 * 2], "<i2"))
+    status = "document.querySelector('#status')?.innerText || ''"
+    page.wait_for_function(f"() => /engine died.*restarting/.test({status})", timeout=30_000)
+    deadline = time.monotonic() + 300
+    while True:  # (the page's line first: once it says ready, /health must too)
+        line = page.evaluate(f"() => {status}")
+        if health(url)["ready"]:
+            break
+        assert not re.search(r"Status:\s*ready", line) and time.monotonic() < deadline, line
+        time.sleep(1)
+    page.wait_for_function(f"() => /Status:\\s*ready/.test({status})", timeout=30_000)
+    page.locator("#text textarea").fill(TEXT)
     assert play_low_latency(page)["state"] == "done"
 
 

@@ -130,6 +130,9 @@ class ClusterService:
         names = ", ".join(f"{r['id'][:8]} on {r['node']}" for r in ready)
         return f"ready on {len(ready)} of {len(h['replicas'])} replicas ({names})"
 
+    def engine_fault(self) -> str | None:  # each replica restarts its own engine; `status` names the ready ones
+        return None
+
     def require_ready(self) -> None:
         if not self.ready:
             raise NotReadyError(f"the cluster is still starting ({self.status}); try again in a moment")

@@ -78,6 +78,33 @@ def public_facts(cfg: Config, **facts: Any) -> dict[str, Any]:
     return {**facts, "version": __version__, "voices": cfg.voices.resolved(cfg.server)}
 
 
+async def until_stopped(chunks: AsyncIterator[AudioChunk], stop: asyncio.Event | None
+                        ) -> AsyncIterator[AudioChunk]:
+    """`chunks` until `stop` is set: the page's Stop ends a take (the chunk being made cancelled, so its LM
+    request is aborted) when it arrives, not when the client hangs up, which a loaded box may delay."""
+    if stop is None:
+        async for chunk in chunks:
+            yield chunk
+        return
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            following = asyncio.ensure_future(anext(chunks))
+            await asyncio.wait((following, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not following.done():
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await following
+                return
+            try:
+                chunk = following.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        stopped.cancel()
+
+
 class Studio(Protocol):
     """What the page and the doors use of a service: `StudioService`, or `ClusterService` (app/cluster/page.py)
     on a cluster's ingress, whose `backend` is None (the replicas hold the LM)."""
@@ -93,6 +120,8 @@ class Studio(Protocol):
     def public_health(self) -> dict[str, Any]: ...
 
     def require_ready(self) -> Any: ...
+
+    def engine_fault(self) -> str | None: ...
 
 
 class StudioService:
@@ -215,20 +244,20 @@ class StudioService:
         """`Synthesizer.stream(req)`, counted in `metrics` (closing early aborts the LM request); its
         `RequestRecord` also keeps `prepared`'s voice name, notes and reference time. Raises `EngineDeadError`
         at once while the engine is down, `GpuOutOfMemoryError` when the request runs out of memory. A request
-        ended early keeps its stats so far; `stop` set by then (the page's Stop) marks its record `stopped`."""
+        ended early keeps its stats so far; `stop` (the page's Stop) ends it at once, its record `stopped`."""
         synth = self.require_ready()
         if fault := self.engine_fault():
             raise EngineDeadError(_engine_message(fault))
         self.metrics.request_started()
-        stats, outcome, n_samples = None, "error", 0
+        stats, outcome, n_samples, final = None, "error", 0, False
         so_far: list[RequestStats] = []  # the synthesizer's stats at its end (the only ones of an early end)
         try:
             async with contextlib.aclosing(synth.stream(req, on_end=so_far.append, tokens=tokens)) as chunks:
-                async for chunk in chunks:
-                    stats = chunk.stats or stats
+                async for chunk in until_stopped(chunks, stop):
+                    stats, final = chunk.stats or stats, chunk.is_final
                     n_samples += chunk.samples.size
                     yield chunk
-            outcome = "ok"
+            outcome = "ok" if final else "cancelled"  # no final chunk: the page's Stop ended it
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "ok" if stats is not None else "cancelled"
             raise

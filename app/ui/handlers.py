@@ -39,6 +39,7 @@ from app.ui.takes import stopped_take, take_line, wav_name
 LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
 NO_FFMPEG_NOTE = Message("no_ffmpeg_note", "ffmpeg is not installed: live playback is off, the final WAV plays when "
                          "done")
+READY_STATUS_S = 5.0  # the status line's poll once ready: a later engine death shows within this
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,10 @@ class Handlers:
     def status(self, request: gr.Request = None):
         """(status line, banner, timer): polled until the service is ready or failed; in the page's language."""
         s, lang = self.service, lang_of(request)
-        if s.ready:
+        fault = s.engine_fault() if s.ready else None  # a dead engine, restarting: said until it serves again
+        if fault:
+            text = t(lang, "status_engine", fault=say(fault, lang))
+        elif s.ready:
             facts = s.facts()
             text = t(lang, "status_ready", backend=facts.get("backend", "?"), device=facts.get("device"),
                      model=s.model_name())  # the name, never the server's path
@@ -337,4 +341,6 @@ class Handlers:
             text += "  \n" + t(lang, "no_ffmpeg")
         banner = gr.Markdown(visible=s.random_model,
                              value=t(lang, "banner", repo=s.cfg.model.repo_id) if s.random_model else "")
-        return text, banner, gr.Timer(active=not (s.ready or s.error))
+        # polled fast while loading or restarting, then slowly: an engine that dies later is still told
+        period = s.cfg.ui.status_refresh_s if fault or not s.ready else READY_STATUS_S
+        return text, banner, gr.Timer(period, active=not s.error)

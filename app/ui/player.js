@@ -40,6 +40,7 @@
   // an idle AudioContext is suspended (its render thread and the worklet's process() stop: an open idle tab
   // costs nothing); this long after the last request, so back-to-back requests keep it running
   const IDLE_SUSPEND_MS = 5000;
+  const STOP_WAIT_MS = 1000;  // Stop hangs up at the latest this long after telling the server
   const TOAST_MS = 8000;  // the error pop-up hides itself after this long (or on a click)
 
   // the Worker and the AudioWorklet (player_worker.js, player_worklet.js; inlined by app/ui/player.py)
@@ -172,10 +173,12 @@
       this.idleLater();
       const abort = () => this.worker.postMessage({type: 'abort', id: run.id});
       if (keep && run.requestId && run.state === 'playing') {
-        // the Stop button: tell the server first, so the request's record says "stopped", not a closed tab's
-        // "cancelled"; then hang up (the sound stops below at once either way)
-        fetch(new URL(`studio/requests/${run.requestId}/stop`, document.baseURI), {method: 'POST'})
-          .catch(() => {}).finally(abort);
+        // the Stop button: tell the server first (it ends the take when this arrives, and the request's record
+        // says "stopped", not a closed tab's "cancelled"); hang up once it answered, or after STOP_WAIT_MS at
+        // most (a loaded box, or the browser's full connection pool, may hold it). The sound stops below at once.
+        const hangUp = setTimeout(abort, STOP_WAIT_MS);
+        fetch(new URL(`studio/requests/${run.requestId}/stop`, document.baseURI), {method: 'POST', keepalive: true})
+          .catch(() => {}).finally(() => { clearTimeout(hangUp); abort(); });
       } else {
         abort();
       }
@@ -257,6 +260,7 @@
       } else if (m.type === 'pcm') {
         if (run.state === 'playing') this.schedule(run, m.samples);
       } else if (m.type === 'bytes') {
+        if (run.state === 'stopped') return;  // on its way at Stop: the kept take is what came before it
         run.pcm.push(m.raw);
         this.progress(run);
       } else if (m.type === 'copy') {
@@ -270,12 +274,14 @@
       } else if (m.type === 'aborted') {
         run.aborted = true;
       } else if (m.type === 'error') {
+        const broken = run.state === 'playing' && run.pcm.length > 0;  // mid-take: what came is kept
         run.state = 'error';
         run.error = m.message;
         run.soundResolve();
+        if (this.run === run) { this.run = null; this.setBusy(false); this.idleLater(); }
+        if (broken) { this.handOver(run, true); this.explainBreak(run); return; }
         setLine(`⚠️ ${m.message}`);
         this.showError(m.message);
-        if (this.run === run) { this.run = null; this.setBusy(false); this.idleLater(); }
       }
     }
 

@@ -1,5 +1,5 @@
 /* The page around the low-latency player (inlined into player.js by app/ui/player.py, in its scope: byId,
-   RATE_HZ, IDLE_SUSPEND_MS, TOAST_MS): the busy state and errors next to Generate (both players), the
+   RATE_HZ, IDLE_SUSPEND_MS, TOAST_MS, setLine): the busy state and errors next to Generate (both players), the
    error pop-up, the player's controls (pause, volume, played / received seconds) and the idle suspend
    of its AudioContext. Methods of StudioPlayer (Object.assign onto its prototype). */
 const PAGE_METHODS = {
@@ -58,6 +58,20 @@ const PAGE_METHODS = {
     const bar = byId('player_progress'), time = byId('player_time');
     if (bar) { bar.max = Math.max(received, 1e-3); bar.value = played; }
     if (time) time.textContent = `${played.toFixed(2)} / ${received.toFixed(2)} s`;
+  },
+
+  // a take whose stream broke mid-way (its audio so far kept as the final WAV): why, as /health tells it (a
+  // dead engine: the server is not ready while it restarts; else the connection)
+  async explainBreak(run) {
+    const kept = (run.pcm.reduce((n, b) => n + b.length, 0) / 2 / RATE_HZ).toFixed(2);
+    let ready = true;
+    try { ready = (await (await fetch(new URL('health', document.baseURI))).json()).ready; } catch (e) { /* gone */ }
+    const why = ready ? 'The connection broke mid-take' : 'The speech engine stopped mid-take and is restarting';
+    const message = `${why}: ${kept} s received are kept as the final WAV. ` +
+                    `${ready ? 'Try again now' : 'Try again in a minute'}.`;
+    run.error = message;
+    setLine(`⚠️ ${message}`);
+    this.showError(message);
   },
 
   // the AudioContext runs only while there is audio to play
