@@ -232,3 +232,22 @@ def test_no_example_or_public_fact_carries_a_server_path(studio_public):
                                               "prompt_text": "The quick brown fox jumps over the lazy dog near the "
                                               "quiet river bank.", "seed": 1})
     assert r.status_code == 200 and len(r.content) > 0, r.text[:300]
+
+
+def test_the_pages_own_origin_behind_a_proxy_that_rewrites_host(tmp_path):
+    """Behind a trusted proxy that hands the app its own Host, the page's origin is X-Forwarded-Host's; without
+    a trusted proxy that header is nobody's word (the origin is refused)."""
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    def client(**sets):
+        cfg = load_config(None, {"server.voices_dir": str(tmp_path / "v"), "model.dir": str(tmp_path / "m"),
+                                 **{f"server.{k}": v for k, v in sets.items()}})
+        return TestClient(build_server(cfg), raise_server_exceptions=False, base_url="http://127.0.0.1:7860")
+
+    sent = {"Origin": "https://studio.example", "X-Forwarded-Host": "studio.example", "X-Forwarded-For": "203.0.113.9"}
+    assert client(trusted_proxies="127.0.0.1").get("/gradio_api/info", headers=sent).status_code == 200
+    assert client().get("/gradio_api/info", headers=sent).status_code == 403
+    assert client().get("/gradio_api/info", headers={"Origin": "http://127.0.0.1:7860"}).status_code == 200
