@@ -121,6 +121,46 @@ def test_out_of_memory_is_recognised():
     assert not is_out_of_memory(ValueError("the text is empty"))
 
 
+def test_until_stopped_leaves_no_chunk_running():
+    """The page's Stop ends a take while a chunk is being made; a consumer cancelled or closed meanwhile leaves
+    the take's generator closed too (its finally, which aborts the LM request, has run), never running."""
+    import contextlib
+
+    from app.engine.service import until_stopped
+
+    async def scenario() -> None:
+        closed: list[str] = []
+
+        async def take(name: str):
+            try:
+                for i in range(100):
+                    await asyncio.sleep(0.05)  # a chunk being made
+                    yield i
+            finally:
+                closed.append(name)
+
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.12, stop.set)
+        async with contextlib.aclosing(take("stopped")) as made:
+            got = [c async for c in until_stopped(made, stop)]
+        assert got == [0, 1] and closed == ["stopped"]  # ended at Stop, mid-chunk
+
+        async def consume(made) -> None:
+            async with contextlib.aclosing(made), contextlib.aclosing(until_stopped(made, asyncio.Event())) as chunks:
+                async for _ in chunks:
+                    pass
+
+        task = asyncio.create_task(consume(take("cancelled")))
+        await asyncio.sleep(0.12)
+        task.cancel()  # a client gone mid-chunk
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert closed == ["stopped", "cancelled"]
+        assert [c async for c in until_stopped(take("plain"), None)] == list(range(100))
+
+    asyncio.run(scenario())
+
+
 def test_checkpoints_load_with_weights_only():
     calls = []
     for path in (REPO / "app").rglob("*.py"):

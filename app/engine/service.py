@@ -81,21 +81,20 @@ def public_facts(cfg: Config, **facts: Any) -> dict[str, Any]:
 async def until_stopped(chunks: AsyncIterator[AudioChunk], stop: asyncio.Event | None
                         ) -> AsyncIterator[AudioChunk]:
     """`chunks` until `stop` is set: the page's Stop ends a take (the chunk being made cancelled, so its LM
-    request is aborted) when it arrives, not when the client hangs up, which a loaded box may delay."""
+    request is aborted) when it arrives, not when the client hangs up, which a loaded box may delay. Each chunk is
+    awaited in a task of its own: leaving (Stop, a cancelled or closed consumer) cancels it, so `chunks` is
+    never left running."""
     if stop is None:
         async for chunk in chunks:
             yield chunk
         return
-    stopped = asyncio.ensure_future(stop.wait())
+    stopped, following = asyncio.ensure_future(stop.wait()), None
     try:
         while not stop.is_set():
             following = asyncio.ensure_future(anext(chunks))
             await asyncio.wait((following, stopped), return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await following
-                return
+                return  # Stop: `following` is cancelled below
             try:
                 chunk = following.result()
             except StopAsyncIteration:
@@ -103,6 +102,10 @@ async def until_stopped(chunks: AsyncIterator[AudioChunk], stop: asyncio.Event |
             yield chunk
     finally:
         stopped.cancel()
+        if following is not None and not following.done():
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await following
 
 
 class Studio(Protocol):
@@ -252,8 +255,9 @@ class StudioService:
         stats, outcome, n_samples, final = None, "error", 0, False
         so_far: list[RequestStats] = []  # the synthesizer's stats at its end (the only ones of an early end)
         try:
-            async with contextlib.aclosing(synth.stream(req, on_end=so_far.append, tokens=tokens)) as chunks:
-                async for chunk in until_stopped(chunks, stop):
+            async with contextlib.aclosing(synth.stream(req, on_end=so_far.append, tokens=tokens)) as made, \
+                    contextlib.aclosing(until_stopped(made, stop)) as chunks:  # (closed first)
+                async for chunk in chunks:
                     stats, final = chunk.stats or stats, chunk.is_final
                     n_samples += chunk.samples.size
                     yield chunk
