@@ -365,8 +365,8 @@ def test_schema_bounds_are_the_enforced_ones(server, voice):
     bound("fixed_tokens", {"fixed_tokens": lo}, {"fixed_tokens": lo - 1})
     bound("fixed_tokens", {"fixed_tokens": hi}, {"fixed_tokens": hi + 1})
     bound("model", {"model": speech["model"]["enum"][-1]}, {"model": "tts-2"})
-    assert speech["stream_format"]["enum"] == ["audio"]
-    bound("stream_format", {"stream_format": "audio"}, {"stream_format": "sse"})
+    assert speech["stream_format"]["enum"] == ["audio", "sse"]
+    bound("stream_format", {"stream_format": "sse"}, {"stream_format": "events"})
     assert speech["response_format"]["enum"] == ["wav", "pcm", "mp3", "opus", "aac", "flac"]
     # voice names: the longest a name may be is saved and spoken with; one more is refused everywhere
     n = voices["name"]["maxLength"]

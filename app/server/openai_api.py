@@ -17,6 +17,7 @@ from app.server.errors import ApiError, error_response, error_responses
 from app.server.identity import Identity, caller_of
 from app.server.limits import bearer_auth
 from app.server.speech import map_error, prepare_or_raise, speech_response
+from app.server.sse_speech import as_sse
 from app.server.voices_api import NAME_MAX_CHARS, voices_router
 
 MODEL_ID = "cosyvoice2"
@@ -26,6 +27,7 @@ OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DEFAULT_REPO_ID = ModelConfig.repo_id  # the schema lists the default's names; the route takes the configured one
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
 V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice", "instruct_text": "instructions"}
+STREAM_FORMATS = ("audio", "sse")  # the body as audio bytes, or as OpenAI's events (app/server/sse_speech.py)
 BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
 
 
@@ -64,8 +66,9 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
         instructions: str | None = Field(None, description="style instruction: instruct mode ([limits] "
                                          "max_instruct_chars)", json_schema_extra={"maxLength": lim.max_instruct_chars})
         # any other value is refused in the route, with a message that says what to send
-        stream_format: str = Field("audio", description="only 'audio' (the audio itself as the body)",
-                                   json_schema_extra={"enum": ["audio"]})
+        stream_format: str = Field("audio", description="'audio' (the audio itself as the body) or 'sse' (OpenAI's "
+                                   "speech.audio.delta/done events, the audio in base64; docs/api.md)",
+                                   json_schema_extra={"enum": list(STREAM_FORMATS)})
         seed: int | None = Field(None, description="sampling seed; none or -1 = random",
                                  json_schema_extra={"minimum": -1, "maximum": MAX_SEED})
         mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
@@ -152,9 +155,9 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             service.require_ready()
         except NotReadyError as e:
             raise map_error(e) from e
-        if body.stream_format != "audio":
+        if body.stream_format not in STREAM_FORMATS:
             raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
-                           "itself as the body)", param="stream_format", code="unsupported_value")
+                           "itself as the body) or 'sse' (events)", param="stream_format", code="unsupported_value")
         fmt = body.response_format
         if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
             raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
@@ -174,8 +177,11 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        return await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                     params=V1_PARAMS, caller=caller, gone=gone)
+        audio = await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
+                                      params=V1_PARAMS, caller=caller, gone=gone)
+        if body.stream_format == "sse":
+            return as_sse(service, audio, prepared.request.request_id, body.input)
+        return audio
 
     router.include_router(voices_router(service, capped_route(cfg.limits.max_upload_mb)))
 

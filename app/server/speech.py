@@ -26,13 +26,13 @@ class ClosingStreamingResponse(StreamingResponse):
 
     def __init__(self, content, *, on_close, **kwargs) -> None:
         super().__init__(content, **kwargs)
-        self._on_close = on_close
+        self.on_close = on_close  # also read by a door that re-wraps the body (sse_speech.py)
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._on_close()
+            await self.on_close()
 
 
 def pcm_bytes(chunk: AudioChunk) -> bytes:

@@ -1,0 +1,60 @@
+"""`/v1/audio/speech` with `stream_format: "sse"`: the same take as the byte stream, as OpenAI's server-sent events
+(docs/api.md). Each piece of the body (`response_format`'s bytes, as the plain stream would send them) becomes one
+`speech.audio.delta` event with the piece in base64; then one `speech.audio.done` with `usage`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+from fastapi.responses import Response, StreamingResponse
+
+from app.engine.service import StudioService
+from app.server.speech import ClosingStreamingResponse
+
+MEDIA_TYPE = "text/event-stream"
+# the byte stream's headers an SSE response keeps (its Content-Type and any Content-Length are the events')
+KEPT_HEADERS = ("cache-control", "x-accel-buffering")
+
+
+def event(payload: dict) -> bytes:
+    """One SSE event: a `data:` line of compact JSON and the blank line that ends it."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def usage(service: StudioService, request_id: str, text: str) -> dict[str, int]:
+    """OpenAI's `usage` of a finished take: input_tokens = the input's text tokens (the LM's Qwen2 tokenizer on the
+    text as sent), output_tokens = the speech tokens the LM made (25 per second of speech; its request record)."""
+    synth = service.require_ready()
+    n_in = len(synth.model.frontend.tokenizer.encode(text))
+    rec = service.metrics.record(request_id)
+    n_out = rec.stats.n_tokens if rec is not None and rec.stats is not None else 0
+    return {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+def as_sse(service: StudioService, audio: Response, request_id: str, text: str) -> Response:
+    """`audio` (what `speech_response` answered for the take `request_id` of `text`) as server-sent events: a
+    streamed body event by event as its pieces come, a whole one (speed != 1, flac) as one delta. A response that
+    is no take (the client left before the first audio) is returned as it is."""
+    if audio.status_code != 200:
+        return audio
+    headers = {k: v for k, v in audio.headers.items() if k.startswith("x-") or k in KEPT_HEADERS}
+    if isinstance(audio, StreamingResponse):
+        pieces, on_close = audio.body_iterator, getattr(audio, "on_close", None)
+    else:
+        pieces, on_close = _one(bytes(audio.body)), None
+
+    async def events() -> AsyncIterator[bytes]:
+        async for piece in pieces:  # ends after the take's stack closed: its request record exists then
+            if piece:
+                yield event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+        yield event({"type": "speech.audio.done", "usage": usage(service, request_id, text)})
+
+    if on_close is None:
+        return StreamingResponse(events(), media_type=MEDIA_TYPE, headers=headers)
+    return ClosingStreamingResponse(events(), on_close=on_close, media_type=MEDIA_TYPE, headers=headers)
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
