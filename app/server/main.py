@@ -16,6 +16,7 @@ from starlette.routing import Mount
 from app.config import Config
 from app.engine.service import ASSETS_DIR, StudioService
 from app.server.early_script import EarlyScript
+from app.server.elevenlabs_ws import elevenlabs_router
 from app.server.errors import install_error_handlers
 from app.server.gradio_guard import GradioGuard
 from app.server.identity import ProxyClient, caller_of
@@ -96,6 +97,7 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
 
     stops = weakref.WeakValueDictionary()  # the page's Stop reaches its takes through either door
     api.include_router(ws_router(service, gate.identity, stops))  # before api_router's catch-all /v1 route
+    api.include_router(elevenlabs_router(service, gate.identity, stops))  # ElevenLabs' socket paths, the same seam
     api.include_router(api_router(service, gate.identity))
     add_studio_routes(api, service, stops)
     return api, gate

@@ -9,15 +9,17 @@ import contextlib
 import dataclasses
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect, WebSocketException
 
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine import bistream
-from app.engine.prepare import SpeechInputs
+from app.engine.owners import Caller
+from app.engine.prepare import Prepared, SpeechInputs
 from app.engine.refusals import refusal
+from app.engine.requests import AudioChunk
 from app.engine.service import StudioService
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
@@ -41,45 +43,14 @@ def ws_router(service: StudioService, identity: Identity,
 
     async def message(ws: WebSocket) -> dict:
         """The next JSON message; a refusal on silence past the idle timeout or anything but a JSON object."""
-        try:
-            msg = await asyncio.wait_for(ws.receive_json(), srv.ws_idle_timeout_s)
-        except TimeoutError:
-            raise WebSocketException(IDLE, f"no message for {srv.ws_idle_timeout_s:g} s ([server] "
-                                     "ws_idle_timeout_s)") from None
-        except KeyError:  # a binary frame: Starlette's receive_json finds no "text"
-            raise WebSocketException(BAD, "send JSON text frames, not binary") from None
-        except ValueError:
-            raise WebSocketException(BAD, "a message is not JSON: send {\"type\": ...} objects") from None
-        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        msg = await next_json(ws, srv.ws_idle_timeout_s)
+        if not isinstance(msg.get("type"), str):
             raise WebSocketException(BAD, "a message must be a JSON object with a \"type\"")
         return msg
 
     @router.websocket("/audio/speech/stream")
     async def speech_stream(ws: WebSocket) -> None:
-        await ws.accept()
-        tasks: list[asyncio.Task] = []
-        try:  # (the Caller, origin, rate limit and login: AccessLimits, as for every door)
-            if identity.any_key and identity.bearer(ws.scope) is None:
-                raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
-            await session(ws, tasks)
-            await ws.close(1000)
-        except WebSocketException as e:  # a refusal: sent first as an error message, then the close
-            await _close(ws, e.code, e.reason)
-        except WebSocketDisconnect:
-            pass
-        except Exception as e:  # a refusal of prepare, the share or admission, or a failure: said, then closed
-            code, reason = close_for(e)
-            if code == FAILED:
-                log.exception("speech stream failed")
-            else:  # a refusal: one line, no traceback (a flood must not fill the log)
-                log.info("refused a WebSocket take (%d): %s", code, getattr(e, "code", None) or type(e).__name__)
-            await _close(ws, code, reason)
-        finally:  # the reader and the synthesis (its LM request aborted) end here, whatever happened
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
+        await serve_socket(ws, identity, lambda tasks: session(ws, tasks))
 
     async def session(ws: WebSocket, tasks: list[asyncio.Task]) -> None:
         start = await message(ws)
@@ -98,8 +69,7 @@ def ws_router(service: StudioService, identity: Identity,
             transcript=start.get("prompt_text"), mode=start.get("mode"),
             seed=start.get("seed"), speed=start.get("speed", 1.0), stream=True, owner=caller.owner), V1_PARAMS)
         req = prepared.request
-        synth = service.require_ready()
-        feed, queue = bistream.TextFeed(synth.model.frontend), asyncio.Queue()
+        feed, queue = bistream.TextFeed(service.require_ready().model.frontend), asyncio.Queue()
         segments: list[int] = []  # n_tokens of each text segment read so far
 
         async def reader() -> None:
@@ -125,23 +95,16 @@ def ws_router(service: StudioService, identity: Identity,
                     queue.put_nowait(None)
                     return
 
-        async def arriving() -> AsyncIterator[list[int]]:
-            while (ids := await queue.get()) is not None:
-                yield ids
-
         async def produce() -> None:
-            tokens = bistream.take_tokens(synth, req, arriving(), lim.max_text_chars)
-            # the speech route's fair share, admission and request record (metrics, the page's panels)
-            async with service.speak(req, prepared=prepared, caller=caller, tokens=tokens, stop=stop) as (_, chunks):
-                if fmt == "wav":
-                    await ws.send_bytes(audio_formats.wav_header(None))
-                async for chunk in chunks:
-                    if chunk.samples.size:
-                        await ws.send_bytes(pcm_bytes(chunk))
-                    if chunk.is_final:
-                        stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
-                        stats["n_segments"] = len(segments)  # the segments said (the engine's take is one)
-                        await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
+            if fmt == "wav":
+                await ws.send_bytes(audio_formats.wav_header(None))
+            async for chunk in speak_arriving(service, prepared, caller, queue, stop):
+                if chunk.samples.size:
+                    await ws.send_bytes(pcm_bytes(chunk))
+                if chunk.is_final:
+                    stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
+                    stats["n_segments"] = len(segments)  # the segments said (the engine's take is one)
+                    await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
 
         stop = stops[req.request_id] = asyncio.Event()  # the page's Stop (POST /studio/requests/{id}/stop)
         await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
@@ -155,6 +118,57 @@ def ws_router(service: StudioService, identity: Identity,
     return router
 
 
+# --- the socket doors' shared steps (this door and app/server/elevenlabs_ws.py) ---------------------------------
+
+
+async def next_json(ws: WebSocket, idle_s: float) -> dict:
+    """The next JSON object; a refusal (WebSocketException) on silence past `idle_s` seconds ([server]
+    ws_idle_timeout_s), a binary frame, or anything but a JSON object."""
+    try:
+        msg = await asyncio.wait_for(ws.receive_json(), idle_s)
+    except TimeoutError:
+        raise WebSocketException(IDLE, f"no message for {idle_s:g} s ([server] ws_idle_timeout_s)") from None
+    except KeyError:  # a binary frame: Starlette's receive_json finds no "text"
+        raise WebSocketException(BAD, "send JSON text frames, not binary") from None
+    except ValueError:
+        raise WebSocketException(BAD, "a message is not JSON: send JSON objects") from None
+    if not isinstance(msg, dict):
+        raise WebSocketException(BAD, "a message must be a JSON object")
+    return msg
+
+
+async def serve_socket(ws: WebSocket, identity: Identity, session: Callable[[list[asyncio.Task]], Awaitable[None]],
+                       *, key_checked_here: bool = True) -> None:
+    """A socket door's life: accept (the Caller, origin, rate limit and login: AccessLimits, as for every door;
+    with `key_checked_here`, no valid `Authorization: Bearer` key where keys are set is refused here, else
+    `session` checks the key it reads); `session(tasks)`; a normal close. A refusal is sent as an error message,
+    then the close (44xx/1011 and the reason); the tasks `session` started end here, whatever happened."""
+    await ws.accept()
+    tasks: list[asyncio.Task] = []
+    try:
+        if key_checked_here and identity.any_key and identity.bearer(ws.scope) is None:
+            raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+        await session(tasks)
+        await ws.close(1000)
+    except WebSocketException as e:  # a refusal: sent first as an error message, then the close
+        await _close(ws, e.code, e.reason)
+    except WebSocketDisconnect:
+        pass
+    except Exception as e:  # a refusal of prepare, the share or admission, or a failure: said, then closed
+        code, reason = close_for(e)
+        if code == FAILED:
+            log.exception("speech stream failed")
+        else:  # a refusal: one line, no traceback (a flood must not fill the log)
+            log.info("refused a WebSocket take (%d): %s", code, getattr(e, "code", None) or type(e).__name__)
+        await _close(ws, code, reason)
+    finally:  # readers and syntheses (their LM requests aborted) end here, whatever happened
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
 def close_for(e: Exception) -> tuple[int, str]:
     """(close code, reason) for what ended a session: a refusal (an ApiError, or one the seam reads in an engine
     exception: the share, admission, a dead engine) by its status, else FAILED, whose reason names nothing
@@ -164,6 +178,23 @@ def close_for(e: Exception) -> tuple[int, str]:
     if not isinstance(e, ApiError):
         return FAILED, "the synthesis failed on the server; try again"
     return (BUSY if e.status in (429, 503) else FORBIDDEN if e.status == 403 else BAD), str(e.message)
+
+
+async def speak_arriving(service: StudioService, prepared: Prepared, caller: Caller,
+                         queue: asyncio.Queue[list[int] | None], stop: asyncio.Event | None
+                         ) -> AsyncIterator[AudioChunk]:
+    """The chunks of `prepared`'s take whose text ids arrive on `queue` (a sentence's ids per item, None at the
+    end): the bi-streaming decode inside the speech route's fair share, admission and request record."""
+    async def arriving() -> AsyncIterator[list[int]]:
+        while (ids := await queue.get()) is not None:
+            yield ids
+
+    tokens = bistream.take_tokens(service.require_ready(), prepared.request, arriving(),
+                                  service.cfg.limits.max_text_chars)
+    async with service.speak(prepared.request, prepared=prepared, caller=caller, tokens=tokens,
+                             stop=stop) as (_, chunks):
+        async for chunk in chunks:
+            yield chunk
 
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:

@@ -1,0 +1,223 @@
+"""ElevenLabs' text-to-speech sockets, so its SDK and agent frameworks (pipecat's ElevenLabsTTSService) speak with a
+saved voice unchanged but for their base URL and key (docs/api.md).
+
+`/v1/text-to-speech/{voice_id}/stream-input`: one take. In: the first message (`text: " "`, settings), `text`
+pieces (`flush: true` speaks what is buffered), `{"text": ""}` to end. Out: `{"audio": <base64>}` per hop, then
+`{"isFinal": true}` and a normal close. `/multi-stream-input`: several takes (contexts) on one socket, each message
+naming its `context_id`; `close_context` ends one, `close_socket` all; out: `contextId` on each message.
+Built on the `/v1/audio/speech/stream` door's steps (app/server/ws_speech.py): the same admission, fair share,
+limits, refusals (an error message, then a 44xx/1011 close) and cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+from fastapi import APIRouter, WebSocket, WebSocketException
+
+from app import audio_formats
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
+from app.engine import bistream
+from app.engine.prepare import SpeechInputs
+from app.engine.service import StudioService
+from app.server.identity import Identity, caller_of
+from app.server.speech import prepare_or_raise
+from app.server.ws_speech import BAD, UNAUTHORIZED, next_json, serve_socket, speak_arriving
+
+PCM_RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # `pcm_<rate>`: s16le mono, resampled from 24 kHz
+DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default; mp3 is sent at 24 kHz (its frames say so)
+KEY_FIELDS = ("xi-api-key", "xi_api_key")  # the key in the first message: the schema's spelling, the guide's
+EL_PARAMS = {"voice": "voice_id", "reference": "voice_id", "prompt_text": "voice_id", "text": "text"}
+
+
+class AudioOut:
+    """One take's audio in the requested `output_format`: `pcm_<rate>` (libswresample, stateful across hops) or
+    mp3 (24 kHz, the studio's streaming encoder). `encode(float32 [N] at 24 kHz) -> bytes`, `finish() -> bytes`."""
+
+    def __init__(self, output_format: str) -> None:
+        codec, _, rest = output_format.partition("_")
+        rate = rest.partition("_")[0]
+        self.mp3 = codec == "mp3" and rate.isdigit()
+        if not self.mp3 and not (codec == "pcm" and rate.isdigit() and int(rate) in PCM_RATES_HZ):
+            raise WebSocketException(BAD, f"output_format {output_format[:20]!r} is not supported: use pcm_<rate> "
+                                     f"(rate one of {', '.join(map(str, PCM_RATES_HZ))}) or mp3_<rate>_<kbps>")
+        if self.mp3 and not audio_formats.available("mp3"):
+            raise WebSocketException(BAD, "mp3 needs PyAV on the server; use pcm_<rate>")
+        self.rate_hz = OUTPUT_SAMPLE_RATE_HZ if self.mp3 else int(rate)
+        self._enc = audio_formats.make_encoder("mp3") if self.mp3 else None
+        self._resampler = None
+        if not self.mp3 and self.rate_hz != OUTPUT_SAMPLE_RATE_HZ:
+            import av  # a runtime dependency (app/audio_formats.py); imported only where a rate asks for it
+
+            self._av, self._resampler = av, av.AudioResampler(format="s16", layout="mono", rate=self.rate_hz)
+
+    def encode(self, samples: np.ndarray) -> bytes:
+        pcm = to_int16_pcm(samples)  # int16 [N] at 24 kHz
+        if self._enc is not None:
+            return self._enc.encode(pcm)
+        if self._resampler is None:
+            return pcm.tobytes()
+        frame = self._av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm[None]), format="s16", layout="mono")
+        frame.sample_rate = OUTPUT_SAMPLE_RATE_HZ
+        return self._resampled(frame)
+
+    def finish(self) -> bytes:
+        if self._enc is not None:
+            return self._enc.finish()
+        return self._resampled(None) if self._resampler is not None else b""
+
+    def _resampled(self, frame) -> bytes:
+        return b"".join(f.to_ndarray().tobytes() for f in self._resampler.resample(frame))
+
+
+@dataclass
+class Context:
+    """One take on the socket: its text as it arrives (`feed`: sentences -> ids), the ids waiting for the LM
+    (`queue`, None at the end) and the task that speaks it."""
+
+    id: str | None  # the multi-stream context id; None on the single-take socket
+    feed: bistream.TextFeed
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None
+    ended: bool = False
+
+    def put(self, pieces: list[list[int]]) -> None:
+        for ids in pieces:
+            self.queue.put_nowait(ids)
+
+    def end(self) -> None:
+        if not self.ended:
+            self.put(self.feed.flush())
+            self.queue.put_nowait(None)
+            self.ended = True
+
+
+def elevenlabs_router(service: StudioService, identity: Identity,
+                      stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
+    """The ElevenLabs socket paths bound to the process's service (`stops`: the page's Stop, as ws_speech)."""
+    router = APIRouter(prefix="/v1/text-to-speech")
+    srv, lim = service.cfg.server, service.cfg.limits
+
+    @router.websocket("/{voice_id}/stream-input")
+    async def stream_input(ws: WebSocket, voice_id: str) -> None:
+        key_header_as_bearer(ws.scope)
+        await serve_socket(ws, identity, lambda tasks: session(ws, voice_id, tasks, multi=False),
+                           key_checked_here=False)
+
+    @router.websocket("/{voice_id}/multi-stream-input")
+    async def multi_stream_input(ws: WebSocket, voice_id: str) -> None:
+        key_header_as_bearer(ws.scope)
+        await serve_socket(ws, identity, lambda tasks: session(ws, voice_id, tasks, multi=True),
+                           key_checked_here=False)
+
+    async def session(ws: WebSocket, voice_id: str, tasks: list[asyncio.Task], *, multi: bool) -> None:
+        out_format = ws.query_params.get("output_format", DEFAULT_FORMAT)
+        AudioOut(out_format)  # refused before any work when unsupported
+        failed = asyncio.get_running_loop().create_future()  # a take's exception, raised by the next read
+        msg = await next_json(ws, srv.ws_idle_timeout_s)
+        authorize(ws, msg)
+        contexts: dict[str | None, Context] = {}
+        while True:
+            cid = _context_id(msg) if multi else None
+            text = msg.get("text")
+            if text is not None and not isinstance(text, str):
+                raise WebSocketException(BAD, "\"text\" must be a string")
+            if multi and msg.get("close_socket"):
+                break
+            ctx = contexts.get(cid)
+            keepalive = text == "" and (ctx is None or multi)  # multi: {"text": ""} keeps a context alive
+            if ctx is None and not keepalive and not msg.get("close_context"):
+                ctx = contexts[cid] = await open_context(ws, voice_id, cid, out_format, tasks, failed)
+            if ctx is not None and not ctx.ended:
+                feed_message(ctx, msg, text, multi)
+            if not multi and ctx is not None and ctx.ended:
+                break
+            msg = await read(ws, failed)
+        for ctx in contexts.values():
+            ctx.end()
+        await asyncio.gather(*(c.task for c in contexts.values() if c.task is not None))
+
+    async def read(ws: WebSocket, failed: asyncio.Future) -> dict:
+        """The next message, unless a take failed first (its exception is raised: the socket is refused)."""
+        reading = asyncio.ensure_future(next_json(ws, srv.ws_idle_timeout_s))
+        try:
+            await asyncio.wait({reading, failed}, return_when=asyncio.FIRST_COMPLETED)
+            if failed.done():
+                failed.result()
+            return reading.result()
+        finally:
+            reading.cancel()
+
+    def feed_message(ctx: Context, msg: dict, text: str | None, multi: bool) -> None:
+        """A text piece, a flush, or the end (single: empty text; multi: close_context) for `ctx`."""
+        if text and text.strip():
+            if ctx.feed.n_chars + len(text) > lim.max_text_chars:
+                raise WebSocketException(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
+                                         "max_text_chars)")
+            ctx.put(ctx.feed.add(text))
+        if msg.get("flush") is True:
+            ctx.put(ctx.feed.flush())
+        if msg.get("close_context") is True or (not multi and text == ""):
+            ctx.end()
+
+    async def open_context(ws: WebSocket, voice_id: str, cid: str | None, out_format: str,
+                           tasks: list[asyncio.Task], failed: asyncio.Future) -> Context:
+        caller = caller_of(ws.scope)
+        seed = ws.query_params.get("seed")
+        prepared = await prepare_or_raise(service, SpeechInputs(
+            text="start", voice=voice_id, seed=int(seed) if seed and seed.lstrip("-").isdigit() else seed,
+            stream=True, owner=caller.owner), EL_PARAMS)
+        ctx = Context(cid, bistream.TextFeed(service.require_ready().model.frontend))
+        stop = stops[prepared.request.request_id] = asyncio.Event()  # the page's Stop reaches this take too
+        tail = {} if cid is None else {"contextId": cid}
+
+        async def produce() -> None:
+            audio = AudioOut(out_format)
+            try:
+                async for chunk in speak_arriving(service, prepared, caller, ctx.queue, stop):
+                    data = await asyncio.to_thread(audio.encode, chunk.samples) if chunk.samples.size else b""
+                    if chunk.is_final:
+                        data += await asyncio.to_thread(audio.finish)
+                    if data:
+                        await ws.send_json({"audio": base64.b64encode(data).decode(), "isFinal": False, **tail})
+                await ws.send_json({"isFinal": True, **tail})
+            except Exception as e:
+                if not failed.done():
+                    failed.set_exception(e)
+                raise
+
+        ctx.task = asyncio.create_task(produce())
+        tasks.append(ctx.task)
+        return ctx
+
+    def authorize(ws: WebSocket, first: dict) -> None:
+        """The key of the first message (where the header had none) as the caller's; refused (4401) when keys are
+        set and no valid one came."""
+        key = next((first[k] for k in KEY_FIELDS if isinstance(first.get(k), str) and first[k]), None)
+        if key is not None and "authorization" not in ws.headers:
+            ws.scope["headers"] = [*ws.scope["headers"], (b"authorization", f"Bearer {key}".encode())]
+            identity.identify(ws.scope, None)
+        if identity.any_key and identity.bearer(ws.scope) is None:
+            raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send it as the xi-api-key header "
+                                     "(or the first message's xi-api-key)")
+
+    return router
+
+
+def key_header_as_bearer(scope: dict) -> None:
+    """`xi-api-key: <key>` (ElevenLabs' header) read as `Authorization: Bearer <key>`, the studio's keys and owners,
+    unless the socket also sends an Authorization header."""
+    headers = scope.get("headers", [])
+    key = next((v for k, v in headers if k == b"xi-api-key" and v), None)
+    if key is not None and not any(k == b"authorization" for k, _ in headers):
+        scope["headers"] = [*headers, (b"authorization", b"Bearer " + key)]
+
+
+def _context_id(msg: dict) -> str:
+    cid = msg.get("context_id", msg.get("contextId", ""))
+    if not isinstance(cid, str) or len(cid) > 128:
+        raise WebSocketException(BAD, "context_id must be a string of at most 128 characters")
+    return cid
