@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -204,3 +207,65 @@ def test_elevenlabs_unknown_voice_and_a_client_that_leaves(base, voice):
     msgs = [SDK_FIRST, {"text": TEXT * 4 + " ", "flush": True}]
     asyncio.run(el_session(el_url(base, voice), msgs, leave_after_audio=True))
     wait_idle(base)  # its LM request was aborted
+
+
+# --- the real clients (test dependencies, requirements-dev.txt) --------------------------------------------------
+
+
+@contextlib.contextmanager
+def tls_front(base: str, tmp_path) -> Iterator[str]:
+    """An https:// front for `base` (a TLS-terminating TCP relay, its self-signed certificate trusted through
+    SSL_CERT_FILE): the elevenlabs SDK's socket client always dials wss://."""
+    import ssl
+    import subprocess
+    import threading
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    host, port = base.rsplit("//", 1)[1].split(":")
+    loop, ready = asyncio.new_event_loop(), threading.Event()
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        w.close()
+
+    async def relay(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        br, bw = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(r, bw), pipe(br, w))
+
+    def run() -> None:
+        server = loop.run_until_complete(asyncio.start_server(relay, "127.0.0.1", 0, ssl=ctx))
+        front.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        loop.run_forever()
+
+    front: list[int] = []
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(10)
+    old = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(cert)
+    try:
+        yield f"https://127.0.0.1:{front[0]}"
+    finally:
+        os.environ.pop("SSL_CERT_FILE") if old is None else os.environ.__setitem__("SSL_CERT_FILE", old)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_elevenlabs_sdk_socket_client_speaks_a_saved_voice(base, voice, tmp_path):
+    """The `elevenlabs` SDK's socket client (`text_to_speech.convert_realtime`), unchanged but for its base URL and
+    key: the saved voice's audio, as the native door makes it for the same text and seed."""
+    elevenlabs = pytest.importorskip("elevenlabs")
+    with tls_front(base, tmp_path) as url:
+        client = elevenlabs.ElevenLabs(api_key="unused", base_url=url)
+        audio = b"".join(client.text_to_speech.convert_realtime(
+            voice_id=voice, text=iter(SDK_PIECES), output_format="pcm_24000"))
+    assert len(audio) > 24000 and len(audio) % 2 == 0
