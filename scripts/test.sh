@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests: the studio's setup plus the test tools (requirements-dev.txt, Ray Serve, Debian's chromium,
-# ffmpeg, nginx and promtool through apt, the .venv-quant AWQ venv; no service left enabled or running), then
-# `ruff check .` and pytest with the 25 slowest tests listed. Quick once set up; DRY_RUN=1 prints the plan.
+# ffmpeg, nginx and promtool through apt, the .venv-quant AWQ venv, the .venv-agents pipecat venv; no service
+# left enabled or running), then `ruff check .` and pytest with the 25 slowest tests listed. Quick once set up;
+# DRY_RUN=1 prints the plan.
 # Use: bash scripts/test.sh [pytest arguments, e.g. tests/test_config.py -k name]
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

@@ -18,7 +18,7 @@ NOT_SOURCES = ("PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_DISABLE_PIP_VERSION_CHECK
 
 
 def fresh_copy(dest: Path) -> Path:
-    """The files the setup reads (scripts, requirement files), without .venv or .venv-quant."""
+    """The files the setup reads (scripts, requirement files), without .venv, .venv-quant or .venv-agents."""
     shutil.copytree(REPO / "scripts", dest / "scripts")
     for req in REPO.glob("requirements*.txt"):
         shutil.copy(req, dest / req.name)
@@ -59,13 +59,16 @@ def test_torch_cpu_from_pytorch_index_only_where_the_sources_lack_it(tmp_path):
         ln.replace(f" {PYTORCH_CPU_INDEX}", "") for ln in configured]
     assert any(PYTORCH_CPU_INDEX in ln for ln in configured) == (not sources_have_torch_cpu())
     assert configured[-2:] == ["+ ruff check .", "+ python -m pytest -q --durations=25"]
+    # pipecat's pins would move .venv's soundfile and protobuf: its requirements go to .venv-agents only
+    assert [ln for ln in configured if "requirements-agents" in ln] == [
+        "+ .venv-agents/bin/python -m pip install -q -r requirements-agents.txt"], configured
 
 
 def test_studio_command_installs_only_the_studio(tmp_path):
     """The studio's plan: its venv and requirements-cpu.txt, then app.py; no apt, no test tools, no second venv."""
     steps = plan(tmp_path, dict(os.environ), "scripts/studio.sh")
     assert steps[-1].startswith("+ .venv/bin/python app.py")
-    others = ("apt-get", "systemctl", "requirements-dev", "requirements-ray", ".venv-quant")
+    others = ("apt-get", "systemctl", "requirements-dev", "requirements-ray", ".venv-quant", ".venv-agents")
     assert not [ln for ln in steps if any(w in ln for w in others)], steps
 
 
