@@ -21,7 +21,8 @@ from fastapi import APIRouter, WebSocket, WebSocketException
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine import bistream
-from app.engine.prepare import SpeechInputs
+from app.engine.owners import Caller
+from app.engine.prepare import Prepared, SpeechInputs
 from app.engine.service import StudioService
 from app.server.identity import Identity, caller_of
 from app.server.speech import prepare_or_raise
@@ -98,27 +99,40 @@ class Context:
 def elevenlabs_router(service: StudioService, identity: Identity,
                       stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
     """The ElevenLabs socket paths bound to the process's service (`stops`: the page's Stop, as ws_speech)."""
+    door = ElevenLabsDoor(service, identity, stops)
     router = APIRouter(prefix="/v1/text-to-speech")
-    srv, lim = service.cfg.server, service.cfg.limits
+    router.add_api_websocket_route("/{voice_id}/stream-input", door.stream_input)
+    router.add_api_websocket_route("/{voice_id}/multi-stream-input", door.multi_stream_input)
+    return router
 
-    @router.websocket("/{voice_id}/stream-input")
-    async def stream_input(ws: WebSocket, voice_id: str) -> None:
+
+class ElevenLabsDoor:
+    """The two socket paths' steps, on the process's service: a socket's message loop (`session`), its reads
+    (`read`), a message's effect on a take (`feed_message`), a take's start (`open_context`) and its audio out
+    (`produce`), and the first message's key (`authorize`). Per-socket state lives in `session`'s locals and the
+    `Context`s, never on the door (one door serves every socket)."""
+
+    def __init__(self, service: StudioService, identity: Identity,
+                 stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
+        self.service, self.identity, self.stops = service, identity, stops
+        self.srv, self.lim = service.cfg.server, service.cfg.limits
+
+    async def stream_input(self, ws: WebSocket, voice_id: str) -> None:
         key_header_as_bearer(ws.scope)
-        await serve_socket(ws, identity, lambda tasks: session(ws, voice_id, tasks, multi=False),
+        await serve_socket(ws, self.identity, lambda tasks: self.session(ws, voice_id, tasks, multi=False),
                            key_checked_here=False)
 
-    @router.websocket("/{voice_id}/multi-stream-input")
-    async def multi_stream_input(ws: WebSocket, voice_id: str) -> None:
+    async def multi_stream_input(self, ws: WebSocket, voice_id: str) -> None:
         key_header_as_bearer(ws.scope)
-        await serve_socket(ws, identity, lambda tasks: session(ws, voice_id, tasks, multi=True),
+        await serve_socket(ws, self.identity, lambda tasks: self.session(ws, voice_id, tasks, multi=True),
                            key_checked_here=False)
 
-    async def session(ws: WebSocket, voice_id: str, tasks: list[asyncio.Task], *, multi: bool) -> None:
+    async def session(self, ws: WebSocket, voice_id: str, tasks: list[asyncio.Task], *, multi: bool) -> None:
         out_format = ws.query_params.get("output_format", DEFAULT_FORMAT)
         AudioOut(out_format)  # refused before any work when unsupported
         failed = asyncio.get_running_loop().create_future()  # a take's exception, raised by the next read
-        msg = await next_json(ws, srv.ws_idle_timeout_s)
-        authorize(ws, msg)
+        msg = await next_json(ws, self.srv.ws_idle_timeout_s)
+        self.authorize(ws, msg)
         contexts: dict[str | None, Context] = {}
         while True:
             cid = _context_id(msg) if multi else None
@@ -130,19 +144,19 @@ def elevenlabs_router(service: StudioService, identity: Identity,
             ctx = contexts.get(cid)
             keepalive = text == "" and (ctx is None or multi)  # multi: {"text": ""} keeps a context alive
             if ctx is None and not keepalive and not msg.get("close_context"):
-                ctx = contexts[cid] = await open_context(ws, voice_id, cid, out_format, tasks, failed)
+                ctx = contexts[cid] = await self.open_context(ws, voice_id, cid, out_format, tasks, failed)
             if ctx is not None and not ctx.ended:
-                feed_message(ctx, msg, text, multi)
+                self.feed_message(ctx, msg, text, multi)
             if not multi and ctx is not None and ctx.ended:
                 break
-            msg = await read(ws, failed)
+            msg = await self.read(ws, failed)
         for ctx in contexts.values():
             ctx.end()
         await asyncio.gather(*(c.task for c in contexts.values() if c.task is not None))
 
-    async def read(ws: WebSocket, failed: asyncio.Future) -> dict:
+    async def read(self, ws: WebSocket, failed: asyncio.Future) -> dict:
         """The next message, unless a take failed first (its exception is raised: the socket is refused)."""
-        reading = asyncio.ensure_future(next_json(ws, srv.ws_idle_timeout_s))
+        reading = asyncio.ensure_future(next_json(ws, self.srv.ws_idle_timeout_s))
         try:
             await asyncio.wait({reading, failed}, return_when=asyncio.FIRST_COMPLETED)
             if failed.done():
@@ -151,11 +165,11 @@ def elevenlabs_router(service: StudioService, identity: Identity,
         finally:
             reading.cancel()
 
-    def feed_message(ctx: Context, msg: dict, text: str | None, multi: bool) -> None:
+    def feed_message(self, ctx: Context, msg: dict, text: str | None, multi: bool) -> None:
         """A text piece, a flush, or the end (single: empty text; multi: close_context) for `ctx`."""
         if text and text.strip():
-            if ctx.feed.n_chars + len(text) > lim.max_text_chars:
-                raise WebSocketException(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
+            if ctx.feed.n_chars + len(text) > self.lim.max_text_chars:
+                raise WebSocketException(BAD, f"the text is over {self.lim.max_text_chars} characters ([limits] "
                                          "max_text_chars)")
             ctx.put(ctx.feed.add(text))
         if msg.get("flush") is True:
@@ -163,48 +177,48 @@ def elevenlabs_router(service: StudioService, identity: Identity,
         if msg.get("close_context") is True or (not multi and text == ""):
             ctx.end()
 
-    async def open_context(ws: WebSocket, voice_id: str, cid: str | None, out_format: str,
+    async def open_context(self, ws: WebSocket, voice_id: str, cid: str | None, out_format: str,
                            tasks: list[asyncio.Task], failed: asyncio.Future) -> Context:
+        """A take for `cid`, validated and admitted like the native door's, its `produce` task started."""
         caller = caller_of(ws.scope)
         seed = ws.query_params.get("seed")
-        prepared = await prepare_or_raise(service, SpeechInputs(
+        prepared = await prepare_or_raise(self.service, SpeechInputs(
             text="start", voice=voice_id, seed=int(seed) if seed and seed.lstrip("-").isdigit() else seed,
             stream=True, owner=caller.owner), EL_PARAMS)
-        ctx = Context(cid, bistream.TextFeed(service.require_ready().model.frontend))
-        stop = stops[prepared.request.request_id] = asyncio.Event()  # the page's Stop reaches this take too
-        tail = {} if cid is None else {"contextId": cid}
-
-        async def produce() -> None:
-            audio = AudioOut(out_format)
-            try:
-                async for chunk in speak_arriving(service, prepared, caller, ctx.queue, stop):
-                    data = await asyncio.to_thread(audio.encode, chunk.samples) if chunk.samples.size else b""
-                    if chunk.is_final:
-                        data += await asyncio.to_thread(audio.finish)
-                    if data:
-                        await ws.send_json({"audio": base64.b64encode(data).decode(), "isFinal": False, **tail})
-                await ws.send_json({"isFinal": True, **tail})
-            except Exception as e:
-                if not failed.done():
-                    failed.set_exception(e)
-                raise
-
-        ctx.task = asyncio.create_task(produce())
+        ctx = Context(cid, bistream.TextFeed(self.service.require_ready().model.frontend))
+        stop = self.stops[prepared.request.request_id] = asyncio.Event()  # the page's Stop reaches this take too
+        ctx.task = asyncio.create_task(self.produce(ws, ctx, prepared, caller, stop, out_format, failed))
         tasks.append(ctx.task)
         return ctx
 
-    def authorize(ws: WebSocket, first: dict) -> None:
+    async def produce(self, ws: WebSocket, ctx: Context, prepared: Prepared, caller: Caller, stop: asyncio.Event,
+                      out_format: str, failed: asyncio.Future) -> None:
+        """`ctx`'s take as base64 audio messages, then isFinal; its failure also goes to `failed` (the socket's)."""
+        audio = AudioOut(out_format)
+        tail = {} if ctx.id is None else {"contextId": ctx.id}
+        try:
+            async for chunk in speak_arriving(self.service, prepared, caller, ctx.queue, stop):
+                data = await asyncio.to_thread(audio.encode, chunk.samples) if chunk.samples.size else b""
+                if chunk.is_final:
+                    data += await asyncio.to_thread(audio.finish)
+                if data:
+                    await ws.send_json({"audio": base64.b64encode(data).decode(), "isFinal": False, **tail})
+            await ws.send_json({"isFinal": True, **tail})
+        except Exception as e:
+            if not failed.done():
+                failed.set_exception(e)
+            raise
+
+    def authorize(self, ws: WebSocket, first: dict) -> None:
         """The key of the first message (where the header had none) as the caller's; refused (4401) when keys are
         set and no valid one came."""
         key = next((first[k] for k in KEY_FIELDS if isinstance(first.get(k), str) and first[k]), None)
         if key is not None and "authorization" not in ws.headers:
             ws.scope["headers"] = [*ws.scope["headers"], (b"authorization", f"Bearer {key}".encode())]
-            identity.identify(ws.scope, None)
-        if identity.any_key and identity.bearer(ws.scope) is None:
+            self.identity.identify(ws.scope, None)
+        if self.identity.any_key and self.identity.bearer(ws.scope) is None:
             raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send it as the xi-api-key header "
                                      "(or the first message's xi-api-key)")
-
-    return router
 
 
 def key_header_as_bearer(scope: dict) -> None:
