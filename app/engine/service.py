@@ -23,6 +23,7 @@ from app.engine.metrics import Metrics
 from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
+from app.engine.timings import Aligner
 from app.engine.voices import ClipCache
 from app.message import Message
 from app.model.frontend import VoiceFeatures
@@ -149,6 +150,9 @@ class StudioService:
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
+        # word timings for the doors that ask (app/engine/take_timings.py): its own eager-attention copy of the
+        # [asr] Whisper, loaded on the first aligned sentence, never at start
+        self.aligner = Aligner(cfg.asr)
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
     # --- start / stop ----------------------------------------------------------------------------
