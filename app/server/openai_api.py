@@ -2,6 +2,7 @@
 
 # no `from __future__ import annotations`: the speech route's body is annotated with the configured model (a local)
 
+from collections.abc import Awaitable
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
@@ -16,8 +17,8 @@ from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError, error_response, error_responses
 from app.server.identity import Identity, caller_of
 from app.server.limits import bearer_auth
-from app.server.speech import map_error, prepare_or_raise, speech_response
-from app.server.sse_speech import as_sse
+from app.server.speech import Tap, map_error, no_tap, prepare_or_raise, speech_response
+from app.server.sse_speech import sse_response
 from app.server.voices_api import NAME_MAX_CHARS, voices_router
 
 MODEL_ID = "cosyvoice2"
@@ -69,6 +70,9 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
         stream_format: str = Field("audio", description="'audio' (the audio itself as the body) or 'sse' (OpenAI's "
                                    "speech.audio.delta/done events, the audio in base64; docs/api.md)",
                                    json_schema_extra={"enum": list(STREAM_FORMATS)})
+        timestamps: bool = Field(False, description="with stream_format 'sse': each sentence's word and character "
+                                 "times as a speech.audio.timestamps event (opt-in: each sentence costs a Whisper pass "
+                                 "on the server; docs/api.md)")
         seed: int | None = Field(None, description="sampling seed; none or -1 = random",
                                  json_schema_extra={"minimum": -1, "maximum": MAX_SEED})
         mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = Field(
@@ -158,6 +162,10 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
         if body.stream_format not in STREAM_FORMATS:
             raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
                            "itself as the body) or 'sse' (events)", param="stream_format", code="unsupported_value")
+        if body.timestamps and body.stream_format != "sse":
+            raise ApiError(400, "timestamps needs stream_format 'sse' (the timings are events between the audio "
+                           "events): send stream_format 'sse', or leave timestamps out", param="timestamps",
+                           code="unsupported_value")
         fmt = body.response_format
         if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
             raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
@@ -177,11 +185,13 @@ def api_router(service: StudioService, identity: Identity) -> APIRouter:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        audio = await speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                      params=V1_PARAMS, caller=caller, gone=gone)
+        def speak(tap: Tap = no_tap) -> Awaitable[Response]:
+            return speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
+                                   params=V1_PARAMS, caller=caller, gone=gone, tap=tap)
+
         if body.stream_format == "sse":
-            return as_sse(service, audio, prepared.request.request_id, body.input)
-        return audio
+            return await sse_response(service, prepared, body.input, speak, timestamps=body.timestamps)
+        return await speak()
 
     router.include_router(voices_router(service, capped_route(cfg.limits.max_upload_mb)))
 

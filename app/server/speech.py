@@ -58,10 +58,18 @@ async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict
         raise map_error(e, params) from e
 
 
-async def _first_audio(chunks: AsyncIterator[AudioChunk], whole: bool) -> list[AudioChunk]:
+Tap = Callable[[AudioChunk], None]  # sees each chunk of the take as it is taken for the body (never waits)
+
+
+def no_tap(chunk: AudioChunk) -> None:
+    pass
+
+
+async def _first_audio(chunks: AsyncIterator[AudioChunk], whole: bool, tap: Tap) -> list[AudioChunk]:
     """Chunks up to and including the first one with samples (or the final one); `whole`: all of them."""
     got = []
     async for chunk in chunks:
+        tap(chunk)
         got.append(chunk)
         if (chunk.samples.size and not whole) or chunk.is_final:
             break
@@ -94,14 +102,14 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
                           headers: dict[str, str] | None = None, *,
                           prepared: Prepared | None = None, caller: Caller = NOBODY,
                           stop: asyncio.Event | None = None, params: dict[str, str] | None = None,
-                          gone: Callable[[], Awaitable[None]] | None = None) -> Response:
+                          gone: Callable[[], Awaitable[None]] | None = None, tap: Tap = no_tap) -> Response:
     """The response for `req` in format `fmt` (one of audio_formats.FORMATS, available: checked by the door),
     streamed, or whole when `req` is not streamed (speed != 1) or `fmt` is only readable everywhere with its
     exact length in its header (audio_formats.WHOLE_ONLY); `ApiError` before any audio (a whole one: before any
     byte). `prepared` (what made `req`) goes into the request's metrics record; `caller`'s client
     (app/server/identity.py) holds one of its fair-share places until the body ends. `gone()` returns when the
     client disconnects: a whole response stops being made then (a streamed one stops when its body can no longer
-    be sent)."""
+    be sent). `tap` sees every chunk of the take in order (the SSE door's word timings)."""
     assert fmt in audio_formats.FORMATS, fmt
     whole = not req.stream or fmt in audio_formats.WHOLE_ONLY
     t_arrival = time.perf_counter()
@@ -110,7 +118,8 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, caller=caller,
                                                                         stop=stop))
         t_start = time.perf_counter()
-        head = await (_unless_gone(_first_audio(chunks, True), gone) if whole else _first_audio(chunks, False))
+        head = await (_unless_gone(_first_audio(chunks, True, tap), gone) if whole else _first_audio(chunks, False,
+                                                                                                   tap))
         if whole:
             await stack.aclose()
         if head is None:
@@ -143,6 +152,7 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
             if head and head[-1].is_final:
                 return
             async for chunk in chunks:
+                tap(chunk)
                 if chunk.samples.size:
                     yield pcm_bytes(chunk)
         finally:
