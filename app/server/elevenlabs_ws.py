@@ -3,8 +3,10 @@ saved voice unchanged but for their base URL and key (docs/api.md).
 
 `/v1/text-to-speech/{voice_id}/stream-input`: one take. In: the first message (`text: " "`, settings), `text`
 pieces (`flush: true` speaks what is buffered), `{"text": ""}` to end. Out: `{"audio": <base64>}` per hop, then
-`{"isFinal": true}` and a normal close. `/multi-stream-input`: several takes (contexts) on one socket, each message
-naming its `context_id`; `close_context` ends one, `close_socket` all; out: `contextId` on each message.
+`{"isFinal": true}` and a normal close; with `sync_alignment=true` in the query, each sentence's character times too
+(`alignment`, `normalizedAlignment`, on a message of their own once it is aligned). `/multi-stream-input`: several
+takes (contexts) on one socket, each message naming its `context_id`; `close_context` ends one, `close_socket` all;
+out: `contextId` on each message.
 Built on the `/v1/audio/speech/stream` door's steps (app/server/ws_speech.py): the same admission, fair share,
 limits, refusals (an error message, then a 44xx/1011 close) and cleanup."""
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import weakref
 from dataclasses import dataclass, field
 
@@ -24,6 +27,8 @@ from app.engine import bistream
 from app.engine.owners import Caller
 from app.engine.prepare import Prepared, SpeechInputs
 from app.engine.service import StudioService
+from app.engine.take_timings import SentenceTimer, Timing
+from app.engine.timings import SentenceTimings
 from app.server.identity import Identity, caller_of
 from app.server.speech import prepare_or_raise
 from app.server.ws_speech import BAD, UNAUTHORIZED, next_json, serve_socket, speak_arriving
@@ -31,6 +36,8 @@ from app.server.ws_speech import BAD, UNAUTHORIZED, next_json, serve_socket, spe
 PCM_RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # `pcm_<rate>`: s16le mono, resampled from 24 kHz
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default; mp3 is sent at 24 kHz (its frames say so)
 KEY_FIELDS = ("xi-api-key", "xi_api_key")  # the key in the first message: the schema's spelling, the guide's
+log = logging.getLogger(__name__)
+
 EL_PARAMS = {"voice": "voice_id", "reference": "voice_id", "prompt_text": "voice_id", "text": "text"}
 
 
@@ -81,6 +88,8 @@ class Context:
 
     id: str | None  # the multi-stream context id; None on the single-take socket
     feed: bistream.TextFeed
+    align: bool = False  # sync_alignment: send each sentence's character times
+    text: str = ""  # the text pieces spoken so far, as sent
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     ended: bool = False
@@ -116,6 +125,7 @@ class ElevenLabsDoor:
                  stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
         self.service, self.identity, self.stops = service, identity, stops
         self.srv, self.lim = service.cfg.server, service.cfg.limits
+        self.said_unaligned = False  # the process's log has said why no alignment is sent (said once)
 
     async def stream_input(self, ws: WebSocket, voice_id: str) -> None:
         key_header_as_bearer(ws.scope)
@@ -171,6 +181,7 @@ class ElevenLabsDoor:
             if ctx.feed.n_chars + len(text) > self.lim.max_text_chars:
                 raise WebSocketException(BAD, f"the text is over {self.lim.max_text_chars} characters ([limits] "
                                          "max_text_chars)")
+            ctx.text += text
             ctx.put(ctx.feed.add(text))
         if msg.get("flush") is True:
             ctx.put(ctx.feed.flush())
@@ -185,7 +196,8 @@ class ElevenLabsDoor:
         prepared = await prepare_or_raise(self.service, SpeechInputs(
             text="start", voice=voice_id, seed=int(seed) if seed and seed.lstrip("-").isdigit() else seed,
             stream=True, owner=caller.owner), EL_PARAMS)
-        ctx = Context(cid, bistream.TextFeed(self.service.require_ready().model.frontend))
+        ctx = Context(cid, bistream.TextFeed(self.service.require_ready().model.frontend),
+                      align=ws.query_params.get("sync_alignment", "").lower() == "true")
         stop = self.stops[prepared.request.request_id] = asyncio.Event()  # the page's Stop reaches this take too
         ctx.task = asyncio.create_task(self.produce(ws, ctx, prepared, caller, stop, out_format, failed))
         tasks.append(ctx.task)
@@ -196,18 +208,41 @@ class ElevenLabsDoor:
         """`ctx`'s take as base64 audio messages, then isFinal; its failure also goes to `failed` (the socket's)."""
         audio = AudioOut(out_format)
         tail = {} if ctx.id is None else {"contextId": ctx.id}
+        # the socket's take is one segment (its text arrives as it is spoken): one alignment, after its last chunk
+        timer = SentenceTimer(self.service.aligner, lambda: [ctx.text.strip()]) if ctx.align else None
         try:
             async for chunk in speak_arriving(self.service, prepared, caller, ctx.queue, stop):
+                if timer is not None:
+                    timer.push(chunk)
                 data = await asyncio.to_thread(audio.encode, chunk.samples) if chunk.samples.size else b""
                 if chunk.is_final:
                     data += await asyncio.to_thread(audio.finish)
                 if data:
                     await ws.send_json({"audio": base64.b64encode(data).decode(), "isFinal": False, **tail})
+                for t in timer.ready() if timer is not None else ():
+                    await self.send_alignment(ws, ctx, t, tail)
+            if timer is not None:
+                async for t in timer.rest():
+                    await self.send_alignment(ws, ctx, t, tail)
             await ws.send_json({"isFinal": True, **tail})
         except Exception as e:
             if not failed.done():
                 failed.set_exception(e)
             raise
+        finally:
+            if timer is not None:
+                await timer.aclose()
+
+    async def send_alignment(self, ws: WebSocket, ctx: Context, t: Timing, tail: dict) -> None:
+        """A sentence's times as ElevenLabs' `alignment` on a message with no audio (its audio went before it); an
+        unavailable aligner sends nothing and is logged once."""
+        if isinstance(t, str):
+            if not self.said_unaligned:
+                self.said_unaligned = True
+                log.warning("sync_alignment: no alignment is sent: %s", t)
+            return
+        chars = el_alignment(t, ctx.text)
+        await ws.send_json({"audio": "", "isFinal": False, "alignment": chars, "normalizedAlignment": chars, **tail})
 
     def authorize(self, ws: WebSocket, first: dict) -> None:
         """The key of the first message (where the header had none) as the caller's; refused (4401) when keys are
@@ -219,6 +254,19 @@ class ElevenLabsDoor:
         if self.identity.any_key and self.identity.bearer(ws.scope) is None:
             raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send it as the xi-api-key header "
                                      "(or the first message's xi-api-key)")
+
+
+def el_alignment(t: SentenceTimings, sent: str) -> dict[str, list]:
+    """`t`'s characters as ElevenLabs' alignment: ms from the sentence's first sample (ElevenLabs' times restart in
+    every message: pipecat advances its clock by each alignment's end, so a client's clock adds up to the take's),
+    the whitespace around the text as `sent` kept (0 ms long at its ends) and one trailing space where it has none
+    (a client that ends a word at a space, as pipecat does, then hears the last word)."""
+    lead = sent[:len(sent) - len(sent.lstrip())]
+    trail = sent[len(sent.rstrip()):] or " "
+    span_ms = t.end_ms - t.start_ms
+    return {"chars": [*lead, *t.chars.chars, *trail],
+            "charStartTimesMs": [0] * len(lead) + [s - t.start_ms for s in t.chars.start_ms] + [span_ms] * len(trail),
+            "charDurationsMs": [0] * len(lead) + list(t.chars.duration_ms) + [0] * len(trail)}
 
 
 def key_header_as_bearer(scope: dict) -> None:
