@@ -127,8 +127,9 @@ def voice(parity, parity_model_dir, manifest):
 # shared server runs at a time. Tests on a shared server keep apart by their own voice names and log offsets.
 # Ask for these fixtures by argument (not request.getfixturevalue): the last-user check reads item.fixturenames.
 SHARED_SERVERS: dict[str, dict[str, str]] = {
-    # cpu.toml's queue (4 running), stated: engine-kill and disconnect drills count on it
-    "studio_cpu": {"server.concurrency_limit": "4"},
+    # cpu.toml's queue (4 running), stated: engine-kill and disconnect drills count on it; Whisper on the CPU, the
+    # random tiny one (`studio_cpu` adds its folder as asr.model_id): test_agent_doors' word timings
+    "studio_cpu": {"server.concurrency_limit": "4", "asr.device": '"cpu"'},
     # the browser's config: bfloat16 as a user's CPU runs it, no Whisper download; texts up to 4,000 characters
     # (the standard player's Stop needs a take still being made when its HLS <audio> has started)
     "studio_bf16": {"vllm.dtype": '"bfloat16"', "model.download": "false", "limits.max_text_chars": "4000"},
@@ -171,7 +172,17 @@ def _shared_fixture(name: str):
     return fixture
 
 
-studio_cpu, studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, list(SHARED_SERVERS)[:5])
+studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, list(SHARED_SERVERS)[1:5])
+
+
+@pytest.fixture(scope="session")
+def studio_cpu(tiny_model_dir, tmp_path_factory):
+    """The shared CPU server; its Whisper (the aligner's) is the random tiny one: its word times are arbitrary but
+    whole (one per word, monotone, inside the take). Nothing on this server transcribes a reference."""
+    from tiny_whisper import make_tiny_whisper
+
+    random = make_tiny_whisper(tmp_path_factory.mktemp("whisper") / "random", seed=1)
+    yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory, {"asr.model_id": json.dumps(str(random))})
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 `stream_format: "sse"` read by the official `openai` SDK; ElevenLabs' text-to-speech sockets, spoken with the exact
 messages of the `elevenlabs` SDK's `convert_realtime` and of pipecat's `ElevenLabsTTSService` (elevenlabs 2.78.0,
 pipecat-ai 1.14.0), and by those clients themselves: the SDK in this venv, pipecat's service in a pipeline run in
-.venv-agents (tests/pipecat_client.py). A missing client skips, and fails in CI, whose setup installs both."""
+.venv-agents (tests/pipecat_client.py). A missing client skips, and fails in CI, whose setup installs both.
+Word timings at these doors: tests/test_agent_timings.py."""
 
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ def test_sse_refusals_are_the_byte_streams(base, voice):
         plain = httpx.post(base + "/v1/audio/speech", json=body, timeout=60)
         sse = httpx.post(base + "/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=60)
         assert plain.status_code == sse.status_code >= 400 and plain.json() == sse.json(), (bad, sse.text)
+    r = httpx.post(base + "/v1/audio/speech", json={"model": "cosyvoice2", "voice": voice, "input": "Hi.",
+                                                    "timestamps": True}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "timestamps" and "stream_format" in r.text, r.text
 
 
 def test_sse_client_that_leaves_aborts_its_take(base, voice):
