@@ -23,13 +23,13 @@ def _log(tmp) -> str:
     return (tmp / "server.log").read_text(encoding="utf-8", errors="replace")
 
 
-async def _session(base: str, messages: list, *, origin: str | None = None, headers: dict | None = None
-                   ) -> tuple[list, int, str]:
-    """(JSON messages, close code, reason) of one WebSocket session sending `messages`."""
+async def _session(base: str, messages: list, *, origin: str | None = None, headers: dict | None = None,
+                   path: str = "/v1/audio/speech/stream") -> tuple[list, int, str]:
+    """(JSON messages, close code, reason) of one WebSocket session on `path` sending `messages`."""
     import websockets
 
     got = []
-    async with websockets.connect(base.replace("http", "ws", 1) + "/v1/audio/speech/stream", origin=origin,
+    async with websockets.connect(base.replace("http", "ws", 1) + path, origin=origin,
                                   additional_headers=headers or {}) as ws:
         try:  # (a refused session is closed at once: sending on may fail; what it said is read below)
             for m in messages:
@@ -251,3 +251,26 @@ def test_the_pages_own_origin_behind_a_proxy_that_rewrites_host(tmp_path):
     assert client(trusted_proxies="127.0.0.1").get("/gradio_api/info", headers=sent).status_code == 200
     assert client().get("/gradio_api/info", headers=sent).status_code == 403
     assert client().get("/gradio_api/info", headers={"Origin": "http://127.0.0.1:7860"}).status_code == 200
+
+
+def test_the_elevenlabs_sockets_keep_the_same_gate(studio_public):
+    """ElevenLabs' socket paths go through the gate as the studio's own socket: a foreign page is refused (4403)
+    before any work, and their sessions count against the client's 30 a minute (4429, the limit named)."""
+    base, tmp = studio_public
+    browser = _visitor(base, "198.51.100.43")
+    sent = {"Cookie": f"cosyvoice_visitor={browser.cookies['cosyvoice_visitor']}", "X-Forwarded-For": "198.51.100.43"}
+    el = "/v1/text-to-speech/mine/stream-input?output_format=pcm_24000"
+    got, code, reason = asyncio.run(_session(base, [{"text": " "}, {"text": "Hi there. "}, {"text": ""}],
+                                             origin=EVIL, headers=sent, path=el))
+    assert code == 4403 and "allowed_origins" in reason, (code, got)
+    flooder = {"X-Forwarded-For": "198.51.100.44"}
+
+    async def flood() -> list[int]:
+        done = await asyncio.gather(*(_session(base, [{"text": " "}], headers=flooder,
+                                               path="/v1/text-to-speech/nobody-has-it/stream-input")
+                                      for _ in range(36)))
+        return [code for _, code, _ in done]
+
+    codes = asyncio.run(flood())
+    assert 4429 in codes and codes.count(4429) <= 6 + 1, codes  # 30 pass the gate (and meet the unknown voice)
+    assert "Traceback" not in _log(tmp)

@@ -128,12 +128,12 @@ class ElevenLabsDoor:
         self.said_unaligned = False  # the process's log has said why no alignment is sent (said once)
 
     async def stream_input(self, ws: WebSocket, voice_id: str) -> None:
-        key_header_as_bearer(ws.scope)
+        key_header_as_bearer(ws.scope, self.identity)
         await serve_socket(ws, self.identity, lambda tasks: self.session(ws, voice_id, tasks, multi=False),
                            key_checked_here=False)
 
     async def multi_stream_input(self, ws: WebSocket, voice_id: str) -> None:
-        key_header_as_bearer(ws.scope)
+        key_header_as_bearer(ws.scope, self.identity)
         await serve_socket(ws, self.identity, lambda tasks: self.session(ws, voice_id, tasks, multi=True),
                            key_checked_here=False)
 
@@ -269,13 +269,14 @@ def el_alignment(t: SentenceTimings, sent: str) -> dict[str, list]:
             "charDurationsMs": [0] * len(lead) + list(t.chars.duration_ms) + [0] * len(trail)}
 
 
-def key_header_as_bearer(scope: dict) -> None:
+def key_header_as_bearer(scope: dict, identity: Identity) -> None:
     """`xi-api-key: <key>` (ElevenLabs' header) read as `Authorization: Bearer <key>`, the studio's keys and owners,
-    unless the socket also sends an Authorization header."""
+    unless the socket also sends an Authorization header; the caller AccessLimits found is then found again."""
     headers = scope.get("headers", [])
     key = next((v for k, v in headers if k == b"xi-api-key" and v), None)
     if key is not None and not any(k == b"authorization" for k, _ in headers):
         scope["headers"] = [*headers, (b"authorization", b"Bearer " + key)]
+        identity.identify(scope, None)
 
 
 def _context_id(msg: dict) -> str:

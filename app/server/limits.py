@@ -24,6 +24,8 @@ from app.server.origins import OriginPolicy
 log = logging.getLogger(__name__)
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
 SOCKET_PATH = "/v1/audio/speech/stream"  # one session: one synthesis request of the client's rate limit
+# ElevenLabs' sockets (app/server/elevenlabs_ws.py): /v1/text-to-speech/{voice_id}/<one of these>, counted alike
+EL_SOCKET_ENDS = ("/stream-input", "/multi-stream-input")
 # the socket's refusals, as its own (app/server/ws_speech.py): HTTP's status + 4000
 SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED = 4401, 4403, 4429
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
@@ -210,7 +212,7 @@ class AccessLimits:
         if not gate.origins.allows(scope):
             gate.on_refused("origin")
             refused = SOCKET_FORBIDDEN, ORIGIN_REFUSED
-        elif path == SOCKET_PATH and (e := gate.rate_refusal(gate.limiter, "synthesis requests", "rate_limit",
+        elif is_synthesis_socket(path) and (e := gate.rate_refusal(gate.limiter, "synthesis requests", "rate_limit",
                                                              client)) is not None:
             refused = SOCKET_RATE_LIMITED, e.message
         elif not await gate.allowed(scope, path):
@@ -219,6 +221,11 @@ class AccessLimits:
             return await self.app(scope, receive, send)
         log.info("refused a WebSocket session on %s (%d): %s", path, refused[0], refused[1].split(":")[0])
         await refuse_socket(receive, send, *refused)
+
+
+def is_synthesis_socket(path: str) -> bool:
+    """A socket whose session is a synthesis request of its client's per-minute limit."""
+    return path == SOCKET_PATH or (path.startswith("/v1/text-to-speech/") and path.endswith(EL_SOCKET_ENDS))
 
 
 ORIGIN_REFUSED = ("origin not allowed: this server takes browser requests from its own page and the origins in "
