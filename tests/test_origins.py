@@ -268,9 +268,9 @@ def test_the_elevenlabs_sockets_keep_the_same_gate(studio_public):
     async def flood() -> list[int]:
         done = await asyncio.gather(*(_session(base, [{"text": " "}], headers=flooder,
                                                path="/v1/text-to-speech/nobody-has-it/stream-input")
-                                      for _ in range(36)))
+                                      for _ in range(45)))
         return [code for _, code, _ in done]
 
     codes = asyncio.run(flood())
-    assert 4429 in codes and codes.count(4429) <= 6 + 1, codes  # 30 pass the gate (and meet the unknown voice)
+    assert 4429 in codes and codes.count(4429) <= 15, codes  # >= 30 pass the gate (and meet the unknown voice)
     assert "Traceback" not in _log(tmp)
