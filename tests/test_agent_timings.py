@@ -9,27 +9,18 @@ import asyncio
 import base64
 
 import pytest
+import test_agent_doors as doors
 from studio import save_voice
 from test_agent_doors import SDK_FIRST, SDK_PIECES, TEXT, el_session, el_url, sse_events
 
 from app.model.words import split_words
 
-
-@pytest.fixture(scope="module")
-def base(studio_cpu) -> str:
-    return studio_cpu[0]
+base, oai = doors.base, doors.oai  # the same shared server and OpenAI client as the doors' tests
 
 
 @pytest.fixture(scope="module")
 def voice(base) -> str:
     return save_voice(base, "timing-voice")["id"]
-
-
-@pytest.fixture(scope="module")
-def oai(base):
-    from openai import OpenAI
-
-    return OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def assert_monotone_inside(starts: list[int], ends: list[int], lo_ms: float, hi_ms: float) -> None:
