@@ -108,7 +108,7 @@ def test_auth_setting_is_checked():
 def test_out_of_memory_is_recognised():
     import torch
 
-    from app.engine.service import is_out_of_memory
+    from app.engine.take_end import is_out_of_memory
 
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     try:
@@ -126,7 +126,7 @@ def test_until_stopped_leaves_no_chunk_running():
     the take's generator closed too (its finally, which aborts the LM request, has run), never running."""
     import contextlib
 
-    from app.engine.service import until_stopped
+    from app.engine.take_end import until_stopped
 
     async def scenario() -> None:
         closed: list[str] = []

@@ -23,6 +23,7 @@ from app.engine.metrics import Metrics
 from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
+from app.engine.take_end import is_out_of_memory, until_stopped
 from app.engine.timings import Aligner
 from app.engine.voices import ClipCache
 from app.message import Message
@@ -61,52 +62,11 @@ def _engine_message(fault: str) -> str:
     return f"the speech {fault}" + ("; try again in a minute" if "restarting" in fault else "")
 
 
-def is_out_of_memory(e: BaseException) -> bool:
-    """`torch.OutOfMemoryError`, or an error whose text (or whose cause's, e.g. vLLM's) says out of memory."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
 def public_facts(cfg: Config, **facts: Any) -> dict[str, Any]:
     """`facts` and what every visitor may know of the app: its version, whose saved voices are whose."""
     from app import __version__
 
     return {**facts, "version": __version__, "voices": cfg.voices.resolved(cfg.server)}
-
-
-async def until_stopped(chunks: AsyncIterator[AudioChunk], stop: asyncio.Event | None
-                        ) -> AsyncIterator[AudioChunk]:
-    """`chunks` until `stop` is set: the page's Stop ends a take (the chunk being made cancelled, so its LM
-    request is aborted) when it arrives, not when the client hangs up, which a loaded box may delay. Each chunk is
-    awaited in a task of its own: leaving (Stop, a cancelled or closed consumer) cancels it, so `chunks` is
-    never left running."""
-    if stop is None:
-        async for chunk in chunks:
-            yield chunk
-        return
-    stopped, following = asyncio.ensure_future(stop.wait()), None
-    try:
-        while not stop.is_set():
-            following = asyncio.ensure_future(anext(chunks))
-            await asyncio.wait((following, stopped), return_when=asyncio.FIRST_COMPLETED)
-            if not following.done():
-                return  # Stop: `following` is cancelled below
-            try:
-                chunk = following.result()
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        stopped.cancel()
-        if following is not None and not following.done():
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await following
 
 
 class Studio(Protocol):
