@@ -248,9 +248,7 @@ class ElevenLabsDoor:
         """The key of the first message (where the header had none) as the caller's; refused (4401) when keys are
         set and no valid one came."""
         key = next((first[k] for k in KEY_FIELDS if isinstance(first.get(k), str) and first[k]), None)
-        if key is not None and "authorization" not in ws.headers:
-            ws.scope["headers"] = [*ws.scope["headers"], (b"authorization", f"Bearer {key}".encode())]
-            self.identity.identify(ws.scope, None)
+        as_bearer(ws.scope, key.encode() if key is not None else None, self.identity)
         if self.identity.any_key and self.identity.bearer(ws.scope) is None:
             raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send it as the xi-api-key header "
                                      "(or the first message's xi-api-key)")
@@ -270,10 +268,14 @@ def el_alignment(t: SentenceTimings, sent: str) -> dict[str, list]:
 
 
 def key_header_as_bearer(scope: dict, identity: Identity) -> None:
-    """`xi-api-key: <key>` (ElevenLabs' header) read as `Authorization: Bearer <key>`, the studio's keys and owners,
-    unless the socket also sends an Authorization header; the caller AccessLimits found is then found again."""
+    """`xi-api-key: <key>` (ElevenLabs' header) read as `Authorization: Bearer <key>` (`as_bearer`)."""
+    as_bearer(scope, next((v for k, v in scope.get("headers", []) if k == b"xi-api-key" and v), None), identity)
+
+
+def as_bearer(scope: dict, key: bytes | None, identity: Identity) -> None:
+    """An ElevenLabs key read as `Authorization: Bearer <key>`, the studio's keys and owners, unless the socket
+    also sends an Authorization header; the caller AccessLimits found is then found again."""
     headers = scope.get("headers", [])
-    key = next((v for k, v in headers if k == b"xi-api-key" and v), None)
     if key is not None and not any(k == b"authorization" for k, _ in headers):
         scope["headers"] = [*headers, (b"authorization", b"Bearer " + key)]
         identity.identify(scope, None)
