@@ -31,7 +31,7 @@ from app.engine.take_timings import SentenceTimer, Timing
 from app.engine.timings import SentenceTimings
 from app.server.identity import Identity, caller_of
 from app.server.speech import prepare_or_raise
-from app.server.ws_speech import BAD, UNAUTHORIZED, next_json, serve_socket, speak_arriving
+from app.server.ws_speech import BAD, UNAUTHORIZED, check_room, next_json, serve_socket, speak_arriving
 
 PCM_RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # `pcm_<rate>`: s16le mono, resampled from 24 kHz
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default; mp3 is sent at 24 kHz (its frames say so)
@@ -178,9 +178,7 @@ class ElevenLabsDoor:
     def feed_message(self, ctx: Context, msg: dict, text: str | None, multi: bool) -> None:
         """A text piece, a flush, or the end (single: empty text; multi: close_context) for `ctx`."""
         if text and text.strip():
-            if ctx.feed.n_chars + len(text) > self.lim.max_text_chars:
-                raise WebSocketException(BAD, f"the text is over {self.lim.max_text_chars} characters ([limits] "
-                                         "max_text_chars)")
+            check_room(ctx.feed, text, self.lim.max_text_chars)
             ctx.text += text
             ctx.put(ctx.feed.add(text))
         if msg.get("flush") is True:

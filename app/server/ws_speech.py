@@ -16,7 +16,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect, WebSocketExceptio
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine import bistream
-from app.engine.owners import Caller
+from app.engine.owners import Caller, Owner
 from app.engine.prepare import Prepared, SpeechInputs
 from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk
@@ -53,21 +53,9 @@ def ws_router(service: StudioService, identity: Identity,
         await serve_socket(ws, identity, lambda tasks: session(ws, tasks))
 
     async def session(ws: WebSocket, tasks: list[asyncio.Task]) -> None:
-        start = await message(ws)
-        if start["type"] != "start":
-            raise WebSocketException(BAD, f"the first message must be start, not {start['type'][:20]!r}")
-        if extra := sorted(set(start) - START_FIELDS - PAGE_FIELDS):
-            raise WebSocketException(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
-        fmt = start.get("response_format", "pcm")
-        if fmt not in ("pcm", "wav"):
-            raise WebSocketException(BAD, "response_format must be pcm or wav")
         caller = caller_of(ws.scope)
-        raw = start.get("prompt_audio")
-        reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
-        prepared = await prepare_or_raise(service, SpeechInputs(
-            text="start", voice=start.get("voice"), instruct_text=start.get("instructions") or "", reference=reference,
-            transcript=start.get("prompt_text"), mode=start.get("mode"),
-            seed=start.get("seed"), speed=start.get("speed", 1.0), stream=True, owner=caller.owner), V1_PARAMS)
+        fmt, inputs = start_inputs(await message(ws), caller.owner)
+        prepared = await prepare_or_raise(service, inputs, V1_PARAMS)
         req = prepared.request
         feed, queue = bistream.TextFeed(service.require_ready().model.frontend), asyncio.Queue()
         segments: list[int] = []  # n_tokens of each text segment read so far
@@ -79,9 +67,7 @@ def ws_router(service: StudioService, identity: Identity,
                 if kind == "text":
                     if not isinstance(msg.get("text"), str):
                         raise WebSocketException(BAD, "a text message needs a string \"text\"")
-                    if feed.n_chars + len(msg["text"]) > lim.max_text_chars:
-                        raise WebSocketException(BAD, f"the text is over {lim.max_text_chars} characters ([limits] "
-                                                 "max_text_chars)")
+                    check_room(feed, msg["text"], lim.max_text_chars)
                     ids = feed.add(msg["text"])
                 elif kind in ("flush", "close"):
                     ids = feed.flush()
@@ -118,7 +104,30 @@ def ws_router(service: StudioService, identity: Identity,
     return router
 
 
+def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
+    """(response format, the take's inputs) of a `start` message, refused (4400) where it is not one."""
+    if start["type"] != "start":
+        raise WebSocketException(BAD, f"the first message must be start, not {start['type'][:20]!r}")
+    if extra := sorted(set(start) - START_FIELDS - PAGE_FIELDS):
+        raise WebSocketException(BAD, f"start has unknown fields {', '.join(extra)[:60]}")
+    fmt = start.get("response_format", "pcm")
+    if fmt not in ("pcm", "wav"):
+        raise WebSocketException(BAD, "response_format must be pcm or wav")
+    raw = start.get("prompt_audio")
+    reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
+    return fmt, SpeechInputs(
+        text="start", voice=start.get("voice"), instruct_text=start.get("instructions") or "", reference=reference,
+        transcript=start.get("prompt_text"), mode=start.get("mode"), seed=start.get("seed"),
+        speed=start.get("speed", 1.0), stream=True, owner=owner)
+
+
 # --- the socket doors' shared steps (this door and app/server/elevenlabs_ws.py) ---------------------------------
+
+
+def check_room(feed: bistream.TextFeed, text: str, max_chars: int) -> None:
+    """Refused (4400) when `text` would take the take's text past `max_chars` ([limits] max_text_chars)."""
+    if feed.n_chars + len(text) > max_chars:
+        raise WebSocketException(BAD, f"the text is over {max_chars} characters ([limits] max_text_chars)")
 
 
 async def next_json(ws: WebSocket, idle_s: float) -> dict:
