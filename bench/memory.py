@@ -79,8 +79,8 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     from app.cli import config_path, parse_sets
     from app.config import load_config
-    from app.engine.resources import ResourceProbe, kv_cache_tokens
     from app.engine.vllm_backend import EngineStartError, VLLMBackend
+    from app.service.resources import ResourceProbe, kv_cache_tokens
 
     gpu = torch.cuda.is_available()
     knob, values = ("vllm.gpu_memory_utilization", args.gpu_util) if gpu else ("vllm.cpu_kvcache_space_gib",

@@ -115,10 +115,10 @@ class InProcess:
         self.voice: Any = None
 
     async def start(self) -> None:
-        from app.engine.resources import ResourceProbe
+        from app.service.resources import ResourceProbe
 
         try:
-            from app.engine.service import StudioService
+            from app.service.service import StudioService
         except ImportError as e:  # app/model/onnx_models.py imports onnxruntime at import time
             raise SystemExit(f"the in-process service cannot be imported: {e}. Install {e.name or 'it'} here (the "
                              "offline H200: carry its wheel) or benchmark a server elsewhere with --url") from e
@@ -138,7 +138,7 @@ class InProcess:
         from app.model.frontend import VoiceFeatures
 
         if self.args.voice_npz:  # a VoiceStore file (<name>.safetensors, or an old .npz + .json) or to_arrays()
-            from app.engine.voices import VoiceStore
+            from app.service.voices import VoiceStore
 
             path = Path(self.args.voice_npz)
             if path.suffix == ".npz" and not path.with_suffix(".json").exists():
@@ -203,7 +203,7 @@ class OverHttp:
     async def start(self) -> None:
         import httpx  # lazily: not on the H200
 
-        from app.engine.resources import ResourceProbe
+        from app.service.resources import ResourceProbe
 
         n = max(self.args.conc) + 4
         self.client = httpx.AsyncClient(base_url=self.base, headers=self.headers, limits=httpx.Limits(
@@ -251,7 +251,7 @@ class OverHttp:
             local = probe_numbers(self._probe.sample())
             out.update(gpu_mem_gb=local["gpu_mem_gb"], gpu_total_gb=local["gpu_total_gb"])
         if self.args.server_pid and out.get("rss_gb") is None:
-            from app.engine.resources import _process_tree
+            from app.service.resources import _process_tree
 
             out["rss_gb"] = sum(info[1] for info in _process_tree(self.args.server_pid).values()) / GB
         return out

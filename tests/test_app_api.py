@@ -20,8 +20,8 @@ import safetensors.numpy
 import torch
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, SAMPLES_PER_TOKEN
-from app.engine.voices import VoiceError, VoiceStore, check_name
 from app.model.frontend import VoiceFeatures
+from app.service.voices import VoiceError, VoiceStore, check_name
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -127,7 +127,7 @@ def test_service_start_failure_is_reported_not_raised(tmp_path):
     import asyncio
 
     from app.config import load_config
-    from app.engine.service import NotReadyError, StudioService
+    from app.service.service import NotReadyError, StudioService
 
     service = StudioService(load_config(None, {"model.dir": str(tmp_path / "missing"),
                                                "server.voices_dir": str(tmp_path / "v")}))

@@ -18,8 +18,8 @@ from tiny_whisper import RIGGED_LANGUAGE, RIGGED_WORD, make_tiny_whisper
 
 from app.audio import load_audio
 from app.config import AsrConfig, ConfigError, load_config
-from app.engine.asr import AsrUnavailable, Transcriber
 from app.model.asr import AsrInputError, AsrModelError, WhisperAsr
+from app.service.asr import AsrUnavailable, Transcriber
 
 REPO = Path(__file__).resolve().parents[1]
 

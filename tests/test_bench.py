@@ -153,8 +153,8 @@ def test_module_imports_stay_light():
 
 @pytest.mark.slow
 def test_sweep_in_process(tiny_model_dir, tmp_path):
-    from app.engine.voices import VoiceStore
     from app.model.frontend import VoiceFeatures
+    from app.service.voices import VoiceStore
 
     g = torch.Generator().manual_seed(0)  # a saved voice made earlier (a VoiceStore pair), as on the H200
     VoiceStore(tmp_path / "voices").save("bench", VoiceFeatures(

@@ -231,8 +231,8 @@ def test_requests_spread_and_a_voice_saved_through_one_replica_works_through_the
 def test_merged_metrics_label_each_replica_and_sum_them():
     """The ingress's /metrics text from two replicas' expositions (no Ray): valid, labelled, summed."""
     from app.cluster.metrics import merge_metrics
-    from app.engine.metrics import Metrics
     from app.server.prometheus import PrometheusExporter
+    from app.service.metrics import Metrics
 
     texts = {}
     for replica, n_ok in (("a", 2), ("b", 3)):

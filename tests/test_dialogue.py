@@ -1,4 +1,4 @@
-"""Dialogue scripts (app/engine/dialogue.py): the parser, `prepare`'s checks before any audio, and the take
+"""Dialogue scripts (app/service/dialogue.py): the parser, `prepare`'s checks before any audio, and the take
 itself: a two-voice script through the Synthesizer is, sample for sample, the two turns spoken alone (the
 official segment joins: each sentence its own LM request, seed + its index, and token->wave stream)."""
 
@@ -13,13 +13,13 @@ import pytest
 from test_pipeline import EN_PROMPT, collect, make_synth
 
 from app.config import load_config
-from app.engine.dialogue import ScriptTurn, parse_script, speakers
-from app.engine.inputs import InputError
-from app.engine.metrics import Metrics
 from app.engine.pipeline import EmptyTextError
-from app.engine.prepare import SpeechInputs, prepare
 from app.engine.requests import SynthesisRequest, Turn
-from app.engine.voices import VoiceStore
+from app.service.dialogue import ScriptTurn, parse_script, speakers
+from app.service.inputs import InputError
+from app.service.metrics import Metrics
+from app.service.prepare import SpeechInputs, prepare
+from app.service.voices import VoiceStore
 
 ZH_PROMPT = "今天天气很好，我们一起去公园散步吧。"  # assets/examples.json: prompt_zh.wav
 
@@ -122,8 +122,8 @@ def test_prepare_resolves_speakers_and_refuses_unknown_ones(tiny, tmp_path):
 
 def test_the_unknown_speaker_message_reads_in_chinese_too():
     """The page says the same refusal in Chinese (its key, app/ui/locales/messages.toml), with the names kept."""
-    from app.engine.prepare import load_voice
-    from app.engine.voices import VoiceError
+    from app.service.prepare import load_voice
+    from app.service.voices import VoiceError
     from app.ui.i18n import say
 
     def refused(names: list[str]) -> InputError:  # a script's [carol] where the owner's voices are `names`

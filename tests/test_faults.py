@@ -108,7 +108,7 @@ def test_auth_setting_is_checked():
 def test_out_of_memory_is_recognised():
     import torch
 
-    from app.engine.take_end import is_out_of_memory
+    from app.service.take_end import is_out_of_memory
 
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     try:
@@ -126,7 +126,7 @@ def test_until_stopped_leaves_no_chunk_running():
     the take's generator closed too (its finally, which aborts the LM request, has run), never running."""
     import contextlib
 
-    from app.engine.take_end import until_stopped
+    from app.service.take_end import until_stopped
 
     async def scenario() -> None:
         closed: list[str] = []
@@ -237,10 +237,10 @@ def test_out_of_memory_is_refused_with_advice_and_next_request_works(tiny_model_
 
     from app.config import CONFIG_DIR, load_config
     from app.engine.requests import SynthesisRequest
-    from app.engine.service import OOM_ADVICE, GpuOutOfMemoryError, StudioService
     from app.model.token2wav import Token2WavStream
     from app.server.errors import ApiError
     from app.server.speech import speech_response
+    from app.service.service import OOM_ADVICE, GpuOutOfMemoryError, StudioService
     from app.ui.handlers import Handlers
 
     cfg = load_config(CONFIG_DIR / "cpu.toml", {"model.dir": str(tiny_model_dir), "engine.backend": "torch",

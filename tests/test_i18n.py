@@ -19,8 +19,8 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
 from tiny_whisper import RIGGED_WORD
 
 from app.config import LimitsConfig
-from app.engine.inputs import check_instruct
 from app.model.tokenizer import SPECIAL_TOKENS
+from app.service.inputs import check_instruct
 from app.ui import i18n
 from app.ui.panels import catalog
 from app.ui.presets import PRESETS, apply_preset, preset_choices
@@ -55,8 +55,8 @@ def test_every_label_and_message_has_chinese():
 def test_every_line_the_page_shows_is_translated():
     """The stats line under both players (from the take's details), in Chinese for a Chinese page, the same
     English for an API client; the numbers are kept, the mode named as the Mode radio names it."""
-    from app.engine.metrics import RequestRecord
     from app.engine.requests import RequestStats
+    from app.service.metrics import RequestRecord
     from app.ui.takes import stopped_take, take_line
 
     stats = RequestStats(ttfa_ms=123.4, wall_s=1.0, audio_s=2.0, n_tokens=25, n_segments=1, n_chunks=2, lm_s=0.1,
@@ -131,8 +131,8 @@ def test_engine_messages_translate():
     """What the engine raises is said in Chinese by its key, its fields kept (a field that is a message said too);
     English as raised for API clients; any other text as it is."""
     from app.config import load_config
-    from app.engine.inputs import InputError, check_seed, check_text
-    from app.engine.service import NotReadyError, StudioService
+    from app.service.inputs import InputError, check_seed, check_text
+    from app.service.service import NotReadyError, StudioService
 
     for call, part in ((lambda: check_text(" ", 10), "请输入要朗读的文本"),
                        (lambda: check_text("a" * 11, 10), "文本有 11 个字符，上限为 10"),
@@ -177,7 +177,7 @@ def test_lang_of_request():
 def test_panel_chart_titles_follow_the_page_language():
     """A panel tick redraws the four charts with titles in the page's language (a service not started yet)."""
     from app.config import load_config
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui.panels import refresh
 
     CHART_TITLES = catalog()["chart_titles"]
@@ -197,7 +197,7 @@ def test_panels_speak_the_pages_language():
     stopped request's row too); in English the same panels as the tests and docs read them."""
     from app.config import load_config
     from app.engine.requests import RequestStats
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui.panels import refresh
 
     service = StudioService(load_config())
@@ -229,7 +229,7 @@ def test_panel_legends_stay_categories_in_both_languages():
     that turned numeric made the browser draw a "NaN" gradient legend and no bars, even once requests came."""
     from app.config import load_config
     from app.engine.requests import RequestStats
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui.panels import refresh
 
     service = StudioService(load_config())
@@ -271,7 +271,7 @@ def test_the_switch_relabels_every_translated_text_from_the_server():
     showing a gr.I18n text is relabeled, in both languages, and the page's JS imports nothing. A Gradio upgrade
     that keeps gr.I18n texts where the relabeler does not look fails here."""
     from app.config import load_config
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui.lang_switch import TEXT_PROPS, lang_load_js, lang_switch_js, relabeler
     from app.ui.layout import build_demo
 

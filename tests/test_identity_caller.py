@@ -11,8 +11,8 @@ import gradio.oauth
 from starlette.testclient import TestClient
 
 from app.config import load_config
-from app.engine.owners import NOBODY, Caller, Owner
 from app.server.identity import CALLER_KEY, SESSION_COOKIE, Identity, caller_of, page_caller, session_user
+from app.service.owners import NOBODY, Caller, Owner
 
 
 def _identity(tmp_path, **sets) -> Identity:

@@ -1,6 +1,6 @@
 """Every bad input gets a clear message and the service keeps serving (issue 6, item 1).
 
-First the shared checks on their own (app/engine/inputs.py, app/audio.py, the reference checks in
+First the shared checks on their own (app/service/inputs.py, app/audio.py, the reference checks in
 app/model/frontend.py, on a tiny random model); then one studio server (`python app.py`, tiny model,
 real vLLM CPU engine) through which every case goes twice: by the Gradio API (`/synthesize`) and by
 the HTTP API (`POST /v1/voices` for audio, `POST /v1/audio/speech` for text), each asserting the
@@ -26,8 +26,8 @@ from studio import save_voice
 
 from app.audio import MAX_DECODE_SECONDS, AudioError, decode_audio, load_audio
 from app.config import LimitsConfig
-from app.engine import inputs
-from app.engine.inputs import MAX_SEED, InputError
+from app.service import inputs
+from app.service.inputs import MAX_SEED, InputError
 
 TRANSCRIPT = "Hello there, how are you today?"
 SHORT = "Hi there."

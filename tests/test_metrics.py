@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine import resources as metrics_mod
-from app.engine.metrics import OUTCOMES, Metrics
 from app.engine.requests import RequestStats
-from app.engine.resources import NO_GPU_NOTE, vllm_gauges
+from app.service import resources as metrics_mod
+from app.service.metrics import OUTCOMES, Metrics
+from app.service.resources import NO_GPU_NOTE, vllm_gauges
 
 
 def stats(i: int, **kw) -> RequestStats:

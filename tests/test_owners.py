@@ -22,8 +22,8 @@ import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_app_api import _voice
 
-from app.engine.owners import ADMIN, OwnedVoices, Owner, owner_dir
-from app.engine.voices import VoiceError
+from app.service.owners import ADMIN, OwnedVoices, Owner, owner_dir
+from app.service.voices import VoiceError
 
 # --- the store -------------------------------------------------------------------------------------
 
@@ -210,7 +210,7 @@ def test_signed_in_users_keep_their_voices_apart(tiny_model_dir, tmp_path):
     import gradio as gr
 
     from app.config import CONFIG_DIR, load_config
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui.handlers import Handlers
 
     cfg = load_config(CONFIG_DIR / "cpu.toml", {"model.dir": str(tiny_model_dir), "engine.backend": "torch",

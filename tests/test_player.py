@@ -39,8 +39,8 @@ import pytest
 from studio import NO_WEB_AUDIO, fill_take, run_studio
 from test_browser import CHROMIUM, CHROMIUM_ARGS, RECORD_AUDIO_EVENTS, _need, stop_while_made
 
-from app.engine.metrics import Metrics
 from app.engine.requests import RequestStats, SynthesisRequest
+from app.service.metrics import Metrics
 from app.ui.panels import REQUEST_ID_CHARS
 from app.ui.takes import notes_markdown, take_line
 

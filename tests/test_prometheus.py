@@ -21,9 +21,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine.metrics import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, Metrics
 from app.engine.requests import RequestStats
 from app.server.prometheus import PrometheusExporter
+from app.service.metrics import RTF_BUCKETS, STAGE_BUCKETS_S, TTFA_BUCKETS_S, Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
@@ -166,7 +166,7 @@ def test_default_registry_appended_without_collisions():
 def test_gpu_and_service_gauges(monkeypatch, tmp_path):
     """GPU gauges from a fake NVML (in bytes, by device); the service's readiness and info before start."""
     from app.config import load_config
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
 
     child = subprocess.Popen(["VLLM::EngineCore", "-c", "import time; time.sleep(30)"], executable=sys.executable)
     try:

@@ -1,4 +1,4 @@
-"""One reading of refusals for every door (app/engine/refusals.py): the HTTP doors' status, code,
+"""One reading of refusals for every door (app/service/refusals.py): the HTTP doors' status, code,
 Retry-After and field, and the page's pop-up title and message, from the same `Refusal`; a bug is no
 refusal and propagates from both."""
 
@@ -9,18 +9,18 @@ import logging
 import gradio as gr
 import pytest
 
-from app.engine.admission import BusyError
-from app.engine.fair_share import ShareError
-from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
-from app.engine.refusals import ENGINE_RETRY_AFTER_S, RETRY_AFTER_S, refusal
-from app.engine.service import OOM_ADVICE, EngineDeadError, GpuOutOfMemoryError, NotReadyError
-from app.engine.voice_file import VoiceFileError
-from app.engine.voices import VoiceError
 from app.server.errors import ApiError
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error
 from app.server.studio_stream import STUDIO_PARAMS
+from app.service.admission import BusyError
+from app.service.fair_share import ShareError
+from app.service.inputs import InputError
+from app.service.refusals import ENGINE_RETRY_AFTER_S, RETRY_AFTER_S, refusal
+from app.service.service import OOM_ADVICE, EngineDeadError, GpuOutOfMemoryError, NotReadyError
+from app.service.voice_file import VoiceFileError
+from app.service.voices import VoiceError
 from app.ui.handlers import page_error
 
 CASES = [  # raised, (status, code, title, Retry-After s, prepare's field)
@@ -72,7 +72,7 @@ def test_a_bug_is_no_refusal_and_propagates_from_every_door():
         page_error(bug)
 
 
-VOICE_CASES = [  # the voice door's refusals (app/engine/voice_door.py): raised, (status, code, title, field)
+VOICE_CASES = [  # the voice door's refusals (app/service/voice_door.py): raised, (status, code, title, field)
     (VoiceError("a voice named 'fox' exists already; delete it first or choose another name", code="exists"),
      (409, "voice_exists", "Name taken", "name")),
     (VoiceError("no saved voice named 'fox'", code="not_found"), (404, "voice_not_found", "Error", "voice")),

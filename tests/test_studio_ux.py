@@ -179,7 +179,7 @@ def test_a_stopped_request_keeps_its_stats_in_the_panels(tiny_model_dir, tmp_pat
     import gradio as gr
 
     from app.config import CONFIG_DIR, load_config
-    from app.engine.service import StudioService
+    from app.service.service import StudioService
     from app.ui import handlers
     from app.ui.i18n import LANG_COOKIE
     from app.ui.panels import table_frame

@@ -1,4 +1,4 @@
-"""A take's sentence timings while it streams (app/engine/take_timings.py): each sentence aligned once its last
+"""A take's sentence timings while it streams (app/service/take_timings.py): each sentence aligned once its last
 chunk has passed, before the take ends, with the offsets `Aligner.take` gives the whole take; a sentence without
 audio; an unavailable aligner's one note; a take that ends without its final chunk. The aligner is the random
 tiny Whisper of tests/tiny_whisper.py on the example recordings (no download)."""
@@ -15,9 +15,9 @@ from tiny_whisper import make_tiny_whisper
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
-from app.engine.take_timings import SentenceTimer
-from app.engine.timings import Aligner, SentenceTimings
 from app.model.words import split_words
+from app.service.take_timings import SentenceTimer
+from app.service.timings import Aligner, SentenceTimings
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EN = "The quick brown fox jumps over the lazy dog."

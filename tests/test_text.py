@@ -92,7 +92,7 @@ def test_shared_frontend_across_threads(tokenizer, text_json):
 
 @pytest.mark.parity
 def test_encode_matches_specials(tokenizer):
-    """Special-token strings become their ids (user text loses them before: app/engine/inputs.py,
+    """Special-token strings become their ids (user text loses them before: app/service/inputs.py,
     tests/test_inputs.py::test_special_tokens_never_reach_the_lm_input), and decode drops them."""
     text = "You are a helpful assistant.<|endofprompt|>[breath]Hi"
     specials = set(tokenizer.special_token_ids.values())

@@ -20,10 +20,10 @@ from tiny_whisper import make_tiny_whisper
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
-from app.engine.subtitles import MAX_CUE_CHARS, cues, to_srt, to_vtt
-from app.engine.timings import Aligner, AlignerUnavailable, TakeTimings, WordTiming, place_words, sentences_of
 from app.model.align import AlignedWords, WhisperAligner, dtw
 from app.model.words import WordSpan, split_words
+from app.service.subtitles import MAX_CUE_CHARS, cues, to_srt, to_vtt
+from app.service.timings import Aligner, AlignerUnavailable, TakeTimings, WordTiming, place_words, sentences_of
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EN = "The quick brown fox jumps over the lazy dog."  # fits the tiny decoder's 60 token places
@@ -190,7 +190,7 @@ def test_unavailable_aligner_says_why_once(monkeypatch, caplog):
 
     async def main():
         off = Aligner(AsrConfig(model_id="openai/whisper-tiny-never-cached"))
-        with caplog.at_level(logging.WARNING, logger="app.engine.timings"):
+        with caplog.at_level(logging.WARNING, logger="app.service.timings"):
             for _ in range(2):
                 with pytest.raises(AlignerUnavailable, match="word timings are unavailable: cannot download"):
                     await off.take([("hello", wave)])

@@ -1,4 +1,4 @@
-"""Voices as `.cvvoice` files (app/engine/voice_file.py): the format's reader on made-up voices and bad files
+"""Voices as `.cvvoice` files (app/service/voice_file.py): the format's reader on made-up voices and bad files
 (no server), then one `python app.py` (tiny model, private scope, a 1 MB upload limit) for export and import
 through /v1/voices and the page's Gradio API: round trips, refusals that write nothing, owners kept apart.
 """
@@ -17,7 +17,7 @@ import safetensors.numpy
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_app_api import _voice
 
-from app.engine.voice_file import (
+from app.service.voice_file import (
     ARRAY_DTYPES,
     MAX_MEMBER_BYTES,
     MEDIA_TYPE,
@@ -27,7 +27,7 @@ from app.engine.voice_file import (
     import_voice,
     read_voice_file,
 )
-from app.engine.voices import VoiceError, VoiceStore
+from app.service.voices import VoiceError, VoiceStore
 
 FP = "0123456789abcdef"
 MAX_BYTES = 1 << 20

@@ -113,9 +113,9 @@ def add_forward_route(api: FastAPI, cfg: Config, replicas: Any) -> None:
     """/v1/*: to one replica, retried on another while replicas are gone before answering."""
     import ray.exceptions
 
-    from app.engine.refusals import RETRY_AFTER_S
     from app.server.errors import ApiError, error_response
     from app.server.openai_api import BODY_SLACK_BYTES
+    from app.service.refusals import RETRY_AFTER_S
 
     gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone
     max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Config
-from app.engine.fair_share import FairShare
-from app.engine.metrics import Metrics, RequestRecord
-from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import NotReadyError, public_facts
+from app.service.fair_share import FairShare
+from app.service.metrics import Metrics, RequestRecord
+from app.service.owners import NOBODY, Caller, OwnedVoices
+from app.service.service import NotReadyError, public_facts
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ClusterService:
         self._task_error = ray.exceptions.RayTaskError
         self.metrics = Metrics()  # the page's requests, finished with the replicas' records (`add`)
         self.asr = ClusterAsr(self)
-        # the shared store, owners and all (app/engine/owners.py); fingerprint: the replicas', once one answered
+        # the shared store, owners and all (app/service/owners.py); fingerprint: the replicas', once one answered
         self.voices = OwnedVoices(cfg.server.voices_dir, cfg.voices.resolved(cfg.server),
                                   cfg.limits.max_transcript_chars)
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # the page's clients, as on one server

@@ -26,8 +26,8 @@ class StudioReplica:
         import ray
         from ray import serve
 
-        from app.engine.service import StudioService
         from app.server.main import build_api
+        from app.service.service import StudioService
 
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.node = ray.util.get_node_ip_address()

@@ -11,7 +11,7 @@ from app.config.base import ConfigError
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """What one request may ask for; beyond it the input is refused with a message (app/engine/prepare.py)."""
+    """What one request may ask for; beyond it the input is refused with a message (app/service/prepare.py)."""
 
     max_text_chars: int = 2000  # the text to speak
     max_transcript_chars: int = 1000  # a reference's transcript (a 30 s reference has ~150 words)
@@ -118,7 +118,7 @@ class ServerConfig:
         return self.host not in LOCAL_HOSTS
 
     @property
-    def admin_owners(self) -> frozenset[str]:  # admin_users as owner ids (app/engine/owners.py)
+    def admin_owners(self) -> frozenset[str]:  # admin_users as owner ids (app/service/owners.py)
         return frozenset(filter(None, (u.strip() for u in self.admin_users.split(","))))
 
     @property
@@ -161,7 +161,7 @@ def auth_pairs(auth: str, key: str = "server.auth", shape: str = "user:password"
 
 
 @dataclass(frozen=True)
-class VoicesConfig:  # who sees a saved voice (app/engine/owners.py)
+class VoicesConfig:  # who sees a saved voice (app/service/owners.py)
     scope: str = "auto"  # "private": each owner their own | "shared": one store for all | "auto" (see `resolved`)
 
     def __post_init__(self) -> None:
@@ -189,7 +189,7 @@ class UIConfig:
 
 @dataclass(frozen=True)
 class AsrConfig:
-    """Whisper transcription of a reference clip whose transcript is blank (app/engine/asr.py)."""
+    """Whisper transcription of a reference clip whose transcript is blank (app/service/asr.py)."""
 
     enabled: bool = True  # False: a blank transcript means cross-lingual mode, as without a model
     model_id: str = "openai/whisper-large-v3-turbo"  # a Hub repo (downloaded on first use, cached) or a folder

@@ -1,1 +1,1 @@
-"""Concurrency and streaming around the model: LM backends, token-to-wave scheduling, pipeline."""
+"""Synthesis: LM backends, text that streams in, token->wave scheduling and the pipeline of one request."""

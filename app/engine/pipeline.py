@@ -15,7 +15,6 @@ import torch
 from app.config import Config
 from app.engine.call_sizing import CallBudget
 from app.engine.flow_budget import FlowBudget, pool_bytes
-from app.engine.inputs import ENDOFPROMPT
 from app.engine.lm_backend import LMRequest, SpeechTokenSource
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest, Turn
 from app.engine.t2w_scheduler import Token2WavScheduler
@@ -29,7 +28,7 @@ from app.model.flow.prompt_cache import PromptCache
 from app.model.flow.work import FlowWork
 from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
-from app.model.llm import build_lm_ids
+from app.model.llm import ENDOFPROMPT, build_lm_ids
 from app.model.loader import CosyVoice2Model
 from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
 

@@ -16,7 +16,7 @@ MODES: tuple[Mode, ...] = ("zero_shot", "cross_lingual", "instruct")
 
 @dataclass(frozen=True)
 class Turn:
-    """One speaker's part of a dialogue (app/engine/dialogue.py): `text` spoken in `voice`."""
+    """One speaker's part of a dialogue (app/service/dialogue.py): `text` spoken in `voice`."""
 
     text: str
     voice: VoiceFeatures

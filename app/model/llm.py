@@ -26,6 +26,7 @@ SOS_ROW, TASK_ID_ROW = 0, 1  # rows of llm_embedding
 # The prompt's id space, one table: speech tokens [0, 6564) padded to SPEECH_ID_ROWS (a multiple of 64),
 # then sos and task_id, then the text vocabulary from TEXT_ID_OFFSET. Sampled ids stay speech tokens.
 SPEECH_ID_ROWS = 6592
+ENDOFPROMPT = "<|endofprompt|>"  # ends an instruction (CosyVoice2 instruct mode); the pipeline appends it
 SOS_ID, TASK_ID_ID = SPEECH_ID_ROWS + SOS_ROW, SPEECH_ID_ROWS + TASK_ID_ROW
 TEXT_ID_OFFSET = SPEECH_ID_ROWS + 2
 

@@ -24,14 +24,14 @@ from fastapi import APIRouter, WebSocket, WebSocketException
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine import bistream
-from app.engine.owners import Caller
-from app.engine.prepare import Prepared, SpeechInputs
-from app.engine.service import StudioService
-from app.engine.take_timings import SentenceTimer, Timing
-from app.engine.timings import SentenceTimings
 from app.server.identity import Identity, caller_of
 from app.server.speech import prepare_or_raise
 from app.server.ws_speech import BAD, UNAUTHORIZED, check_room, next_json, serve_socket, speak_arriving
+from app.service.owners import Caller
+from app.service.prepare import Prepared, SpeechInputs
+from app.service.service import StudioService
+from app.service.take_timings import SentenceTimer, Timing
+from app.service.timings import SentenceTimings
 
 PCM_RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # `pcm_<rate>`: s16le mono, resampled from 24 kHz
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default; mp3 is sent at 24 kHz (its frames say so)

@@ -19,7 +19,7 @@ from starlette.requests import HTTPConnection
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.config import Config, ServerConfig
-from app.engine.owners import NOBODY, Caller, Owner
+from app.service.owners import NOBODY, Caller, Owner
 
 log = logging.getLogger(__name__)
 CALLER_KEY = "studio_caller"  # the request's ASGI state key of its Caller

@@ -14,7 +14,6 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from app.config import Config
-from app.engine.service import ASSETS_DIR, StudioService
 from app.server.early_script import EarlyScript
 from app.server.elevenlabs_ws import elevenlabs_router
 from app.server.errors import install_error_handlers
@@ -26,6 +25,7 @@ from app.server.origins import add_cors
 from app.server.prometheus import add_metrics_route
 from app.server.studio_stream import PageStreams, add_studio_routes
 from app.server.ws_speech import ws_router
+from app.service.service import ASSETS_DIR, StudioService
 
 
 def build_server(cfg: Config):

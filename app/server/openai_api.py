@@ -11,15 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
-from app.engine.inputs import MAX_SEED, SPEED_RANGE
-from app.engine.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
-from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError, error_response, error_responses
 from app.server.identity import Identity, caller_of
 from app.server.limits import bearer_auth
 from app.server.speech import Tap, map_error, no_tap, prepare_or_raise, speech_response
 from app.server.sse_speech import sse_response
 from app.server.voices_api import NAME_MAX_CHARS, voices_router
+from app.service.inputs import MAX_SEED, SPEED_RANGE
+from app.service.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
+from app.service.service import NotReadyError, StudioService
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -43,7 +43,7 @@ class VoiceRef(BaseModel):
 
 def speech_body(lim: LimitsConfig) -> type[BaseModel]:
     """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens, dialogue), whose
-    schema states the configured limits (checked in app/engine/prepare.py, with messages that say what to do; the
+    schema states the configured limits (checked in app/service/prepare.py, with messages that say what to do; the
     body's size is capped by `capped_route`)."""
 
     class SpeechRequest(BaseModel):

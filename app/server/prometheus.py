@@ -10,10 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from app.engine.metrics import Metrics
-from app.engine.resources import MIB
-from app.engine.service import StudioService
 from app.server.identity import caller_of
+from app.service.metrics import Metrics
+from app.service.resources import MIB
+from app.service.service import StudioService
 
 PREFIX = "cosyvoice_"
 MODEL_NAME_RE = re.compile(r'model_name="(?:[^"\\]|\\.)*"')

@@ -12,13 +12,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
-from app.engine.inputs import InputError
-from app.engine.owners import NOBODY, Caller
-from app.engine.prepare import Prepared, SpeechInputs, prepare
-from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk, SynthesisRequest
-from app.engine.service import NotReadyError, StudioService
 from app.server.errors import ApiError
+from app.service.inputs import InputError
+from app.service.owners import NOBODY, Caller
+from app.service.prepare import Prepared, SpeechInputs, prepare
+from app.service.refusals import refusal
+from app.service.service import NotReadyError, StudioService
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -40,7 +40,7 @@ def pcm_bytes(chunk: AudioChunk) -> bytes:
 
 
 def map_error(e: BaseException, params: dict[str, str] | None = None) -> ApiError:
-    """ApiError for what `prepare` or a synthesis raises before its first chunk (app/engine/refusals.py);
+    """ApiError for what `prepare` or a synthesis raises before its first chunk (app/service/refusals.py);
     `params` maps prepare's field names to the door's. Not a refusal: `e` is raised again."""
     r = refusal(e)
     if r is None:

@@ -13,10 +13,10 @@ from dataclasses import asdict
 
 from fastapi.responses import Response, StreamingResponse
 
-from app.engine.prepare import Prepared
-from app.engine.service import StudioService
-from app.engine.take_timings import SentenceTimer, Timing
 from app.server.speech import ClosingStreamingResponse, Tap, no_tap
+from app.service.prepare import Prepared
+from app.service.service import StudioService
+from app.service.take_timings import SentenceTimer, Timing
 
 MEDIA_TYPE = "text/event-stream"
 # the byte stream's headers an SSE response keeps (its Content-Type and any Content-Length are the events')

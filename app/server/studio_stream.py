@@ -14,12 +14,12 @@ from fastapi import APIRouter, FastAPI, Request
 from gradio.utils import get_upload_folder
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine.prepare import SpeechInputs
-from app.engine.service import ASSETS_DIR, StudioService
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
+from app.service.prepare import SpeechInputs
+from app.service.service import ASSETS_DIR, StudioService
 from app.ui.i18n import lang_of, say
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
@@ -37,7 +37,7 @@ class StudioSpeech(BaseModel):
     instruct_text: str | None = Field(None, max_length=10_000)
     voice: str | None = Field(None, max_length=200)
     seed: float | None = None
-    dialogue: bool = False  # `text` is a script: "[alice] … [bob] …" (app/engine/dialogue.py)
+    dialogue: bool = False  # `text` is a script: "[alice] … [bob] …" (app/service/dialogue.py)
 
 
 def reference_path(raw: str) -> Path:

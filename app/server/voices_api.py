@@ -1,4 +1,4 @@
-"""The /v1 saved-voice routes, each caller's own voices (app/engine/owners.py; docs/design.md)."""
+"""The /v1 saved-voice routes, each caller's own voices (app/service/owners.py; docs/design.md)."""
 
 # no `from __future__ import annotations`: the form fields' annotations use the configured limit (a local)
 
@@ -12,17 +12,17 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
-from app.engine import voice_door
-from app.engine.inputs import InputError
-from app.engine.service import NotReadyError, StudioService
-from app.engine.voice_file import MEDIA_TYPE, SUFFIX
-from app.engine.voices import VoiceError, VoiceInfo
 from app.server.errors import ApiError, error_responses
 from app.server.identity import caller_of
 from app.server.speech import map_error
+from app.service import voice_door
+from app.service.inputs import InputError
+from app.service.service import NotReadyError, StudioService
+from app.service.voice_file import MEDIA_TYPE, SUFFIX
+from app.service.voices import VoiceError, VoiceInfo
 
 TRANSCRIPT_HARD_CAP = 10_000  # characters a form field may carry at all; the configured limit is checked below
-NAME_MAX_CHARS = 64  # app/engine/voices.py NAME_RE's limit (a name field is checked by check_name too)
+NAME_MAX_CHARS = 64  # app/service/voices.py NAME_RE's limit (a name field is checked by check_name too)
 VOICE_PARAMS = {"voice": "voice_id", "reference": "audio", "prompt_text": "transcript"}  # the engine's -> ours
 
 
@@ -36,7 +36,7 @@ def voice_json(info: VoiceInfo, admin: bool) -> dict:
 
 @contextlib.contextmanager
 def refused() -> Iterator[None]:
-    """The voice door's refusals (app/engine/refusals.py) as /v1 errors; a taken name says how to replace it."""
+    """The voice door's refusals (app/service/refusals.py) as /v1 errors; a taken name says how to replace it."""
     try:
         yield
     except (InputError, VoiceError, NotReadyError) as e:

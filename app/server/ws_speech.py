@@ -16,17 +16,17 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect, WebSocketExceptio
 from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine import bistream
-from app.engine.owners import Caller, Owner
-from app.engine.prepare import Prepared, SpeechInputs
-from app.engine.refusals import refusal
 from app.engine.requests import AudioChunk
-from app.engine.service import StudioService
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
 from app.server.limits import SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED, SOCKET_UNAUTHORIZED
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
+from app.service.owners import Caller, Owner
+from app.service.prepare import Prepared, SpeechInputs
+from app.service.refusals import refusal
+from app.service.service import StudioService
 
 log = logging.getLogger(__name__)
 START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}

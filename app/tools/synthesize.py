@@ -16,9 +16,9 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, wav_bytes
 from app.cli import add_config_args, config_from_cli
-from app.engine.prepare import SpeechInputs, prepare
 from app.engine.requests import MODES
-from app.engine.service import StudioService
+from app.service.prepare import SpeechInputs, prepare
+from app.service.service import StudioService
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -18,18 +18,18 @@ import gradio as gr
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
-from app.engine import voice_door
-from app.engine.asr import AsrUnavailable
-from app.engine.inputs import InputError, check_transcript
-from app.engine.owners import Caller
-from app.engine.prepare import HEARD_NOTHING_NOTE, SpeechInputs, prepare
-from app.engine.refusals import refusal
-from app.engine.service import NotReadyError, StudioService
-from app.engine.voice_file import SUFFIX
-from app.engine.voices import VoiceError
 from app.message import Message, said_without
 from app.server.identity import caller_of, page_caller
 from app.server.limits import ARRIVAL_KEY
+from app.service import voice_door
+from app.service.asr import AsrUnavailable
+from app.service.inputs import InputError, check_transcript
+from app.service.owners import Caller
+from app.service.prepare import HEARD_NOTHING_NOTE, SpeechInputs, prepare
+from app.service.refusals import refusal
+from app.service.service import NotReadyError, StudioService
+from app.service.voice_file import SUFFIX
+from app.service.voices import VoiceError
 from app.ui.i18n import error, lang_of, say, t, title_in
 from app.ui.stop import StopSignal, until_stopped
 from app.ui.takes import stopped_take, take_line, wav_name
@@ -73,7 +73,7 @@ def live_playback() -> bool:
 
 
 def page_error(e: Exception, lang: str = "en") -> gr.Error:
-    """A refusal (app/engine/refusals.py) as the page's pop-up in `lang`: its title and message, no traceback in
+    """A refusal (app/service/refusals.py) as the page's pop-up in `lang`: its title and message, no traceback in
     the log (one line for a refused input); `e` itself when it is not a refusal (a bug: Gradio logs it)."""
     r = refusal(e)
     if r is None:

@@ -15,9 +15,9 @@ from typing import Any
 import gradio as gr
 
 from app.config import Config
-from app.engine.inputs import MAX_SEED
-from app.engine.service import ASSETS_DIR, StudioService
-from app.engine.voice_file import SUFFIX
+from app.service.inputs import MAX_SEED
+from app.service.service import ASSETS_DIR, StudioService
+from app.service.voice_file import SUFFIX
 from app.ui import hidden_element, history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
@@ -135,7 +135,7 @@ def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
         ui.lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
                            scale=0, min_width=200)
         # a Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): Hugging Face sign-in, voices
-        # are the signed-in user's (app/engine/owners.py). Nowhere else: off a Space, Gradio's LoginButton logs in
+        # are the signed-in user's (app/service/owners.py). Nowhere else: off a Space, Gradio's LoginButton logs in
         # with this machine's token
         if os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"):
             gr.LoginButton(scale=0, min_width=160, elem_id="login")

@@ -10,8 +10,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.engine.resources import NO_GPU_NOTE
-from app.engine.service import Studio
+from app.service.resources import NO_GPU_NOTE
+from app.service.service import Studio
 from app.ui.handlers import viewer
 from app.ui.i18n import lang_of, locale, say
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.engine.service import StudioService
+from app.service.service import StudioService
 from app.ui import ui_text
 from app.ui.i18n import lang_of
 from app.ui.takes import stopped_take, take_line

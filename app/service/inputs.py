@@ -13,7 +13,6 @@ from app.message import Message
 
 MAX_SEED = 2**31 - 1
 SPEED_RANGE = (0.5, 2.0)
-ENDOFPROMPT = "<|endofprompt|>"
 # the tokenizer's special tokens (<|endofprompt|>, <|im_start|>, ...): typed into the text, the
 # transcript or the instruction they would steer the LM (end the prompt early, fake an instruction),
 # so they are removed; the pipeline appends the one <|endofprompt|> an instruction needs itself.
@@ -27,7 +26,7 @@ _DROPPED_CATEGORIES = ("Cc", "Cf", "Cs")
 
 
 class InputError(ValueError):
-    """A user input is unusable; `str(e)` says why and what to do, `param` names the field (app/engine/prepare.py's
+    """A user input is unusable; `str(e)` says why and what to do, `param` names the field (app/service/prepare.py's
     names: text, voice, reference, prompt_text, ...; each door maps them to its own), `code` the kind."""
 
     def __init__(self, message: str, param: str | None = None, *, code: str = "invalid_value") -> None:

@@ -1,5 +1,5 @@
 """The one door to a caller's saved voices (save, import, export, delete) for the HTTP routes and the page.
-Each raises what app/engine/refusals.py reads (`VoiceError`, `InputError`, `NotReadyError`); doors render it."""
+Each raises what app/service/refusals.py reads (`VoiceError`, `InputError`, `NotReadyError`); doors render it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-from app.engine import inputs
-from app.engine.owners import Owner
-from app.engine.prepare import reference_voice
-from app.engine.voice_file import export_voice, import_voice
-from app.engine.voices import VoiceError, VoiceInfo, check_name
+from app.service import inputs
+from app.service.owners import Owner
+from app.service.prepare import reference_voice
+from app.service.voice_file import export_voice, import_voice
+from app.service.voices import VoiceError, VoiceInfo, check_name
 
 Upload = Callable[[], Awaitable[bytes]]  # read only once the cheap checks (ready, name, transcript) have passed
 

@@ -7,7 +7,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 
-from app.engine.metrics import Metrics
+from app.service.metrics import Metrics
 
 RETRY_AFTER_S = 5  # a synthesis of this client's usually ends within seconds
 

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
 NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
 # one format for a stored voice and an exported one: safetensors, the arrays as tensors, the rest as
-# str -> str metadata (version 1 was a zip of .npy files, app/engine/voice_file.py still imports it)
+# str -> str metadata (version 1 was a zip of .npy files, app/service/voice_file.py still imports it)
 FORMAT_NAME, FORMAT_VERSION, SUFFIX = "cosyvoice2-voice", 2, ".safetensors"
 ARRAY_DTYPES = {"prompt_text_ids": np.dtype("<i4"), "speech_tokens": np.dtype("<i4"),
                 "speech_mel": np.dtype("<f4"), "embedding": np.dtype("<f4")}
@@ -45,7 +45,7 @@ class VoiceError(ValueError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)
         # invalid_name | invalid_transcript | not_found | exists | other_model | damaged
-        # (VoiceFileError, app/engine/voice_file.py, adds its own)
+        # (VoiceFileError, app/service/voice_file.py, adds its own)
         self.code = code
 
     def __reduce__(self):  # unpickling calls type(self)(*args): code is keyword-only, so pass it along
@@ -61,7 +61,7 @@ class VoiceInfo:
     prompt_seconds: float  # length of the reference, from its speech tokens (25 Hz)
     created: float  # unix time
     model_fingerprint: str
-    owner: str = ""  # who saved it (app/engine/owners.py); "" = saved before voices had owners
+    owner: str = ""  # who saved it (app/service/owners.py); "" = saved before voices had owners
 
     def to_dict(self) -> dict:
         return asdict(self)

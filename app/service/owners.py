@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.voices import VoiceInfo, VoiceStore
+from app.service.voices import VoiceInfo, VoiceStore
 
 OWNER_DIR_PREFIX = "o-"
 

@@ -1,5 +1,5 @@
 """How a take ends early: the page's Stop (the take's stream ends when it arrives), or a failure that is the
-GPU's memory running out (refused, and the server keeps serving: app/engine/service.py)."""
+GPU's memory running out (refused, and the server keeps serving: app/service/service.py)."""
 
 from __future__ import annotations
 

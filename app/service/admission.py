@@ -11,8 +11,8 @@ import time
 from collections.abc import AsyncIterator
 
 from app.config import ServerConfig
-from app.engine.metrics import Metrics
 from app.message import Message
+from app.service.metrics import Metrics
 
 
 class BusyError(RuntimeError):

@@ -15,26 +15,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from app.config import Config
-from app.engine.admission import Admission
-from app.engine.asr import Transcriber
 from app.engine.backends import make_backend
-from app.engine.fair_share import FairShare
-from app.engine.metrics import Metrics
-from app.engine.owners import NOBODY, Caller, OwnedVoices
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
-from app.engine.take_end import is_out_of_memory, until_stopped
-from app.engine.timings import Aligner
-from app.engine.voices import ClipCache
 from app.message import Message
 from app.model.frontend import VoiceFeatures
 from app.model.hparams import ModelFolderError
 from app.model.loader import CosyVoice2Model, load_model
 from app.model.source import model_fingerprint, resolve_model_dir
+from app.service.admission import Admission
+from app.service.asr import Transcriber
+from app.service.fair_share import FairShare
+from app.service.metrics import Metrics
+from app.service.owners import NOBODY, Caller, OwnedVoices
+from app.service.take_end import is_out_of_memory, until_stopped
+from app.service.timings import Aligner
+from app.service.voices import ClipCache
 
 if TYPE_CHECKING:
     from app.engine.lm_backend import SpeechTokenSource
-    from app.engine.prepare import Prepared
+    from app.service.prepare import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class StudioService:
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
-        # word timings for the doors that ask (app/engine/take_timings.py): its own eager-attention copy of the
+        # word timings for the doors that ask (app/service/take_timings.py): its own eager-attention copy of the
         # [asr] Whisper, loaded on the first aligned sentence, never at start
         self.aligner = Aligner(cfg.asr)
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
@@ -192,7 +192,7 @@ class StudioService:
                     queue_wait_s: float = 0.0, stop: asyncio.Event | None = None,
                     tokens: AsyncIterator[list[int]] | None = None
                     ) -> AsyncIterator[tuple[float, AsyncIterator[AudioChunk]]]:
-        """The one way every door speaks a prepared request: `caller.client`'s fair share (app/engine/fair_share.py;
+        """The one way every door speaks a prepared request: `caller.client`'s fair share (app/service/fair_share.py;
         "" = not counted, e.g. a replica whose ingress counted it), then the process's one admission (a slot,
         or a place in its queue: `BusyError` when full), then `stream`. Yields (queue wait s: `queue_wait_s`
         spent before this door plus the admission's, the chunks); leaving the block closes the stream

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.engine.inputs import InputError, speakable
-from app.engine.voices import NAME_RE
 from app.message import Message
 from app.model.tokenizer import SPECIAL_TOKENS
+from app.service.inputs import InputError, speakable
+from app.service.voices import NAME_RE
 
 # a speaker tag: a voice name in brackets (NAME_RE's characters); the model's own tags are told apart below
 TAG_RE = re.compile(r"\[(\w[\w-]{0,63})\]")

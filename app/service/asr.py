@@ -10,9 +10,9 @@ from pathlib import Path
 
 from app.audio import AudioError
 from app.config import AsrConfig
-from app.engine.voices import ClipCache
 from app.message import Message
 from app.model.asr import AsrInputError, AsrModelError, Transcript, WhisperAsr, fetch_asr_model
+from app.service.voices import ClipCache
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
-The file is the store's safetensors format (app/engine/voices.py); version 1 files (a zip of .npy) still
+The file is the store's safetensors format (app/service/voices.py); version 1 files (a zip of .npy) still
 import. Design notes: docs/design.md.
 """
 
@@ -20,7 +20,11 @@ import safetensors.numpy
 from safetensors import SafetensorError
 
 from app.audio import MAX_PROMPT_SECONDS, MEL_FRAMES_PER_TOKEN, N_MELS, TOKEN_RATE_HZ
-from app.engine.voices import (
+from app.message import Message
+from app.model.frontend import VoiceFeatures
+from app.model.llm import SPEECH_TOKEN_SIZE
+from app.model.onnx_models import SPEAKER_EMBED_DIM
+from app.service.voices import (
     ARRAY_DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -30,10 +34,6 @@ from app.engine.voices import (
     check_name,
     voice_bytes,
 )
-from app.message import Message
-from app.model.frontend import VoiceFeatures
-from app.model.llm import SPEECH_TOKEN_SIZE
-from app.model.onnx_models import SPEAKER_EMBED_DIM
 
 SUFFIX, MEDIA_TYPE = ".cvvoice", "application/octet-stream"
 META_MEMBER = "voice.json"  # version 1: voice.json and one .npy per array in a zip

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine.timings import WordTiming
+from app.service.timings import WordTiming
 
 MAX_CUE_CHARS = 42  # one subtitle line's usual limit (broadcast guidelines): longer runs start a new cue
 MAX_CUE_MS = 6_000  # a cue is read in this long at most

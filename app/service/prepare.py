@@ -10,14 +10,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.audio import AudioError
-from app.engine import dialogue, inputs
-from app.engine.asr import AsrUnavailable
-from app.engine.inputs import InputError
-from app.engine.owners import ANYONE, Owner
 from app.engine.requests import SynthesisRequest, Turn
-from app.engine.voices import VoiceError
 from app.message import Message, said, said_without
 from app.model.frontend import PromptAudioError, VoiceFeatures
+from app.service import dialogue, inputs
+from app.service.asr import AsrUnavailable
+from app.service.inputs import InputError
+from app.service.owners import ANYONE, Owner
+from app.service.voices import VoiceError
 
 NO_TRANSCRIPT_NOTE = Message("no_transcript", "no transcript: used cross-lingual mode (the voice without its words)")
 NO_REFERENCE = Message("no_reference", "Upload or record a reference clip, or pick a saved voice.")
@@ -39,8 +39,8 @@ class SpeechInputs:
     speed: object = 1.0
     stream: bool | None = True  # None: stream unless speed != 1.0 (speed needs the whole utterance)
     fixed_tokens: object = 0
-    owner: Owner = ANYONE  # whose saved voices `voice` names (app/engine/owners.py)
-    dialogue: bool = False  # `text` is a script of turns, `[name] …`, each a saved voice (app/engine/dialogue.py)
+    owner: Owner = ANYONE  # whose saved voices `voice` names (app/service/owners.py)
+    dialogue: bool = False  # `text` is a script of turns, `[name] …`, each a saved voice (app/service/dialogue.py)
 
 
 @dataclass(frozen=True)

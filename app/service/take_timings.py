@@ -26,9 +26,9 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import AudioChunk
-from app.engine.timings import Aligner, AlignerUnavailable, SentenceTimings, sentence_timings
 from app.model.align import AlignedWords
 from app.model.words import split_words
+from app.service.timings import Aligner, AlignerUnavailable, SentenceTimings, sentence_timings
 
 log = logging.getLogger(__name__)
 

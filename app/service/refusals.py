@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.admission import BusyError
-from app.engine.fair_share import ShareError
-from app.engine.inputs import InputError
 from app.engine.pipeline import EmptyTextError
-from app.engine.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError
-from app.engine.voice_file import VoiceFileError
-from app.engine.voices import VoiceError
 from app.message import Message, said
+from app.service.admission import BusyError
+from app.service.fair_share import ShareError
+from app.service.inputs import InputError
+from app.service.service import EngineDeadError, GpuOutOfMemoryError, NotReadyError
+from app.service.voice_file import VoiceFileError
+from app.service.voices import VoiceError
 
 RETRY_AFTER_S = 2  # busy / not ready / out of memory: worth retrying at once
 ENGINE_RETRY_AFTER_S = 30  # a dead engine restarts in 15-60 s
