@@ -22,7 +22,7 @@ import torch
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
-from app.model.flow.paged import KVPool
+from app.model.flow.incremental.paged import KVPool
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
 from app.model.token2wav import FlowPrompt, Token2WavStream

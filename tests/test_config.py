@@ -63,7 +63,7 @@ def test_state_pool_sizing():
     HEADROOM_BYTES stay free, at most flow_state_max_gib; CPU: flow_state_gib."""
     from app.engine.flow_budget import FLOOR_BLOCKS, HEADROOM_BYTES, pool_bytes
 
-    gib, block = 2**30, 229_376_000  # one fp32 block of CosyVoice2-0.5B (app/model/flow/paged.py)
+    gib, block = 2**30, 229_376_000  # one fp32 block of CosyVoice2-0.5B (app/model/flow/incremental/paged.py)
     kw = {"fraction": 0.7, "max_gib": 0.0, "cpu_gib": 4.0, "block_bytes": block}
     assert pool_bytes(**kw, free_bytes=None) == 4 * gib
     assert pool_bytes(**kw, free_bytes=110 * gib) == int(0.7 * 110 * gib)  # an H200 after warm-up

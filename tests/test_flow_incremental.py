@@ -1,4 +1,4 @@
-"""Incremental streaming flow (app/model/flow/incremental.py, its estimator state in a `KVPool`) == today's
+"""Incremental streaming flow (app/model/flow/incremental/state.py, its estimator state in a `KVPool`) == today's
 re-solve, on the CPU.
 
 Every schedule comes from the fixtures (prompt and tokens of flow.npz / stream.npz / e2e.npz) and
@@ -31,9 +31,9 @@ from tolerances import (
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
-from app.model.flow.incremental import FlowState, build_voice_prefix, prompt_only_chunks
-from app.model.flow.paged import KVPool
-from app.model.flow.prompt_cache import PromptCache
+from app.model.flow.incremental.paged import KVPool
+from app.model.flow.incremental.prompt_cache import PromptCache
+from app.model.flow.incremental.state import FlowState, build_voice_prefix, prompt_only_chunks
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict

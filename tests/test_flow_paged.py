@@ -1,5 +1,5 @@
-"""The paged state pool of the incremental flow (app/model/flow/paged.py) and its static-shape solve
-(app/model/flow/paged_solve.py): equal to the re-solve within the fixture README's tolerances, on
+"""The paged state pool of the incremental flow (app/model/flow/incremental/paged.py) and its static-shape solve
+(app/model/flow/incremental/paged_solve.py): equal to the re-solve within the fixture README's tolerances, on
 interleaved streams, with a voice's prompt blocks shared by reference, through pool exhaustion (the
 re-solve takes over, same mel) and streams ending mid-pool. The CUDA graph capture of the same
 static-shape solve runs only where CUDA is (the padded/bucketed eager path it captures is tested here).
@@ -14,11 +14,11 @@ from tolerances import FLOW_MEL_ATOL, INCREMENTAL_ATOL, within
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
-from app.model.flow.batch import incremental_batch
-from app.model.flow.incremental import build_voice_prefix, prepare_hop
-from app.model.flow.packed import pack, packed_solve
-from app.model.flow.paged import KVPool, PoolFull, bytes_per_frame
-from app.model.flow.paged_graphs import PagedGraphs
+from app.model.flow.incremental.batch import incremental_batch
+from app.model.flow.incremental.packed import pack, packed_solve
+from app.model.flow.incremental.paged import KVPool, PoolFull, bytes_per_frame
+from app.model.flow.incremental.paged_graphs import PagedGraphs
+from app.model.flow.incremental.state import build_voice_prefix, prepare_hop
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 
@@ -196,7 +196,7 @@ def test_prompt_cache_hit_holds_its_blocks_before_a_racing_discard(flow, prompt)
     go back to the pool while the stream reads them (before, the stream's start came after the lock)."""
     import threading
 
-    from app.model.flow.prompt_cache import PromptCache
+    from app.model.flow.incremental.prompt_cache import PromptCache
 
     pool = KVPool(flow, n_blocks=32)
     cache = PromptCache(max_bytes=1 << 40, pool=pool)
@@ -224,7 +224,7 @@ def test_prompt_cache_hit_holds_its_blocks_before_a_racing_discard(flow, prompt)
 def test_prompt_cache_eviction_gives_pooled_blocks_back(flow, prompt):
     """A prompt cache on the pool: an evicted voice drops its references; its blocks go back to the pool
     only once the stream started from it ends (the stream keeps reading them meanwhile)."""
-    from app.model.flow.prompt_cache import PromptCache
+    from app.model.flow.incremental.prompt_cache import PromptCache
 
     pool = KVPool(flow, n_blocks=32)
     a, b = prompt, other_voice(prompt)

@@ -1,5 +1,5 @@
-"""Cross-stream batching of incremental hops (app/model/flow/batch.py: one packed call over the pool,
-app/model/flow/packed.py) and the states' memory bound.
+"""Cross-stream batching of incremental hops (app/model/flow/incremental/batch.py: one packed call over the pool,
+app/model/flow/incremental/packed.py) and the states' memory bound.
 
 Interleaved streams with different voices, tokens and schedules (so different committed edges, new
 frame counts and key lengths share one call) give, per hop, what each stream gives alone through
@@ -18,10 +18,10 @@ from tolerances import FLOW_MEL_ATOL, HALF_INCREMENTAL_ATOL, INCREMENTAL_ATOL, I
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
-from app.model.flow.batch import incremental_batch
-from app.model.flow.cache import next_capacity
-from app.model.flow.incremental import build_voice_prefix, prepare_hop, prepare_hops
-from app.model.flow.paged import KVPool, PoolFull, blocks_needed, bytes_per_frame
+from app.model.flow.incremental.batch import incremental_batch
+from app.model.flow.incremental.cache import next_capacity
+from app.model.flow.incremental.paged import KVPool, PoolFull, blocks_needed, bytes_per_frame
+from app.model.flow.incremental.state import build_voice_prefix, prepare_hop, prepare_hops
 from app.model.hparams import load_hparams
 from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
 

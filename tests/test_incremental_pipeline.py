@@ -144,7 +144,7 @@ def test_paged_path_mixed_voices_and_lengths(parity_model_dir, two_voices):
 def test_a_pool_that_runs_out_mid_stream_resolves(parity_model_dir, two_voices):
     """A pool of a few blocks: the voices' prefixes fit, the streams' later hops do not; those streams
     re-solve from then on (counted), and every stream's audio is still the re-solve's."""
-    from app.model.flow.paged import block_bytes
+    from app.model.flow.incremental.paged import block_bytes
     from app.model.loader import load_model
 
     block = block_bytes(load_model(parity_model_dir, device="cpu").flow)

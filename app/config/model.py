@@ -108,7 +108,7 @@ class EngineConfig:
     flow_cuda_graphs: bool = True  # CUDA: replay captured graphs of the flow estimator (app/model/flow/graphs.py)
     flow_graph_bucket_frames: int = 64  # graph lengths: mel frames padded up to a multiple of this
     flow_max_graphs: int = 128  # graphs kept (least recently used dropped)
-    flow_incremental: bool = True  # streaming hops compute only their new chunks (app/model/flow/incremental.py)
+    flow_incremental: bool = True  # streaming hops compute only their new chunks (app/model/flow/incremental/state.py)
     flow_state_fraction: float = 0.7  # CUDA: the state pool's share of the device memory free after warm-up
     flow_state_max_gib: float = 0.0  # CUDA: the pool at most this (0 = no cap; a small card's Space sets it)
     flow_state_gib: float = 4.0  # no device memory to measure (CPU): the pool's size (untouched pages cost nothing)

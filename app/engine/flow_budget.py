@@ -41,7 +41,7 @@ class FlowBudget:
 
 
 # The paged state pool's size (blocks of one 50-frame chunk x 10 Euler evaluations x 2 CFG rows x 56
-# layers x K/V x 512 values: 229 MB fp32 / 115 MB fp16 on CosyVoice2-0.5B; app/model/flow/paged.py).
+# layers x K/V x 512 values: 229 MB fp32 / 115 MB fp16 on CosyVoice2-0.5B; app/model/flow/incremental/paged.py).
 # - FLOOR_BLOCKS: one 250-token (10 s) stream with its voice's prompt: 238 prompt + 500 new frames = 15
 #   chunks, rounded up to 16 blocks = 3.7 GB fp32 / 1.8 GB fp16, so one stream fits whatever the fraction.
 # - HEADROOM_BYTES stay free whatever the floor asks: the flow's activations (a batched exact final's

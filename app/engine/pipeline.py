@@ -21,10 +21,10 @@ from app.engine.t2w_scheduler import Token2WavScheduler
 from app.engine.utterance import ChunkFinish, Segment, Utterance, vocode_chunks
 from app.message import Message
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import FlowState, VoicePrefix
-from app.model.flow.paged import KVPool, PoolFull, block_bytes, blocks_needed
-from app.model.flow.paged_graphs import PagedGraphs, make_pool
-from app.model.flow.prompt_cache import PromptCache
+from app.model.flow.incremental.paged import KVPool, PoolFull, block_bytes, blocks_needed
+from app.model.flow.incremental.paged_graphs import PagedGraphs, make_pool
+from app.model.flow.incremental.prompt_cache import PromptCache
+from app.model.flow.incremental.state import FlowState, VoicePrefix
 from app.model.flow.work import FlowWork
 from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames

@@ -16,9 +16,9 @@ from torch import Tensor
 
 from app.audio import MEL_FRAMES_PER_TOKEN
 from app.config import StreamingConfig
-from app.model.flow.batch import incremental_batch
-from app.model.flow.incremental import FlowState, VoicePrefix, incremental_inference
-from app.model.flow.paged import KVPool
+from app.model.flow.incremental.batch import incremental_batch
+from app.model.flow.incremental.paged import KVPool
+from app.model.flow.incremental.state import FlowState, VoicePrefix, incremental_inference
 from app.model.hift_batch import HiftRow, make_row, vocode_rows
 
 MEL_CACHE_FRAMES = 8  # mel frames re-fed to HiFT at the start of the next chunk
@@ -108,9 +108,9 @@ def flow_batch(flow, items: list[FlowItem] | list[IncrementalItem], graphs=None,
     (tests/test_token2wav.py). One item runs the batch-1 path (`flow.inference`) unchanged.
     `graphs`: an `EstimatorGraphs` for the ODE solve (app/model/flow/graphs.py), or None (eager);
     a batch's rows are padded to a power of two there, so 5 row counts cover a batch of 16.
-    `IncrementalItem`s (all of them, or none) run `incremental_batch` (app/model/flow/batch.py, eager):
+    `IncrementalItem`s (all of them, or none) run `incremental_batch` (app/model/flow/incremental/batch.py, eager):
     an item whose call is refused gets its ValueError as its output, the others still run
-    (`paged_graphs`: the pooled states' captured solves, app/model/flow/paged_graphs.py).
+    (`paged_graphs`: the pooled states' captured solves, app/model/flow/incremental/paged_graphs.py).
     `work`: a `FlowWork` (app/model/flow/work.py) told each solve's computed shape.
     """
     if isinstance(items[0], IncrementalItem):

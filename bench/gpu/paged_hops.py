@@ -1,4 +1,4 @@
-"""Paged incremental hops on a GPU (app/model/flow/packed.py, paged*.py), next to the graphed re-solve.
+"""Paged incremental hops on a GPU (app/model/flow/incremental/packed.py, paged*.py), next to the graphed re-solve.
 
 Per dtype (fp32, fp16), hop (the first hop from a voice prefix: 100 new frames; a mid hop: the 3rd,
 200 new frames) and stream count (1 / 4 / 16, each stream its own voice and tokens): ms per call of
@@ -34,10 +34,10 @@ from torch import Tensor
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
-from app.model.flow.incremental import build_voice_prefix, prepare_hop, prepare_hops
-from app.model.flow.paged import KVPool, bytes_per_frame
-from app.model.flow.paged_graphs import PagedGraphs
-from app.model.flow.paged_solve import solve_calls
+from app.model.flow.incremental.paged import KVPool, bytes_per_frame
+from app.model.flow.incremental.paged_graphs import PagedGraphs
+from app.model.flow.incremental.paged_solve import solve_calls
+from app.model.flow.incremental.state import build_voice_prefix, prepare_hop, prepare_hops
 from app.model.hparams import load_hparams
 from app.model.random import SIZES
 from app.model.random.init import randomize

@@ -15,7 +15,7 @@ from torch import nn
 from app.model.hparams import EncoderDims
 
 if TYPE_CHECKING:  # annotations only: cache.py imports this module
-    from app.model.flow.cache import StageCall
+    from app.model.flow.incremental.cache import StageCall
 
 UPSAMPLE_STRIDE = 2  # mel frames per token
 NORM_EPS = 1e-5  # embed / after_norm LayerNorms
@@ -116,7 +116,7 @@ class RelPosSelfAttention(nn.Module):
 
     def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
-        `cache` (a `StageCall`, app/model/flow/cache.py, or B streams' `BatchCall`, encode_batch.py), whose
+        `cache` (a `StageCall`, app/model/flow/incremental/cache.py, or B streams' `BatchCall`, encode_batch.py), whose
         keys/values hold the earlier ones."""
         B, n, _ = x.shape
         H, Dh = self.n_heads, self.d_head
@@ -278,7 +278,7 @@ class UpsampleConformerEncoder(nn.Module):
 
     def cached_layers(self, x: torch.Tensor, ahead: torch.Tensor, tokens_cache, frames_cache) -> torch.Tensor:
         """`forward_cached` after the embedding: x [B, n, D], ahead [B, lookahead, D] -> h [B, 2n, D]; the
-        caches are `StageCall`s (B = 1) or `BatchCall`s (app/model/flow/encode_batch.py)."""
+        caches are `StageCall`s (B = 1) or `BatchCall`s (app/model/flow/incremental/encode_batch.py)."""
         x = self.pre_lookahead_layer.forward_cached(x, ahead, tokens_cache)
         for block in self.encoders:
             x = block.forward_cached(x, tokens_cache)

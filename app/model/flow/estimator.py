@@ -15,7 +15,7 @@ from app.model.flow.encoder import attention_mask
 from app.model.hparams import EstimatorDims
 
 if TYPE_CHECKING:  # annotations only: the packed call is built on this module's layers
-    from app.model.flow.packed import PackedCall
+    from app.model.flow.incremental.packed import PackedCall
 
 TIME_SCALE = 1000.0  # t in [0, 1] is scaled before the sinusoidal embedding
 MASK_BIAS = -1.0e10  # additive attention bias at hidden keys

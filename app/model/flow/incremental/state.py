@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.model.flow.cache import StageCall, StageState, new_stage
-from app.model.flow.encode_batch import forward_cached_batch
 from app.model.flow.flow import CausalFlow
-from app.model.flow.paged import KVPool, PagedEstCall, PagedStage
-from app.model.flow.paged_solve import solve_calls
+from app.model.flow.incremental.cache import StageCall, StageState, new_stage
+from app.model.flow.incremental.encode_batch import forward_cached_batch
+from app.model.flow.incremental.paged import KVPool, PagedEstCall, PagedStage
+from app.model.flow.incremental.paged_solve import solve_calls
 
 
 def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) -> int:
@@ -27,11 +27,11 @@ def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) 
 
 class FlowState:
     """One stream's incremental flow state: the prompt, the committed tokens and, per stage,
-    keys/values and conv left context of the committed positions (app/model/flow/cache.py).
+    keys/values and conv left context of the committed positions (app/model/flow/incremental/cache.py).
 
     `n_tokens` prompt + generated tokens are committed (a multiple of the 25-token chunk), i.e.
     `2·n_tokens` mel frames. `prefix`: the shared voice state this one started from (read only).
-    `pool`: the `KVPool` (app/model/flow/paged.py) that keeps the estimator's keys/values and conv tails
+    `pool`: the `KVPool` (app/model/flow/incremental/paged.py) that keeps the estimator's keys/values and conv tails
     (a prefix is built on the same pool, and its blocks are shared, not copied); `release()` gives them
     back (call it from the stream's `finally`). Lives on the per-request object, never on the shared
     flow module.

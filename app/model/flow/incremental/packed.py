@@ -1,5 +1,5 @@
-"""The estimator solve of S streams' incremental hops over a `KVPool` (app/model/flow/paged.py), their new
-frames packed in one row: no padding, static shapes (CUDA graphs: app/model/flow/paged_graphs.py).
+"""The estimator solve of S streams' incremental hops over a `KVPool` (app/model/flow/incremental/paged.py), their new
+frames packed in one row: no padding, static shapes (CUDA graphs: app/model/flow/incremental/paged_graphs.py).
 Design notes: docs/model.md.
 """
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow, cosine_time_grid
-from app.model.flow.paged import CFG_ROWS, PAD_BLOCK, PAD_TAIL, SINK_BLOCK, KVPool, PagedEstCall
+from app.model.flow.incremental.paged import CFG_ROWS, PAD_BLOCK, PAD_TAIL, SINK_BLOCK, KVPool, PagedEstCall
 
 
 @dataclass

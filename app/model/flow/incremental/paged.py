@@ -1,4 +1,4 @@
-"""A paged pool for the incremental flow's estimator state (app/model/flow/incremental.py).
+"""A paged pool for the incremental flow's estimator state (app/model/flow/incremental/state.py).
 
 Design notes: docs/model.md.
 """

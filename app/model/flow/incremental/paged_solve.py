@@ -1,13 +1,13 @@
-"""The paged incremental hops' solve (app/model/flow/packed.py), replayed by a captured bucket when one
-fits (app/model/flow/paged_graphs.py), else at the call's tight shape."""
+"""The paged incremental hops' solve (app/model/flow/incremental/packed.py), replayed by a captured bucket when one
+fits (app/model/flow/incremental/paged_graphs.py), else at the call's tight shape."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.packed import pack, packed_solve, visible_pairs
-from app.model.flow.paged import PagedEstCall
+from app.model.flow.incremental.packed import pack, packed_solve, visible_pairs
+from app.model.flow.incremental.paged import PagedEstCall
 
 
 def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], spks: list[Tensor],

@@ -1,6 +1,6 @@
-"""Storage for the incremental flow's encoder stages (app/model/flow/incremental.py): growable K/V and
+"""Storage for the incremental flow's encoder stages (app/model/flow/incremental/state.py): growable K/V and
 position buffers, conv left context, and `StageCall`, the view of one stage's state that the encoder layers'
-`forward_cached` methods use (the estimator's state is paged: app/model/flow/paged.py).
+`forward_cached` methods use (the estimator's state is paged: app/model/flow/incremental/paged.py).
 Design notes: docs/model.md.
 """
 

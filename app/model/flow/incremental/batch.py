@@ -1,4 +1,4 @@
-"""Several streams' incremental hops in one call (cross-stream batching of app/model/flow/incremental.py).
+"""Several streams' incremental hops in one call (cross-stream batching of app/model/flow/incremental/state.py).
 
 Design notes: docs/model.md.
 """
@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental import FlowState, prepare_hops
-from app.model.flow.paged_solve import solve_calls
+from app.model.flow.incremental.paged_solve import solve_calls
+from app.model.flow.incremental.state import FlowState, prepare_hops
 
 
 @torch.inference_mode()
@@ -22,7 +22,7 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
     tokens[i]: [1, N_i] stream i's generated prefix; finalize/token_offsets: per stream. Returns per
     stream its fp32 mel [1, 80, T_i], or the ValueError that refused its call (its state unchanged;
     the other streams still run; `PoolFull` when a state found no free blocks in its pool). The states
-    (app/model/flow/paged.py) solve together, packed (`graphs`: a `PagedGraphs` to replay).
+    (app/model/flow/incremental/paged.py) solve together, packed (`graphs`: a `PagedGraphs` to replay).
     `work`: a `FlowWork` (app/model/flow/work.py) told each solve's shape.
     """
     assert len({id(s) for s in states}) == len(states), "one call per stream state"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from app.model.flow.cache import StageCall
 from app.model.flow.encoder import UpsampleConformerEncoder
+from app.model.flow.incremental.cache import StageCall
 
 
 class BatchCall:

@@ -14,8 +14,8 @@ from typing import TypeVar
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental import VoicePrefix, build_voice_prefix
-from app.model.flow.paged import KVPool
+from app.model.flow.incremental.paged import KVPool
+from app.model.flow.incremental.state import VoicePrefix, build_voice_prefix
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""CUDA graphs of the packed incremental solve (`packed_solve`, app/model/flow/packed.py), one per
+"""CUDA graphs of the packed incremental solve (`packed_solve`, app/model/flow/incremental/packed.py), one per
 (streams, frames, keys) bucket, captured at warm-up only and replayed while serving. Design notes: docs/model.md.
 """
 
@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.packed import PackedInputs, pack, packed_solve
-from app.model.flow.paged import KVPool, PagedEstCall, block_bytes
+from app.model.flow.incremental.packed import PackedInputs, pack, packed_solve
+from app.model.flow.incremental.paged import KVPool, PagedEstCall, block_bytes
 
 log = logging.getLogger(__name__)
 
