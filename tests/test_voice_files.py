@@ -157,7 +157,7 @@ def test_bad_files_are_refused_with_the_reason_and_write_nothing(exported, tmp_p
 
 
 def test_renamed_files_are_read(exported):
-    odd = read_voice_file(_st(exported[1], name="not a name!", extra_key="1"), FP, max_bytes=MAX_BYTES)
+    odd, _ = read_voice_file(_st(exported[1], name="not a name!", extra_key="1"), FP, max_bytes=MAX_BYTES)
     assert odd.name == "not a name!"  # checked when stored (a rename makes it importable)
 
 
@@ -196,9 +196,9 @@ def test_voices_travel_between_visitors_through_v1_and_the_page(server, tmp_path
     assert r.status_code == 200 and r.headers["content-type"] == MEDIA_TYPE, r.text[:300]
     assert r.headers["content-disposition"].startswith('attachment; filename="fox.cvvoice"')
     data = r.content
-    real = read_voice_file(data, fox["model_fingerprint"], max_bytes=MAX_BYTES)  # what the real frontend makes
-    p = real.features.n_prompt_tokens
-    assert real.features.speech_mel.shape == (1, 2 * p, 80) and real.features.embedding.shape == (1, 192)
+    real, features = read_voice_file(data, fox["model_fingerprint"], max_bytes=MAX_BYTES)  # the real frontend's
+    p = features.n_prompt_tokens
+    assert features.speech_mel.shape == (1, 2 * p, 80) and features.embedding.shape == (1, 192)
     assert real.prompt_seconds == fox["prompt_seconds"] and real.created == fox["created"]
 
     assert b.get(f"{base}/v1/voices/fox/export").status_code == 404  # another visitor's: unknown, as GET says

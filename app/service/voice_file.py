@@ -9,7 +9,6 @@ import json
 import math
 import time
 import unicodedata
-from dataclasses import dataclass
 
 import numpy as np
 import safetensors.numpy
@@ -44,16 +43,6 @@ class VoiceFileError(VoiceError):
         super().__init__(message, code=code)  # invalid_voice_file | other_model | file_too_large | not_ready
 
 
-@dataclass(frozen=True)
-class VoiceFile:
-    """A voice read from a `.cvvoice` file, every part checked."""
-
-    name: str  # as the file says; not yet checked against NAME_RE (the importer may rename it)
-    prompt_seconds: float  # round(P / 25, 2)
-    created: float  # unix time the voice was first saved
-    features: VoiceFeatures
-
-
 def export_voice(store: VoiceStore, name: str) -> tuple[VoiceInfo, bytes]:
     """(info, `.cvvoice` bytes) of `store`'s voice `name`; `VoiceError` if unknown, damaged or of another model.
     The bytes are the store's format without the owner (the importer becomes the owner)."""
@@ -69,14 +58,15 @@ def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | 
     if not store.model_fingerprint:
         raise VoiceFileError(Message("voice_file_not_ready", "the voice file cannot be checked yet: the model is still "
                                      "loading; try again in a moment"), code="not_ready")
-    vf = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
-    created = min(vf.created, time.time())  # a file's future date would keep it atop every listing
-    return store.save(check_name(name or vf.name), vf.features, overwrite=overwrite, created=created)
+    info, features = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
+    created = min(info.created, time.time())  # a file's future date would keep it atop every listing
+    return store.save(check_name(name or info.name), features, overwrite=overwrite, created=created)
 
 
-def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> VoiceFile:
-    """The checked voice in `data`; `VoiceFileError` saying what is wrong. `model_fingerprint`: this
-    deployment's (a voice only works with the model whose tokenizers made it)."""
+def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> tuple[VoiceInfo, VoiceFeatures]:
+    """The checked voice in `data` (its info's name as the file says, not yet checked: the importer may rename
+    it); `VoiceFileError` saying what is wrong. `model_fingerprint`: this deployment's (a voice only works with
+    the model whose tokenizers made it)."""
     if len(data) > max_bytes:
         raise VoiceFileError(Message("voice_file_too_large", "the voice file is larger than {mb:g} MB ([limits] "
                                      "max_upload_mb); a real one is under 1 MB: is it a .cvvoice file?",
@@ -85,22 +75,20 @@ def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> V
         raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why="is empty"))
     if data[:4] == b"PK\3\4":  # version 1, a zip of .npy files (written 2026-12-03 to 12-04 only)
         raise VoiceFileError(f"the voice file has format version 1, which is not supported any more; {REDO}")
-    meta, arrays = _read(data)
-    got = meta["model_fingerprint"]
+    info, arrays = _read(data)
+    got = info.model_fingerprint
     if got != model_fingerprint:
         raise VoiceFileError(Message("voice_file_other_model", "the voice file was made with another model "
                                      "(fingerprint {got!r}; this server's is {ours!r}): a voice works only with "
                                      "the model that made it. Save it again here from its recording", got=got[:32],
                                      ours=model_fingerprint), code="other_model")
-    _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
-    text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
-    features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
-    return VoiceFile(name=meta["name"], prompt_seconds=meta["prompt_seconds"], created=meta["created"],
-                     features=features)
+    _check_arrays(arrays, info.prompt_text, info.prompt_seconds)
+    text = np.frombuffer(info.prompt_text.encode("utf-8"), dtype=np.uint8)
+    return info, VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
 
 
-def _read(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
-    """(checked metadata, arrays) of a safetensors voice file. The library checks the header against the bytes,
+def _read(data: bytes) -> tuple[VoiceInfo, dict[str, np.ndarray]]:
+    """(checked info, arrays) of a safetensors voice file. The library checks the header against the bytes,
     and that the metadata is str -> str (a lone surrogate in it is not valid JSON there)."""
     try:
         arrays = safetensors.numpy.load(data)
@@ -127,12 +115,12 @@ def _read(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     for key in ("prompt_seconds", "created"):
         with contextlib.suppress(TypeError, ValueError):  # None (missing) or not a number: refused below
             meta[key] = float(meta.get(key))
-    for key, kind in (("name", str), ("prompt_text", str), ("model_fingerprint", str), ("prompt_seconds", float),
-                      ("created", float)):
+    fields = {"name": str, "prompt_text": str, "model_fingerprint": str, "prompt_seconds": float, "created": float}
+    for key, kind in fields.items():
         if not isinstance(meta.get(key), kind) or (kind is float and not 0 <= meta[key] < math.inf):  # NaN too
             raise VoiceFileError(f"the voice file has no valid {key!r} "
                                  f"({'a number >= 0' if kind is float else kind.__name__} expected); {REDO}")
-    return meta, arrays
+    return VoiceInfo(**{k: meta[k] for k in fields}), arrays
 
 
 def _check_arrays(a: dict[str, np.ndarray], prompt_text: str, prompt_seconds: float) -> None:

@@ -143,9 +143,7 @@ class VoiceStore:
     # --- reading -------------------------------------------------------------------------------
 
     def list(self) -> list[VoiceInfo]:
-        """Saved voices of this model, newest first (voices of other models are left out)."""
-        if not self.root.is_dir():
-            return []
+        """Saved voices of this model, newest first (voices of other models are left out; none without a folder)."""
         fp = self.model_fingerprint
         infos = [i for p in self.root.glob(f"*{SUFFIX}") if (i := self._read_info(p))]
         return sorted((i for i in infos if not fp or i.model_fingerprint == fp), key=lambda v: (-v.created, v.name))
