@@ -83,13 +83,6 @@ def voice_bytes(info: VoiceInfo, voice: VoiceFeatures, *, with_owner: bool = Tru
     return len(h).to_bytes(8, "little") + h + raw[8 + n:]
 
 
-def info_from_meta(meta: dict[str, str]) -> VoiceInfo:
-    """The `VoiceInfo` in a voice's metadata; KeyError/ValueError (VoiceError) if a field is missing or bad."""
-    return VoiceInfo(name=check_name(meta["name"]), prompt_text=str(meta["prompt_text"]),
-                     prompt_seconds=float(meta["prompt_seconds"]), created=float(meta["created"]),
-                     model_fingerprint=str(meta.get("model_fingerprint", "")), owner=str(meta.get("owner", "")))
-
-
 def check_name(name: str) -> str:
     """The NFC-normalised name if it is a valid voice name, else `VoiceError` naming the rule."""
     if not isinstance(name, str):
@@ -152,10 +145,13 @@ class VoiceStore:
         return [v.name for v in self.list()]
 
     def _read_info(self, path: Path) -> VoiceInfo | None:
-        try:  # the header only, not the arrays
+        try:  # the header only, not the arrays (its metadata is str -> str)
             with safe_open(path, framework="np") as f:
-                info = info_from_meta(f.metadata() or {})
-        except (OSError, ValueError, KeyError, SafetensorError):
+                m = f.metadata() or {}
+            info = VoiceInfo(name=check_name(m["name"]), prompt_text=m["prompt_text"],
+                             prompt_seconds=float(m["prompt_seconds"]), created=float(m["created"]),
+                             model_fingerprint=m.get("model_fingerprint", ""), owner=m.get("owner", ""))
+        except (OSError, ValueError, KeyError, SafetensorError):  # a field missing or bad (VoiceError: the name)
             return None  # a foreign or damaged file in the folder: not a voice
         return info if path.stem == info.name else None
 
