@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--requests-per-stream", type=int, help="requests per level = this x concurrency")
     s.add_argument("--fixed-tokens", type=int, default=0, help="exactly N speech tokens per segment (random models)")
     s.add_argument("--voice", type=lambda v: v.split(","), default=["saved"], help="saved, new or saved,new")
-    s.add_argument("--voice-npz", help="in-process saved voice: a VoiceStore .safetensors (or an old .npz)")
+    s.add_argument("--voice-npz", help="in-process saved voice: a VoiceStore .safetensors (or an .npz of to_arrays())")
     s.add_argument("--voice-id", help="--url saved voice: an existing voice id (else one is created and deleted)")
     s.add_argument("--reference", help="16-bit WAV reference (default assets/prompt_en.wav)")
     s.add_argument("--transcript", default="", help="the reference's transcript (with --reference)")

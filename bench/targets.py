@@ -137,11 +137,11 @@ class InProcess:
     async def _saved_voice(self) -> Any:
         from app.model.frontend import VoiceFeatures
 
-        if self.args.voice_npz:  # a VoiceStore file (<name>.safetensors, or an old .npz + .json) or to_arrays()
+        if self.args.voice_npz:  # a VoiceStore file (<name>.safetensors) or an np.savez of to_arrays()
             from app.service.voices import VoiceStore
 
             path = Path(self.args.voice_npz)
-            if path.suffix == ".npz" and not path.with_suffix(".json").exists():
+            if path.suffix == ".npz":
                 with np.load(path, allow_pickle=False) as z:
                     return VoiceFeatures.from_arrays({k: z[k] for k in z.files})
             return VoiceStore(path.parent).load(path.stem)

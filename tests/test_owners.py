@@ -17,23 +17,19 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
 from test_app_api import _voice
 
 from app.service.owners import ADMIN, OwnedVoices, Owner, owner_dir
-from app.service.voices import VoiceError
+from app.service.voices import VoiceError, VoiceStore
 
 # --- the store -------------------------------------------------------------------------------------
 
 
 def test_private_store_keeps_owners_apart_and_old_voices_go_to_the_admin(tmp_path):
     root = tmp_path / "voices"
-    root.mkdir()  # a voice as an earlier version wrote it: .npz arrays + .json info without an owner
-    np.savez(root / "old.npz", **_voice("saved before owners").to_arrays())
-    (root / "old.json").write_text(json.dumps({"name": "old", "prompt_text": "saved before owners",
-                                               "prompt_seconds": 2.0, "created": 1.0, "model_fingerprint": ""}))
+    VoiceStore(root).save("old", _voice("saved before owners"), created=1.0)  # as saved before voices had owners
     voices = OwnedVoices(root, "private")
     alice, bob = Owner("visitor:a"), Owner("key:bob")
     voices.of(alice).save("fox", _voice("alice's"))

@@ -11,7 +11,7 @@ from app.service.inputs import InputError, speakable
 from app.service.voices import NAME_RE
 
 # a speaker tag: a voice name in brackets (NAME_RE's characters); the model's own tags are told apart below
-TAG_RE = re.compile(r"\[(\w[\w-]{0,63})\]")
+TAG_RE = re.compile(rf"\[({NAME_RE.pattern})\]")
 MODEL_TAGS = frozenset(t[1:-1] for t in SPECIAL_TOKENS if t.startswith("[") and t.endswith("]"))
 SYNTAX = "[name] text [other] text …, each name a saved voice"
 
@@ -30,7 +30,7 @@ def parse_script(script: str) -> list[ScriptTurn]:
     turns: list[ScriptTurn] = []
     speaker, start = "", 0
     for m in TAG_RE.finditer(script):
-        if m.group(1).lower() in MODEL_TAGS or not NAME_RE.fullmatch(m.group(1)):
+        if m.group(1).lower() in MODEL_TAGS:
             continue
         turns.append(ScriptTurn(speaker, script[start:m.start()].strip()))
         speaker, start = m.group(1), m.end()

@@ -3,7 +3,6 @@ Design notes: docs/design.md."""
 
 from __future__ import annotations
 
-import math
 import re
 import secrets
 import unicodedata
@@ -105,16 +104,13 @@ def check_seed(seed: object) -> int:
     seed = -1 if seed is None else seed
     bad = InputError(Message("bad_seed", "The seed must be an integer between 0 and {max} (or -1 for a random one), "
                              "got {got}.", max=MAX_SEED, got=_shown(seed)), "seed")
-    if isinstance(seed, bool):
-        raise bad
     try:  # ints stay exact (a float of 10**400 overflows); 3.0 and "3" are fine, 3.5 and "x" are not
         value = seed if isinstance(seed, int) else float(seed)
     except (TypeError, ValueError, OverflowError) as e:
         raise bad from e
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise bad
-        value = int(value)
+    if isinstance(seed, bool) or (isinstance(value, float) and not value.is_integer()):  # NaN and inf are not
+        raise bad
+    value = int(value)
     if value == -1:
         return secrets.randbelow(MAX_SEED + 1)
     if not 0 <= value <= MAX_SEED:

@@ -137,17 +137,14 @@ class Metrics:
         self.active.inc()
 
     def request_finished(self, stats: RequestStats | None, queue_wait_s: float, outcome: str = "ok", *,
-                         request: SynthesisRequest | None = None, n_samples: int = 0, voice: str = "",
-                         notes: tuple[str, ...] = (), reference_s: float = 0.0, stopped: bool = False,
-                         owner: str = "") -> None:
+                         request: SynthesisRequest | None = None, **about: Any) -> None:
         """Count the request's end; `stats` are the final chunk's, or those until an early end (None if none).
-        `request` and the rest describe it for the page (`record`)."""
+        `request` and `about` (RequestRecord's n_samples, voice, notes, reference_s, stopped, owner) describe it
+        for the page (`record`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        about = {k: getattr(request, k) for k in ("request_id", "seed", "mode", "stream", "speed") if request}
-        self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, n_samples=n_samples,
-                               voice=voice, notes=tuple(notes), reference_s=reference_s, stats=stats, stopped=stopped,
-                               owner=owner, **about))
+        about |= {k: getattr(request, k) for k in ("request_id", "seed", "mode", "stream", "speed") if request}
+        self.add(RequestRecord(seq=0, t=time.time(), outcome=outcome, queue_wait_s=queue_wait_s, stats=stats, **about))
 
     def add(self, rec: RequestRecord) -> None:
         """Count a finished request's record (numbered here: `seq`) and keep it; also how the cluster's page keeps

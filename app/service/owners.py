@@ -50,7 +50,7 @@ class OwnedVoices:
         self.private = scope == "private"  # scope: "private" or "shared", the config's resolved [voices] scope
         self.model_fingerprint = ""  # set once the model is loaded (voices of another model are refused)
         self.max_transcript_chars = max_transcript_chars
-        self._lock = threading.Lock()  # one for every store: a name's two files are written together
+        self._lock = threading.Lock()  # one for every store: a name is checked and written in one step
 
     def of(self, owner: Owner, target: str | None = None) -> VoiceStore:
         """The store `owner` reads and writes; the admin may name another owner's (`target`, an owner id)."""

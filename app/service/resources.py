@@ -62,14 +62,12 @@ class ResourceProbe:
         self._cpu_prev = (now, cpu_now)
         percent = {pid: (100.0 * max(0.0, c - prev[pid]) / dt if dt > 0 and pid in prev else 0.0)
                    for pid, c in cpu_now.items()}
-        roles = {pid: _role(pid, me, info[0]) for pid, info in tree.items()}
         device, gpu_mib = self._nvml_sample()
-        torch_mem = _torch_allocator()
-        if torch_mem is not None:  # CUDA without NVML: device totals from the driver
-            driver = torch_mem.pop("device")
-            device = device or driver
+        torch_mem, driver = _torch_allocator()
+        device = device or driver  # CUDA without NVML: device totals from the driver
         pids = sorted(set(tree) | set(gpu_mib), key=lambda p: (p != me, p))
-        processes = [{"pid": pid, "role": roles.get(pid, "other"), "gpu_mib": gpu_mib.get(pid),
+        processes = [{"pid": pid, "role": _role(pid, me, tree[pid][0]) if pid in tree else "other",
+                      "gpu_mib": gpu_mib.get(pid),
                       "rss_mib": tree[pid][1] / MIB if pid in tree else None,
                       "cpu_percent": percent.get(pid)} for pid in pids]
         ram_used, ram_total = _system_ram()
@@ -120,17 +118,18 @@ class ResourceProbe:
         return {"index": index, "name": name, "used_mib": mem.used / MIB, "total_mib": mem.total / MIB}, per_pid
 
 
-def _torch_allocator() -> dict[str, Any] | None:
-    """This process's caching allocator once CUDA is initialised here (never initialises it)."""
+def _torch_allocator() -> tuple[dict[str, float] | None, dict[str, Any] | None]:
+    """(this process's caching allocator, its device {index, name, used_mib, total_mib} from the driver) once
+    CUDA is initialised here (never initialises it); (None, None) before."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
+        return None, None
     free, total = torch.cuda.mem_get_info()
     dev = torch.cuda.current_device()
-    return {"allocated_mib": torch.cuda.memory_allocated() / MIB, "reserved_mib": torch.cuda.memory_reserved() / MIB,
-            "max_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
-            "device": {"index": dev, "name": torch.cuda.get_device_name(dev), "used_mib": (total - free) / MIB,
-                       "total_mib": total / MIB}}
+    return ({"allocated_mib": torch.cuda.memory_allocated() / MIB, "reserved_mib": torch.cuda.memory_reserved() / MIB,
+             "max_allocated_mib": torch.cuda.max_memory_allocated() / MIB},
+            {"index": dev, "name": torch.cuda.get_device_name(dev), "used_mib": (total - free) / MIB,
+             "total_mib": total / MIB})
 
 
 def _role(pid: int, me: int, title: str) -> str:

@@ -1,19 +1,14 @@
 """Saved voices as files (`.cvvoice`): export a voice from one deployment, import it into another.
-The file is the store's safetensors format (app/service/voices.py); version 1 files (a zip of .npy) still
-import. Design notes: docs/design.md.
+The file is the store's safetensors format (app/service/voices.py). Design notes: docs/design.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import time
 import unicodedata
-import zipfile
-import zlib
-from dataclasses import dataclass
 
 import numpy as np
 import safetensors.numpy
@@ -36,13 +31,8 @@ from app.service.voices import (
 )
 
 SUFFIX, MEDIA_TYPE = ".cvvoice", "application/octet-stream"
-META_MEMBER = "voice.json"  # version 1: voice.json and one .npy per array in a zip
-MEMBERS = (META_MEMBER, *(f"{k}.npy" for k in ARRAY_DTYPES))
 MAX_PROMPT_TOKENS = int(MAX_PROMPT_SECONDS * TOKEN_RATE_HZ)  # 750: the speech tokenizer takes at most 30 s
 TEXT_VOCAB_ROWS = 151_936  # rows of the LM's text embedding (Qwen2-0.5B): an id past it would index outside
-# a version-1 member's uncompressed bytes at most (a zip bomb stops here): the largest real one, speech_mel, is
-# 480 KB; voice.json with a 10k-character transcript, each character \u-escaped twice (a surrogate pair), ~240 KB
-MAX_MEMBER_BYTES = 4 << 20
 REDO = "export it again from the server that has the voice"
 
 
@@ -51,17 +41,6 @@ class VoiceFileError(VoiceError):
 
     def __init__(self, message: str, code: str = "invalid_voice_file") -> None:
         super().__init__(message, code=code)  # invalid_voice_file | other_model | file_too_large | not_ready
-
-
-@dataclass(frozen=True)
-class VoiceFile:
-    """A voice read from a `.cvvoice` file, every part checked."""
-
-    name: str  # as the file says; not yet checked against NAME_RE (the importer may rename it)
-    prompt_seconds: float  # round(P / 25, 2)
-    created: float  # unix time the voice was first saved
-    model_fingerprint: str
-    features: VoiceFeatures
 
 
 def export_voice(store: VoiceStore, name: str) -> tuple[VoiceInfo, bytes]:
@@ -79,39 +58,41 @@ def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | 
     if not store.model_fingerprint:
         raise VoiceFileError(Message("voice_file_not_ready", "the voice file cannot be checked yet: the model is still "
                                      "loading; try again in a moment"), code="not_ready")
-    vf = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
-    created = min(vf.created, time.time())  # a file's future date would keep it atop every listing
-    return store.save(check_name(name or vf.name), vf.features, overwrite=overwrite, created=created)
+    info, features = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
+    created = min(info.created, time.time())  # a file's future date would keep it atop every listing
+    return store.save(check_name(name or info.name), features, overwrite=overwrite, created=created)
 
 
-def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> VoiceFile:
-    """The checked voice in `data`; `VoiceFileError` saying what is wrong. `model_fingerprint`: this
-    deployment's (a voice only works with the model whose tokenizers made it)."""
+def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> tuple[VoiceInfo, VoiceFeatures]:
+    """The checked voice in `data` (its info's name as the file says, not yet checked: the importer may rename
+    it); `VoiceFileError` saying what is wrong. `model_fingerprint`: this deployment's (a voice only works with
+    the model whose tokenizers made it)."""
     if len(data) > max_bytes:
         raise VoiceFileError(Message("voice_file_too_large", "the voice file is larger than {mb:g} MB ([limits] "
                                      "max_upload_mb); a real one is under 1 MB: is it a .cvvoice file?",
                                      mb=max_bytes / (1 << 20)), code="file_too_large")
     if not data:
         raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why="is empty"))
-    meta, arrays = _read_v1(data) if data[:4] == b"PK\3\4" else _read_v2(data)
-    got = meta["model_fingerprint"]
+    if data[:4] == b"PK\3\4":  # version 1, a zip of .npy files (written 2026-12-03 to 12-04 only)
+        raise VoiceFileError(f"the voice file has format version 1, which is not supported any more; {REDO}")
+    info, arrays = _read(data)
+    got = info.model_fingerprint
     if got != model_fingerprint:
         raise VoiceFileError(Message("voice_file_other_model", "the voice file was made with another model "
                                      "(fingerprint {got!r}; this server's is {ours!r}): a voice works only with "
                                      "the model that made it. Save it again here from its recording", got=got[:32],
                                      ours=model_fingerprint), code="other_model")
-    _check_arrays(arrays, meta["prompt_text"], meta["prompt_seconds"])
-    text = np.frombuffer(meta["prompt_text"].encode("utf-8"), dtype=np.uint8)
-    features = VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
-    return VoiceFile(name=meta["name"], prompt_seconds=meta["prompt_seconds"], created=meta["created"],
-                     model_fingerprint=got, features=features)
+    _check_arrays(arrays, info.prompt_text, info.prompt_seconds)
+    text = np.frombuffer(info.prompt_text.encode("utf-8"), dtype=np.uint8)
+    return info, VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
 
 
-def _read_v2(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
-    """(checked metadata, arrays) of a safetensors voice file; the library checks the header against the bytes."""
+def _read(data: bytes) -> tuple[VoiceInfo, dict[str, np.ndarray]]:
+    """(checked info, arrays) of a safetensors voice file. The library checks the header against the bytes,
+    and that the metadata is str -> str (a lone surrogate in it is not valid JSON there)."""
     try:
         arrays = safetensors.numpy.load(data)
-        raw = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+        meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
     except (SafetensorError, ValueError, TypeError, RecursionError) as e:  # cut short, not safetensors, ...
         raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why=f"is not a readable .cvvoice file "
                                      f"({str(e)[:120]}); it may be cut short: {REDO}")) from e
@@ -121,116 +102,25 @@ def _read_v2(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     for k, a in arrays.items():
         if a.dtype != ARRAY_DTYPES[k]:
             raise VoiceFileError(f"the voice file's {k} holds {a.dtype.str}; expected {ARRAY_DTYPES[k].str}")
-    v = raw.get("version")
-    meta = {**raw, "version": int(v) if isinstance(v, str) and v.isdecimal() and len(v) < 9 else v}
-    for key in ("prompt_seconds", "created"):
-        with contextlib.suppress(TypeError, ValueError):  # else _meta names it
-            meta[key] = float(raw.get(key))
-    return _meta(meta, FORMAT_VERSION), arrays
-
-
-def _read_v1(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
-    """(checked metadata, arrays) of a version-1 file: a zip of voice.json and one .npy per array."""
-    members = _members(data)
-    try:
-        meta = json.loads(members[META_MEMBER].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise VoiceFileError(f"the voice file's voice.json is not valid JSON ({type(e).__name__}); {REDO}") from e
-    meta = _meta(meta, 1)
-    if not isinstance(meta.get("arrays"), dict) or set(meta["arrays"]) != set(ARRAY_DTYPES):
-        raise VoiceFileError(f"the voice file's voice.json lists arrays {sorted(meta.get('arrays') or ())[:8]}; "
-                             f"expected {sorted(ARRAY_DTYPES)}")
-    arrays = {k: _array(f"{k}.npy", members[f"{k}.npy"], dtype) for k, dtype in ARRAY_DTYPES.items()}
-    for k, a in arrays.items():
-        said = meta["arrays"][k]
-        if said != {"dtype": a.dtype.str, "shape": list(a.shape)}:
-            raise VoiceFileError(f"the voice file is inconsistent: voice.json says {k} is {said}, its {k}.npy holds "
-                                 f"{a.dtype.str} {list(a.shape)}; {REDO}")
-    return meta, arrays
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    """Member name -> its bytes, if the archive holds exactly MEMBERS, each at most MAX_MEMBER_BYTES."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            infos = z.infolist()
-            names = [i.filename for i in infos]
-            if sorted(names) != sorted(MEMBERS):
-                extra, missing = sorted(set(names) - set(MEMBERS)), sorted(set(MEMBERS) - set(names))
-                twice = sorted({n for n in names if names.count(n) > 1})
-                what = (f"holds {', '.join(map(repr, extra[:3]))[:200]}" if extra else
-                        f"lacks {', '.join(missing)}" if missing else f"holds {', '.join(twice)} twice")
-                raise VoiceFileError(f"the voice file {what}; a .cvvoice file holds exactly {', '.join(MEMBERS)}")
-            out = {}
-            for info in infos:
-                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 0x1:
-                    raise VoiceFileError(f"the voice file's {info.filename} is encrypted or compressed with an "
-                                         f"unsupported method; {REDO}")
-                if info.file_size > MAX_MEMBER_BYTES:
-                    raise VoiceFileError(f"the voice file's {info.filename} is {info.file_size} bytes unpacked; no "
-                                         f"member of a voice file is over {MAX_MEMBER_BYTES} bytes")
-                with z.open(info) as f:
-                    raw = f.read(MAX_MEMBER_BYTES + 1)  # a member that lied about its size stops here too
-                if len(raw) > MAX_MEMBER_BYTES:
-                    raise VoiceFileError(f"the voice file's {info.filename} is over {MAX_MEMBER_BYTES} bytes "
-                                         "unpacked; no member of a voice file is")
-                out[info.filename] = raw
-            return out
-    except VoiceFileError:
-        raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, RuntimeError,
-            NotImplementedError, ValueError) as e:  # truncated, not a zip, bad CRC, ...
-        raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why=f"is not a readable .cvvoice "
-                                     f"archive ({e}); it may be cut short: {REDO}")) from e
-
-
-def _meta(meta: object, version: int) -> dict:
-    """The voice's fields typed and checked (not yet against the arrays)."""
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+    if meta.get("format") != FORMAT_NAME:
         raise VoiceFileError(Message("voice_file_bad", "the voice file {why}", why="is not a CosyVoice2 Studio voice "
                                      f"(its format is not {FORMAT_NAME!r})"))
-    got = meta.get("version")
-    if type(got) is not int or got != version:
-        newer = type(got) is int and got > FORMAT_VERSION
+    v = meta.get("version")
+    version = int(v) if v and v.isdecimal() and len(v) < 9 else v
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
         raise VoiceFileError(Message("voice_file_version", "the voice file has format version {got}; this server reads "
-                                     "version {version}{advice}", got=json.dumps(got)[:20], version=version,
+                                     "version {version}{advice}", got=json.dumps(version)[:20], version=FORMAT_VERSION,
                                      advice="; update the server" if newer else ""))
-    for key, kind in (("name", str), ("prompt_text", str), ("model_fingerprint", str), ("prompt_seconds", float),
-                      ("created", float)):
-        v = meta.get(key)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
-            if kind is float else isinstance(v, kind)
-        if not ok:
+    for key in ("prompt_seconds", "created"):
+        with contextlib.suppress(TypeError, ValueError):  # None (missing) or not a number: refused below
+            meta[key] = float(meta.get(key))
+    fields = {"name": str, "prompt_text": str, "model_fingerprint": str, "prompt_seconds": float, "created": float}
+    for key, kind in fields.items():
+        if not isinstance(meta.get(key), kind) or (kind is float and not 0 <= meta[key] < math.inf):  # NaN too
             raise VoiceFileError(f"the voice file has no valid {key!r} "
                                  f"({'a number >= 0' if kind is float else kind.__name__} expected); {REDO}")
-        meta[key] = float(v) if kind is float else v
-    try:
-        meta["prompt_text"].encode("utf-8")
-    except UnicodeEncodeError as e:  # JSON may spell a lone surrogate ("\ud800")
-        raise VoiceFileError(f"the voice file's transcript is not valid text ({e.reason}); {REDO}") from e
-    return meta
-
-
-def _array(member: str, raw: bytes, dtype: np.dtype) -> np.ndarray:
-    """A `.npy` member as `dtype`, its header checked before its data is read (no pickle, no object arrays)."""
-    f = io.BytesIO(raw)
-    try:
-        version, fmt = np.lib.format.read_magic(f), np.lib.format
-        if version not in ((1, 0), (2, 0)):
-            raise ValueError(f"npy version {version}")
-        shape, fortran, got = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
-        raise VoiceFileError(f"the voice file's {member} is not a NumPy array ({str(e)[:120]}); {REDO}") from e
-    if got != dtype or fortran:
-        raise VoiceFileError(f"the voice file's {member} holds {got.str}{' (Fortran order)' if fortran else ''}; "
-                             f"expected {dtype.str} in C order")
-    if any(n < 0 for n in shape):
-        raise VoiceFileError(f"the voice file's {member} has the impossible shape {list(shape)[:8]}")
-    count = math.prod(shape)
-    if len(raw) - f.tell() != count * dtype.itemsize:  # cut short, or more than its shape says
-        raise VoiceFileError(f"the voice file's {member} holds {len(raw) - f.tell()} data bytes; its shape "
-                             f"{list(shape)[:8]} needs {count * dtype.itemsize}; {REDO}")
-    return np.frombuffer(raw, dtype=dtype, count=count, offset=f.tell()).reshape(shape).copy()
+    return VoiceInfo(**{k: meta[k] for k in fields}), arrays
 
 
 def _check_arrays(a: dict[str, np.ndarray], prompt_text: str, prompt_seconds: float) -> None:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"\w[\w-]{0,63}")  # letters of any script, digits, _ and -; no dots, slashes, spaces
 NAME_RULE = "1-64 letters, digits, '_' or '-' (no spaces, dots or slashes), starting with a letter or digit"
 # one format for a stored voice and an exported one: safetensors, the arrays as tensors, the rest as
-# str -> str metadata (version 1 was a zip of .npy files, app/service/voice_file.py still imports it)
+# str -> str metadata
 FORMAT_NAME, FORMAT_VERSION, SUFFIX = "cosyvoice2-voice", 2, ".safetensors"
 ARRAY_DTYPES = {"prompt_text_ids": np.dtype("<i4"), "speech_tokens": np.dtype("<i4"),
                 "speech_mel": np.dtype("<f4"), "embedding": np.dtype("<f4")}
@@ -83,13 +83,6 @@ def voice_bytes(info: VoiceInfo, voice: VoiceFeatures, *, with_owner: bool = Tru
     return len(h).to_bytes(8, "little") + h + raw[8 + n:]
 
 
-def info_from_meta(meta: dict[str, str]) -> VoiceInfo:
-    """The `VoiceInfo` in a voice's metadata; KeyError/ValueError (VoiceError) if a field is missing or bad."""
-    return VoiceInfo(name=check_name(meta["name"]), prompt_text=str(meta["prompt_text"]),
-                     prompt_seconds=float(meta["prompt_seconds"]), created=float(meta["created"]),
-                     model_fingerprint=str(meta.get("model_fingerprint", "")), owner=str(meta.get("owner", "")))
-
-
 def check_name(name: str) -> str:
     """The NFC-normalised name if it is a valid voice name, else `VoiceError` naming the rule."""
     if not isinstance(name, str):
@@ -137,40 +130,13 @@ class VoiceStore:
         self._lock = lock or threading.Lock()
 
     def _path(self, name: str) -> Path:
-        """`<name>.safetensors`, a voice saved before it (`.npz` + `.json`) converted first."""
-        name = check_name(name)
-        path = self.root / f"{name}{SUFFIX}"  # in root: NAME_RE rules out separators and dots
-        if not path.exists() and (self.root / f"{name}.json").is_file():
-            self._convert(name)
-        return path
-
-    def _convert(self, name: str) -> None:
-        """Rewrite the old `.npz` + `.json` pair of `name` as one `.safetensors`; the old files go only once the
-        new one is in place. A damaged pair is left as it is (`load` then says so)."""
-        npz, old = self.root / f"{name}.npz", self.root / f"{name}.json"
-        try:
-            info = info_from_meta(json.loads(old.read_text(encoding="utf-8")))
-            with np.load(npz, allow_pickle=False) as z:
-                voice = VoiceFeatures.from_arrays({k: z[k] for k in z.files})
-        except (OSError, ValueError, KeyError, TypeError, AssertionError):
-            return
-        if info.name != name:
-            return
-        # a folder that cannot be written: the pair stays, converted once it can be
-        with self._lock, contextlib.suppress(VoiceError), self._writing():
-            self._atomic_write(self.root / f"{name}{SUFFIX}", voice_bytes(info, voice))
-            old.unlink(missing_ok=True)
-            npz.unlink(missing_ok=True)
+        """`<name>.safetensors` in root (NAME_RE rules out separators and dots)."""
+        return self.root / f"{check_name(name)}{SUFFIX}"
 
     # --- reading -------------------------------------------------------------------------------
 
     def list(self) -> list[VoiceInfo]:
-        """Saved voices of this model, newest first (voices of other models are left out)."""
-        if not self.root.is_dir():
-            return []
-        for old in self.root.glob("*.json"):
-            if (self.root / f"{old.stem}.npz").is_file() and NAME_RE.fullmatch(old.stem):
-                self._path(old.stem)
+        """Saved voices of this model, newest first (voices of other models are left out; none without a folder)."""
         fp = self.model_fingerprint
         infos = [i for p in self.root.glob(f"*{SUFFIX}") if (i := self._read_info(p))]
         return sorted((i for i in infos if not fp or i.model_fingerprint == fp), key=lambda v: (-v.created, v.name))
@@ -179,10 +145,13 @@ class VoiceStore:
         return [v.name for v in self.list()]
 
     def _read_info(self, path: Path) -> VoiceInfo | None:
-        try:  # the header only, not the arrays
+        try:  # the header only, not the arrays (its metadata is str -> str)
             with safe_open(path, framework="np") as f:
-                info = info_from_meta(f.metadata() or {})
-        except (OSError, ValueError, KeyError, SafetensorError):
+                m = f.metadata() or {}
+            info = VoiceInfo(name=check_name(m["name"]), prompt_text=m["prompt_text"],
+                             prompt_seconds=float(m["prompt_seconds"]), created=float(m["created"]),
+                             model_fingerprint=m.get("model_fingerprint", ""), owner=m.get("owner", ""))
+        except (OSError, ValueError, KeyError, SafetensorError):  # a field missing or bad (VoiceError: the name)
             return None  # a foreign or damaged file in the folder: not a voice
         return info if path.stem == info.name else None
 
@@ -196,8 +165,6 @@ class VoiceStore:
     def load(self, name: str) -> VoiceFeatures:
         """The saved features of `name`; `VoiceError` if unknown, damaged or from another model."""
         path = self._path(name)
-        if not path.exists() and (self.root / f"{check_name(name)}.npz").is_file():
-            raise VoiceError(f"voice {check_name(name)!r} is damaged; delete it and save it again", code="damaged")
         info = self.info(name)
         if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
             raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording",
@@ -232,27 +199,21 @@ class VoiceStore:
             with self._writing():
                 self.root.mkdir(parents=True, exist_ok=True)
                 self._atomic_write(path, data)
-                for old in (self.root / f"{name}.json", self.root / f"{name}.npz"):
-                    old.unlink(missing_ok=True)
         return info
 
     def refuse_taken(self, name: str, overwrite: bool = False) -> None:
-        name = check_name(name)  # (not _path: save calls this under the lock that an old pair's conversion takes)
-        if not overwrite and ((self.root / f"{name}{SUFFIX}").exists() or (self.root / f"{name}.json").exists()):
+        if not overwrite and (path := self._path(name)).exists():
             raise VoiceError(Message("voice_exists", "a voice named {name!r} exists already; delete it first or choose "
-                                     "another name", name=name), code="exists")
+                                     "another name", name=path.stem), code="exists")
 
     def delete(self, name: str) -> None:
         """Remove `name`; `VoiceError` if there is no such voice."""
         path = self._path(name)
-        old = [self.root / f"{path.stem}.json", self.root / f"{path.stem}.npz"]  # a damaged unconverted pair
         with self._lock:
-            if not path.exists() and not any(p.exists() for p in old):
-                raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=check_name(name)),
-                                 code="not_found")
+            if not path.exists():
+                raise VoiceError(Message("no_voice", "no saved voice named {name!r}", name=path.stem), code="not_found")
             with self._writing():
-                for p in (*old, path):  # unlisted first
-                    p.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
