@@ -65,16 +65,14 @@ class Synthesizer:
                                            max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and self.cuda else None
         self.hift_graphs = HiftGraphs() if e.hift_graphs and self.cuda else None  # captured by `capture_graphs`
         self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
-        self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
-        finish_batch = self._vocode_chunks if e.hift_batch else None
         # calls sized by deadlines on CUDA; a CPU call's seconds dwarf any allowance: one call for every due hop
         budget = CallBudget(e.first_call_ms / 1e3, e.max_call_ms / 1e3) if self.cuda else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=self._flow_batch, finish_batch=finish_batch, budget=budget)
+                                       flow_fn=self._flow_batch, finish_batch=self._vocode_chunks, budget=budget)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
         # the scheduler's finish_batch: HiFT batched per mel length through `self.hift_graphs` (tests swap it)
-        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
+        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs)
 
     def _flow_batch(self, items: list) -> list:
         # the scheduler's flow_fn: one flow call for its jobs (the paged graphs read once the pool exists)
