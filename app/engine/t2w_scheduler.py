@@ -150,8 +150,11 @@ class Token2WavScheduler:
                         return  # closed and drained
                     jobs = self._take(w)
                 jobs = [j for j in jobs if not j.fut.done()]  # cancelled while queued: skip the work
-                if jobs and jobs[0].item is None:
-                    self._call(jobs[0], jobs[0].finish)
+                if jobs and jobs[0].item is None:  # a plain job: its result or error to the awaiting request
+                    try:
+                        self._hand_back(jobs[0], jobs[0].finish(), None)
+                    except BaseException as e:
+                        self._hand_back(jobs[0], None, e)
                 elif jobs:
                     self._flow_call(jobs)
 
@@ -189,14 +192,6 @@ class Token2WavScheduler:
                 self._hand_back(j, None, error or RuntimeError("finish_batch returned no result for this job"))
         finally:
             self.cost.observe(sum(j.frames for j in jobs), time.perf_counter() - t0)
-
-    def _call(self, job: _Job, fn: Callable[[], Any]) -> None:
-        result, error = None, None
-        try:
-            result = fn()
-        except BaseException as e:  # handed to the awaiting request
-            error = e
-        self._hand_back(job, result, error)
 
     def _hand_back(self, job: _Job, result: Any, error: BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
