@@ -203,7 +203,7 @@ def _chunk_jobs(hift, stream_mels, ks):
     finishes, mels = [], []
     for k in ks:
         u = Utterance(SynthesisRequest(text="x", voice=None, stream=SCHEDULES[k][0], speed=SCHEDULES[k][1]), ["x"])
-        u.segment = Segment(0, "x", _streams(hift)[k], lm=None, tokens=[])
+        u.segment = Segment(_streams(hift)[k], lm=None, tokens=[])
         finishes.append(ChunkFinish(u, _plan(k, 0)))
         mels.append(stream_mels[k][0])
     return finishes, mels

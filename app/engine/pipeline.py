@@ -230,9 +230,8 @@ class Synthesizer:
                                              chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead,
                                              speed=u.request.speed, generator=hift_gen, flow_pool=self.flow_pool)
         lm, first = u.take_next_lm()
-        u.segment = seg = Segment(seg_i, segment.text, t2w,
-                                  lm or self.lm.stream(self.lm_request(req, segment.text, seg_i, segment.voice)), [],
-                                  segment.voice)
+        lm = lm or self.lm.stream(self.lm_request(req, segment.text, seg_i, segment.voice))
+        u.segment = seg = Segment(t2w, lm, [], segment.voice)
         try:
             while not t2w.done:
                 plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)

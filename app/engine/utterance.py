@@ -25,8 +25,6 @@ from app.model.token2wav import ChunkPlan, Token2WavStream
 class Segment:
     """The segment being spoken: its LM stream, the tokens so far and its token->wave stream."""
 
-    index: int
-    text: str
     t2w: Token2WavStream
     lm: AsyncIterator[list[int]]
     tokens: list[int]
