@@ -86,8 +86,7 @@ class Synthesizer:
         capture broke other threads' CUDA work, docs/performance.md). A second call does nothing."""
         e = self.cfg.engine
         if self.hift_graphs is not None and not self.hift_graphs.frozen:
-            frames = e.hift_graph_frames or schedule_frames(
-                self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
+            frames = schedule_frames(self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
             self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
                                      max_graphs=e.hift_max_graphs)
         if e.flow_incremental and self.cuda and not self.incremental:
