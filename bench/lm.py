@@ -161,7 +161,7 @@ async def run(args) -> dict:
     model = load_model(args.model_dir, device=cfg.model.device, text_frontend=False)
     t0 = time.perf_counter()
     if args.profile_dir:
-        from app.engine.vllm_backend import VLLMBackend
+        import app.engine.vllm_backend as vllm_backend
 
         # a small trace, quick to write: the engine process only, 100 steps, no gzip; Python stacks (the host's
         # time by function) only when asked, they make the trace several times larger
@@ -169,7 +169,10 @@ async def run(args) -> dict:
         profiler = {"profiler": "torch", "torch_profiler_dir": str(Path(args.profile_dir).resolve()),
                     "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": False,
                     "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True, "max_iterations": 100}
-        backend = await VLLMBackend.start(cfg, args.model_dir, extra_engine_args={"profiler_config": profiler})
+        # the profiler joins the engine's arguments (the app's start reads engine_kwargs from this module)
+        base_kwargs = vllm_backend.engine_kwargs
+        vllm_backend.engine_kwargs = lambda *a, **k: base_kwargs(*a, **k) | {"profiler_config": profiler}
+        backend = await vllm_backend.VLLMBackend.start(cfg, args.model_dir)
     else:
         backend = await make_backend(cfg, model)
     start_s = time.perf_counter() - t0

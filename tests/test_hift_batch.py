@@ -203,10 +203,26 @@ def _chunk_jobs(hift, stream_mels, ks):
     finishes, mels = [], []
     for k in ks:
         u = Utterance(SynthesisRequest(text="x", voice=None, stream=SCHEDULES[k][0], speed=SCHEDULES[k][1]), ["x"])
-        u.segment = Segment(0, "x", _streams(hift)[k], lm=None, tokens=[])
+        u.segment = Segment(_streams(hift)[k], lm=None, tokens=[])
         finishes.append(ChunkFinish(u, _plan(k, 0)))
         mels.append(stream_mels[k][0])
     return finishes, mels
+
+
+def _count_hift_calls(monkeypatch) -> dict[int, int]:
+    """Batched HiFT calls of app.engine.utterance that ran, by rows (counted as each call returns)."""
+    import app.engine.utterance as utterance
+
+    sizes: dict[int, int] = {}
+    inner = utterance.vocode_rows
+
+    def counted(hift, rows, graphs=None):
+        out = inner(hift, rows, graphs)
+        sizes[len(rows)] = sizes.get(len(rows), 0) + 1
+        return out
+
+    monkeypatch.setattr(utterance, "vocode_rows", counted)
+    return sizes
 
 
 @pytest.mark.parametrize("fail_batches", [False, True])
@@ -228,8 +244,8 @@ def test_vocode_chunks_batches_and_isolates_a_bad_row(hifts, stream_mels, monkey
             return real(hift, rows, graphs)
 
         monkeypatch.setattr(utterance, "vocode_rows", only_single_rows)
-    sizes: dict[int, int] = {}
-    got = {i: (r, e) for i, r, e in utterance.vocode_chunks(hift, finishes, mels, 0.25, sizes=sizes)}
+    sizes = _count_hift_calls(monkeypatch)
+    got = {i: (r, e) for i, r, e in utterance.vocode_chunks(hift, finishes, mels, 0.25)}
     assert sorted(got) == list(range(5))
     assert isinstance(got[3][1], ValueError) and got[3][0] is None
     assert sizes == ({1: 4} if fail_batches else {3: 1, 1: 1})  # streams 0, 1, 6 share 80 frames; 5 has 160
@@ -287,7 +303,7 @@ TEXTS = ("Hello there, how are you today?", "A second request running at the sam
          "And a third one.")
 
 
-def test_pipeline_concurrent_requests_share_hift_calls(parity_model_dir, voice):
+def test_pipeline_concurrent_requests_share_hift_calls(parity_model_dir, voice, monkeypatch):
     """Three streamed requests (NSF noise on, seeded) held until their first chunks wait together: they
     share flow calls and batched HiFT calls, and each request's audio is what it gives alone."""
     synth = make_synth(parity_model_dir, nsf_noise=True, flow_batch=4)
@@ -295,12 +311,11 @@ def test_pipeline_concurrent_requests_share_hift_calls(parity_model_dir, voice):
 
     try:
         alone = [asyncio.run(collect(synth, r)) for r in reqs]
-        before = dict(synth.hift_batch_sizes)
+        sizes = _count_hift_calls(monkeypatch)
         both = asyncio.run(held_together(synth, reqs))
     finally:
         asyncio.run(synth.aclose())
-    shared = {n: c - before.get(n, 0) for n, c in synth.hift_batch_sizes.items() if n > 1}
-    assert sum(shared.values()) >= 1, synth.hift_batch_sizes  # some HiFT call held several requests' rows
+    assert sum(n for rows, n in sizes.items() if rows > 1) >= 1, sizes  # some HiFT call held several requests' rows
     for conc, solo in zip(both, alone, strict=True):
         assert [c.samples.shape for c in conc] == [c.samples.shape for c in solo]
         a, b = (np.concatenate([c.samples for c in cs]) for cs in (conc, solo))

@@ -116,16 +116,11 @@ class EngineConfig:
     flow_paged_graph_rows: int = 64  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
-    hift_batch: bool = True  # the HiFT of one batched flow call's chunks runs batched, per mel length
     hift_graphs: bool = True  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
     hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)
-    hift_graph_frames: tuple[int, ...] = ()  # exact mel lengths to capture; () = the streaming schedule's
     hift_max_graphs: int = 160  # graphs per token->wave worker at most (buckets past it run eagerly)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hift_graph_frames", tuple(self.hift_graph_frames))  # TOML gives a list
-        if any(not isinstance(f, int) or f < 1 for f in self.hift_graph_frames):
-            raise ConfigError("engine.hift_graph_frames must be positive integers (mel frames)")
         if min(self.flow_state_gib, self.flow_state_max_gib, self.prompt_cache_gib) < 0:
             raise ConfigError("engine.flow_state_gib, flow_state_max_gib and prompt_cache_gib must be >= 0")
         if min(self.first_call_ms, self.max_call_ms) < 0:

@@ -132,20 +132,16 @@ class TorchLMBackend:
         fut.add_done_callback(self._workers.discard)
         try:
             while True:
-                item = await queue.get()
-                batch: list[int] = []
-                while True:  # drain whatever else is already queued into one delta
-                    if item is _END:
-                        if batch:
-                            yield batch
-                        return
-                    if isinstance(item, BaseException):
-                        raise item
-                    batch.append(int(item))
-                    if queue.empty():
-                        break
-                    item = queue.get_nowait()
-                yield batch
+                items = [await queue.get()]
+                # whatever else is already queued joins one delta, up to the end or an error
+                while not queue.empty() and items[-1] is not _END and not isinstance(items[-1], BaseException):
+                    items.append(queue.get_nowait())
+                if isinstance(items[-1], BaseException):
+                    raise items[-1]
+                if batch := [int(t) for t in items if t is not _END]:
+                    yield batch
+                if items[-1] is _END:
+                    return
         finally:
             cancel.set()  # the worker stops at its next token
 

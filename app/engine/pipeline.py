@@ -65,16 +65,14 @@ class Synthesizer:
                                            max_graphs=e.flow_max_graphs) if e.flow_cuda_graphs and self.cuda else None
         self.hift_graphs = HiftGraphs() if e.hift_graphs and self.cuda else None  # captured by `capture_graphs`
         self.flow_work = FlowWork.of(model.flow)  # estimator FLOPs and padding of every flow call (facts)
-        self.hift_batch_sizes: dict[int, int] = {}  # batched HiFT calls by rows (facts for the panels/bench)
-        finish_batch = self._vocode_chunks if e.hift_batch else None
         # calls sized by deadlines on CUDA; a CPU call's seconds dwarf any allowance: one call for every due hop
         budget = CallBudget(e.first_call_ms / 1e3, e.max_call_ms / 1e3) if self.cuda else None
         self._t2w = Token2WavScheduler(e.token2wav_workers, model.device, max_batch=e.flow_batch,
-                                       flow_fn=self._flow_batch, finish_batch=finish_batch, budget=budget)
+                                       flow_fn=self._flow_batch, finish_batch=self._vocode_chunks, budget=budget)
 
     def _vocode_chunks(self, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float):
         # the scheduler's finish_batch: HiFT batched per mel length through `self.hift_graphs` (tests swap it)
-        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs, sizes=self.hift_batch_sizes)
+        return vocode_chunks(self.model.hift, finishes, mels, flow_s, self.hift_graphs)
 
     def _flow_batch(self, items: list) -> list:
         # the scheduler's flow_fn: one flow call for its jobs (the paged graphs read once the pool exists)
@@ -88,8 +86,7 @@ class Synthesizer:
         capture broke other threads' CUDA work, docs/performance.md). A second call does nothing."""
         e = self.cfg.engine
         if self.hift_graphs is not None and not self.hift_graphs.frozen:
-            frames = e.hift_graph_frames or schedule_frames(
-                self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
+            frames = schedule_frames(self.streaming, chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead)
             self.hift_graphs.capture(self.model.hift, row_buckets(e.hift_graph_rows), frames, self._t2w.streams,
                                      max_graphs=e.hift_max_graphs)
         if e.flow_incremental and self.cuda and not self.incremental:
@@ -232,9 +229,8 @@ class Synthesizer:
                                              chunk_tokens=self.chunk_tokens, pre_lookahead=self.pre_lookahead,
                                              speed=u.request.speed, generator=hift_gen, flow_pool=self.flow_pool)
         lm, first = u.take_next_lm()
-        u.segment = seg = Segment(seg_i, segment.text, t2w,
-                                  lm or self.lm.stream(self.lm_request(req, segment.text, seg_i, segment.voice)), [],
-                                  segment.voice)
+        lm = lm or self.lm.stream(self.lm_request(req, segment.text, seg_i, segment.voice))
+        u.segment = seg = Segment(t2w, lm, [], segment.voice)
         try:
             while not t2w.done:
                 plan = t2w.next_plan(len(seg.tokens), seg.lm_finished)

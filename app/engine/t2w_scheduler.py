@@ -29,6 +29,16 @@ def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> N
         fut.set_result(result)
 
 
+def finish_each(finishes: list[Callable[[Any, float], Any]], outs: list[Any],
+                flow_s: float) -> Iterator[tuple[int, Any, BaseException | None]]:
+    """The default finish_batch: each job's `finish(out, flow_s)` alone, as (index, result, error)."""
+    for i, (finish, out) in enumerate(zip(finishes, outs, strict=True)):
+        try:
+            yield i, finish(out, flow_s), None
+        except Exception as e:  # fails this job alone
+            yield i, None, e
+
+
 @dataclass(order=True)
 class _Job:
     deadline: float
@@ -57,7 +67,7 @@ class Token2WavScheduler:
         self.n_workers, self.max_batch, self.flow_fn = n_workers, max_batch, flow_fn
         self.budget, self.clock = budget or CallBudget(0.0, 0.0), clock
         self.cost = CallCost()  # seconds per call (flow + its HiFT), learned from the calls run
-        self.finish_batch = finish_batch
+        self.finish_batch = finish_batch or finish_each  # a flow call's finishes: (finishes, outs, flow_s) -> results
         self.device = torch.device(device)
         # one CUDA stream per worker (the default stream for a single worker): workers overlap on the GPU;
         # made here so that warm-up can capture each worker's CUDA graphs before any job runs
@@ -140,41 +150,38 @@ class Token2WavScheduler:
                         return  # closed and drained
                     jobs = self._take(w)
                 jobs = [j for j in jobs if not j.fut.done()]  # cancelled while queued: skip the work
-                if jobs and jobs[0].item is None:
-                    self._call(jobs[0], jobs[0].finish)
+                if jobs and jobs[0].item is None:  # a plain job: its result or error to the awaiting request
+                    try:
+                        self._hand_back(jobs[0], jobs[0].finish(), None)
+                    except BaseException as e:
+                        self._hand_back(jobs[0], None, e)
                 elif jobs:
                     self._flow_call(jobs)
 
     def _flow_call(self, jobs: list[_Job]) -> None:
-        """One flow call for `jobs`, then their finishes; the whole call's seconds teach `cost`."""
+        """One flow call for `jobs`, then their finishes together through finish_batch; the whole call's seconds
+        teach `cost`."""
         t0 = time.perf_counter()
         try:
-            self._flow_and_finish(jobs, t0)
-        finally:
-            self.cost.observe(sum(j.frames for j in jobs), time.perf_counter() - t0)
-
-    def _flow_and_finish(self, jobs: list[_Job], t0: float) -> None:
-        # the flow call, then the finishes one by one, or together through finish_batch
-        try:
-            outs = self.flow_fn([j.item for j in jobs])
-            if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop
-                torch.cuda.current_stream(self.device).synchronize()  # returns before its kernels ran
-        except BaseException as e:  # every job of the call gets the error
-            for j in jobs:
-                self._hand_back(j, None, e)
-            return
-        flow_s = time.perf_counter() - t0
-        self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
-        good = []
-        for j, out in zip(jobs, outs, strict=True):
-            if isinstance(out, BaseException):  # an error output fails its job alone
-                self._hand_back(j, None, out)
-            else:
-                good.append((j, out))
-        if self.finish_batch is None:
-            for j, out in good:
-                self._call(j, lambda j=j, out=out, s=flow_s: j.finish(out, s))
-        elif good:  # finish_batch over the call's jobs; a job it never answered gets its error (or a bug report)
+            try:
+                outs = self.flow_fn([j.item for j in jobs])
+                if self.device.type == "cuda":  # flow_s is the call's GPU time too: a replayed paged hop
+                    torch.cuda.current_stream(self.device).synchronize()  # returns before its kernels ran
+            except BaseException as e:  # every job of the call gets the error
+                for j in jobs:
+                    self._hand_back(j, None, e)
+                return
+            flow_s = time.perf_counter() - t0
+            self.batch_sizes[len(jobs)] = self.batch_sizes.get(len(jobs), 0) + 1
+            good = []
+            for j, out in zip(jobs, outs, strict=True):
+                if isinstance(out, BaseException):  # an error output fails its job alone
+                    self._hand_back(j, None, out)
+                else:
+                    good.append((j, out))
+            if not good:
+                return
+            # a job finish_batch never answered gets its error (or a bug report)
             left, error = dict(enumerate(j for j, _ in good)), None
             try:
                 for i, result, err in self.finish_batch([j.finish for j, _ in good], [o for _, o in good], flow_s):
@@ -183,14 +190,8 @@ class Token2WavScheduler:
                 error = e
             for j in left.values():
                 self._hand_back(j, None, error or RuntimeError("finish_batch returned no result for this job"))
-
-    def _call(self, job: _Job, fn: Callable[[], Any]) -> None:
-        result, error = None, None
-        try:
-            result = fn()
-        except BaseException as e:  # handed to the awaiting request
-            error = e
-        self._hand_back(job, result, error)
+        finally:
+            self.cost.observe(sum(j.frames for j in jobs), time.perf_counter() - t0)
 
     def _hand_back(self, job: _Job, result: Any, error: BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile

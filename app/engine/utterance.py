@@ -15,6 +15,7 @@ import torch
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import RequestStats, SynthesisRequest, Turn
+from app.engine.t2w_scheduler import finish_each
 from app.model.frontend import VoiceFeatures
 from app.model.hift_batch import length_buckets, vocode_rows
 from app.model.token2wav import ChunkPlan, Token2WavStream
@@ -24,8 +25,6 @@ from app.model.token2wav import ChunkPlan, Token2WavStream
 class Segment:
     """The segment being spoken: its LM stream, the tokens so far and its token->wave stream."""
 
-    index: int
-    text: str
     t2w: Token2WavStream
     lm: AsyncIterator[list[int]]
     tokens: list[int]
@@ -166,19 +165,15 @@ class ChunkFinish:
         return self.utterance.chunk_done(wave, int(mel.shape[2]), flow_s, time.perf_counter() - t)
 
 
-def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float, graphs=None, *,
-                  sizes: dict[int, int]) -> Iterator[tuple[int, np.ndarray | None, Exception | None]]:
+def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], flow_s: float,
+                  graphs=None) -> Iterator[tuple[int, np.ndarray | None, Exception | None]]:
     """HiFT of one flow call's chunks (`mels[i]` [1, 80, T_i] for `finishes[i]`), one batched call per
     HiFT input length, the most urgent job's length first; yields (index, samples, error) per chunk as
     its bucket is done. A request's hift_s is its own row's work plus its bucket's call (the time it
     waited); a bucket whose call fails runs its rows one by one, so one bad row fails alone.
-    `graphs`: a HiftGraphs (CUDA) or None; `sizes` counts the calls by rows."""
+    `graphs`: a HiftGraphs (CUDA) or None."""
     if len(finishes) == 1 and graphs is None:  # alone: the job's own path (Token2WavStream.finish), same numbers
-        sizes[1] = sizes.get(1, 0) + 1
-        try:
-            yield 0, finishes[0](mels[0], flow_s), None
-        except Exception as e:
-            yield 0, None, e
+        yield from finish_each(finishes, mels, flow_s)
         return
     rows, prep_s = {}, {}
     for i, (f, mel) in enumerate(zip(finishes, mels, strict=True)):
@@ -203,7 +198,6 @@ def vocode_chunks(hift, finishes: list[ChunkFinish], mels: list[torch.Tensor], f
                 yield idx[0], None, e
             continue
         call_s = time.perf_counter() - t
-        sizes[len(idx)] = sizes.get(len(idx), 0) + 1
         for i, (wav, source) in zip(idx, outs, strict=True):
             f = finishes[i]
             try:

@@ -65,25 +65,23 @@ class VLLMBackend:
         self.n_deaths = self.n_restarts = 0
 
     @classmethod
-    async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path, *,
-                    extra_engine_args: dict[str, Any] | None = None) -> VLLMBackend:
+    async def start(cls, cfg: Config | VLLMConfig, model_dir: str | Path) -> VLLMBackend:
         """Export (cached) and start the engine (~20 s on CPU). Raises `EngineStartError` (with the setting to
-        change) when it cannot start, or one already runs here. `extra_engine_args`: more `AsyncEngineArgs`."""
+        change) when it cannot start, or one already runs here."""
         global _running
         if _running is not None:
             raise EngineStartError("a vLLM engine already runs in this process; share that VLLMBackend "
                                    "(one engine per process owns the step loop)")
         _running = "starting"
         try:
-            _running = backend = await cls._start(cfg.vllm if isinstance(cfg, Config) else cfg, Path(model_dir),
-                                                  extra_engine_args or {})
+            _running = backend = await cls._start(cfg.vllm if isinstance(cfg, Config) else cfg, Path(model_dir))
         except BaseException:
             _running = None
             raise
         return backend
 
     @classmethod
-    async def _start(cls, cfg: VLLMConfig, model_dir: Path, extra: dict[str, Any]) -> VLLMBackend:
+    async def _start(cls, cfg: VLLMConfig, model_dir: Path) -> VLLMBackend:
         if cfg.quantized_dir:
             model_path = Path(cfg.quantized_dir).expanduser().resolve()
             if not (model_path / "config.json").is_file():
@@ -102,8 +100,8 @@ class VLLMBackend:
         quiet = quiet_env(Path(cfg.export_cache_dir).expanduser())  # start-up notes a user cannot act on
         env = {k: v for k, v in (cpu_env(cfg) | quiet).items() if k not in os.environ}  # a user's own setting wins
         vllm_model.register()  # the engine's view of the export: the id space's table, a speech-sized head
-        kwargs = (engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu())
-                  | {"hf_overrides": vllm_model.hf_overrides(export)} | extra)
+        kwargs = engine_kwargs(cfg, model_path, gpu=not current_platform.is_cpu()) | {
+            "hf_overrides": vllm_model.hf_overrides(export)}
         os.environ.update(env)  # before vLLM starts: its engine processes inherit them
         t0 = time.perf_counter()
         try:

@@ -45,7 +45,7 @@ def engine_kwargs(cfg: VLLMConfig, model_path: Path, *, gpu: bool = True) -> dic
         levers["async_scheduling"] = cfg.async_scheduling == "on"
     if gpu and cfg.cudagraph_mode:
         levers["compilation_config"] = {"cudagraph_mode": cfg.cudagraph_mode}
-    # read by the RAS processor in the engine process (app.vllm_lm.ras.processor_options)
+    # read by the RAS processor in the engine process (app.vllm_lm.ras.RASLogitsProcessor)
     levers["additional_config"] = {ENGINE_OPTIONS_KEY: {"ras_cuda_graphs": gpu and cfg.ras_cuda_graphs}}
     return levers | dict(
         model=str(model_path), skip_tokenizer_init=True, dtype=cfg.dtype,

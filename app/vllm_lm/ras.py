@@ -30,13 +30,6 @@ except ImportError:  # pragma: no cover - torch-only installs
         return contextlib.nullcontext()
 
 
-def processor_options(vllm_config: Any) -> dict[str, Any]:
-    """Our options from the engine's config (`{"ras_cuda_graphs": bool}`); {} without them."""
-    extra = getattr(vllm_config, "additional_config", None) if vllm_config is not None else None
-    opts = extra.get(ENGINE_OPTIONS_KEY) if isinstance(extra, dict) else None
-    return dict(opts) if isinstance(opts, dict) else {}
-
-
 def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
     """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`; the
     engine's V may be the speech rows only (app.vllm_lm.model), the file has the table's rows."""
@@ -62,8 +55,11 @@ class RASLogitsProcessor(LogitsProcessor):
         # batch row -> (settings, the request's output token list; vLLM appends to it in place)
         self.rows: dict[int, tuple[RASParams, list[int]]] = {}
         self._cache: tuple[Tensor, list[list[int]], RASBatch] | None = None
-        # GPU: the RAS math replayed as one CUDA graph per batch layout (app/model/ras_graphs.py)
-        graphs = self.device.type == "cuda" and processor_options(vllm_config).get("ras_cuda_graphs", True)
+        # GPU: the RAS math replayed as one CUDA graph per batch layout (app/model/ras_graphs.py), unless our
+        # options in the engine's config (app/engine/vllm_start.py:engine_kwargs) say {"ras_cuda_graphs": False}
+        extra = getattr(vllm_config, "additional_config", None)  # None without a vllm_config
+        opts = extra.get(ENGINE_OPTIONS_KEY) if isinstance(extra, dict) else None
+        graphs = self.device.type == "cuda" and (opts if isinstance(opts, dict) else {}).get("ras_cuda_graphs", True)
         self.graphs = RASGraphs() if graphs else None
 
     @classmethod
