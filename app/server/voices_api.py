@@ -50,10 +50,10 @@ def refused() -> Iterator[None]:
 Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
 
-def voices_router(service: StudioService, route_class: type) -> APIRouter:
-    """/voices, /voices/{id}, and a voice as a `.cvvoice` file (/voices/{id}/export, /voices/import) for
-    `service`; a new voice is refused while the model is not ready."""
-    router = APIRouter(route_class=route_class)
+def voices_router(service: StudioService) -> APIRouter:
+    """/voices and /voices/{id} for `service`, and its `voice_files_router`; a new voice is refused while the
+    model is not ready."""
+    router = APIRouter()
     max_mb, limit = service.cfg.limits.max_upload_mb, service.cfg.limits.max_transcript_chars
 
     @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503, 507))
@@ -104,6 +104,15 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
         with refused():
             await asyncio.to_thread(voice_door.delete, service, caller_of(request.scope).owner, voice_id, owner)
         return {"id": voice_id, "object": "voice", "deleted": True}
+
+    router.include_router(voice_files_router(service))
+    return router
+
+
+def voice_files_router(service: StudioService) -> APIRouter:
+    """A voice as a `.cvvoice` file: /voices/{id}/export and /voices/import for `service`."""
+    router = APIRouter()
+    max_mb = service.cfg.limits.max_upload_mb
 
     @router.get("/voices/{voice_id}/export", response_class=Response,
                 responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"},
