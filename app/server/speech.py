@@ -118,8 +118,8 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, caller=caller,
                                                                         stop=stop))
         t_start = time.perf_counter()
-        head = await (_unless_gone(_first_audio(chunks, True, tap), gone) if whole else _first_audio(chunks, False,
-                                                                                                   tap))
+        first = _first_audio(chunks, whole, tap)
+        head = await (_unless_gone(first, gone) if whole else first)
         if whole:
             await stack.aclose()
         if head is None:
@@ -142,21 +142,26 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         data = await asyncio.to_thread(audio_formats.encode_whole, pcm, fmt)
         return Response(data, media_type=media_type, headers=out_headers)
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if fmt == "wav":
-                yield audio_formats.wav_header(None)  # 16-bit mono 24 kHz of unknown length
-            for chunk in head:
-                if chunk.samples.size:
-                    yield pcm_bytes(chunk)
-            if head and head[-1].is_final:
-                return
-            async for chunk in chunks:
-                tap(chunk)
-                if chunk.samples.size:
-                    yield pcm_bytes(chunk)
-        finally:
-            await stack.aclose()
-
-    content = body() if fmt in ("wav", "pcm") else audio_formats.encode_stream(body(), fmt)
+    body = _body(fmt, head, chunks, tap, stack)
+    content = body if fmt in ("wav", "pcm") else audio_formats.encode_stream(body, fmt)
     return ClosingStreamingResponse(content, on_close=stack.aclose, media_type=media_type, headers=out_headers)
+
+
+async def _body(fmt: str, head: list[AudioChunk], chunks: AsyncIterator[AudioChunk], tap: Tap,
+                stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """A streamed take's PCM (after a WAV header for wav): `head`, then the rest of `chunks`; `stack` (the take's
+    share, slot and stream) closes when it ends, however it ends."""
+    try:
+        if fmt == "wav":
+            yield audio_formats.wav_header(None)  # 16-bit mono 24 kHz of unknown length
+        for chunk in head:
+            if chunk.samples.size:
+                yield pcm_bytes(chunk)
+        if head and head[-1].is_final:
+            return
+        async for chunk in chunks:
+            tap(chunk)
+            if chunk.samples.size:
+                yield pcm_bytes(chunk)
+    finally:
+        await stack.aclose()
