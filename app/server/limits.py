@@ -26,9 +26,7 @@ SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  #
 SOCKET_PATH = "/v1/audio/speech/stream"  # one session: one synthesis request of the client's rate limit
 # ElevenLabs' sockets (app/server/elevenlabs_ws.py): /v1/text-to-speech/{voice_id}/<one of these>, counted alike
 EL_SOCKET_ENDS = ("/stream-input", "/multi-stream-input")
-# the socket's refusals, as its own (app/server/ws_speech.py): HTTP's status + 4000
-SOCKET_CODE_BASE = 4000
-SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED = 4401, 4403, 4429
+SOCKET_CODE_BASE = 4000  # a socket's refusal closes with HTTP's status + this (app/server/ws_speech.py)
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
 UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV for another download format
 LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cookie: 200 or 401
@@ -253,13 +251,18 @@ LOGIN_REQUIRED = ("log in first: open the page and sign in, or send HTTP Basic c
 
 
 async def refuse_socket(receive: Any, send: Any, code: int, reason: str) -> None:
-    """Accept the WebSocket (a close before accepting reaches a browser as 1006, without the reason), send
-    `{"type": "error", "code", "message"}` and close with `code`."""
-    if (await receive())["type"] != "websocket.connect":
-        return
-    await send({"type": "websocket.accept"})
-    await send({"type": "websocket.send", "text": json.dumps({"type": "error", "code": code, "message": reason})})
-    await send({"type": "websocket.close", "code": code, "reason": reason.encode()[:120].decode(errors="ignore")})
+    """Accept the WebSocket (a close before accepting reaches a browser as 1006, without the reason), then its
+    `socket_refusal`."""
+    if (await receive())["type"] == "websocket.connect":
+        for message in ({"type": "websocket.accept"}, *socket_refusal(code, reason)):
+            await send(message)
+
+
+def socket_refusal(code: int, reason: str) -> tuple[dict, dict]:
+    """A socket's refusal as ASGI messages: `{"type": "error", "code", "message"}`, then the close with `code`
+    (its reason cut to fit a close frame)."""
+    return ({"type": "websocket.send", "text": json.dumps({"type": "error", "code": code, "message": reason})},
+            {"type": "websocket.close", "code": code, "reason": reason.encode()[:120].decode(errors="ignore")})
 
 
 async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:

@@ -14,11 +14,10 @@ from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.server.errors import ApiError
-from app.service.inputs import InputError
 from app.service.owners import NOBODY, Caller
 from app.service.prepare import Prepared, SpeechInputs, prepare
 from app.service.refusals import refusal
-from app.service.service import NotReadyError, StudioService
+from app.service.service import StudioService
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -54,7 +53,7 @@ async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict
     """`prepare(service, x)`, its refusals as `ApiError` (`params`: see `map_error`)."""
     try:
         return await prepare(service, x)
-    except (NotReadyError, InputError) as e:
+    except Exception as e:  # a refusal (app/service/refusals.py); anything else is raised again as it is
         raise map_error(e, params) from e
 
 

@@ -19,7 +19,7 @@ from app.engine import bistream
 from app.engine.requests import AudioChunk
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
-from app.server.limits import KEY_REFUSED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED, SOCKET_UNAUTHORIZED
+from app.server.limits import KEY_REFUSED, socket_refusal
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
@@ -31,8 +31,8 @@ from app.service.service import StudioService
 log = logging.getLogger(__name__)
 START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
 PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its uploaded reference, as /studio/speech
-# close codes (44xx: HTTP's status + 4000); the gate's refusals (4401, 4403, 4429) come from AccessLimits
-BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED
+# close codes (44xx: HTTP's status + 4000, as AccessLimits' refusals: 4401, 4403, 4429)
+BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, 4401, 4403, 4429
 IDLE, FAILED = 4408, 1011
 
 
@@ -221,5 +221,5 @@ async def speak_arriving(service: StudioService, prepared: Prepared, caller: Cal
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
     with contextlib.suppress(Exception):  # the client may be gone already
-        await ws.send_json({"type": "error", "code": code, "message": reason})
-        await ws.close(code, reason.encode()[:120].decode(errors="ignore"))
+        for message in socket_refusal(code, reason):
+            await ws.send(message)
