@@ -18,7 +18,7 @@ REPLICA_HEADER = b"x-replica"  # which replica answered (added to every forwarde
 
 async def request_dict(request: Request, max_body_bytes: int) -> dict[str, Any]:
     """The ingress side: `request` as a picklable dict. At most `max_body_bytes` + 1 of the body are
-    read: the replica's own cap (openai_api.capped_route) then refuses a longer one with its 413."""
+    read: the replica's own cap (AccessLimits, app/server/limits.py) then refuses a longer one with its 413."""
     parts, size = [], 0
     async for piece in request.stream():
         parts.append(piece)

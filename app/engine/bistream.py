@@ -86,7 +86,8 @@ async def decode(lm: SpeechTokenSource, text_ids: AsyncIterator[list[int]], base
             i += 1
             seq += block.feed
             n = block.max_new if not block.final else (max_final or base.max_tokens)
-            req = replace(base, request_id=f"{base.request_id}-b{i}", prompt_ids=tuple(seq),
+            # the take's id on every block (the backend makes each stream's own, app/engine/vllm_backend.py)
+            req = replace(base, prompt_ids=tuple(seq),
                           min_tokens=0 if block.final else n, max_tokens=n, seed=base.seed + i,
                           history=tuple(out))
             made: list[int] = []

@@ -192,9 +192,9 @@ class ElevenLabsDoor:
         caller = caller_of(ws.scope)
         seed = ws.query_params.get("seed")
         prepared = await prepare_or_raise(self.service, SpeechInputs(
-            text="start", voice=voice_id, seed=int(seed) if seed and seed.lstrip("-").isdigit() else seed,
+            text_streams=True, voice=voice_id, seed=int(seed) if seed and seed.lstrip("-").isdigit() else seed,
             stream=True, owner=caller.owner), EL_PARAMS)
-        ctx = Context(cid, bistream.TextFeed(self.service.require_ready().model.frontend),
+        ctx = Context(cid, bistream.TextFeed(self.service.synth.model.frontend),  # ready: `prepare` said so
                       align=ws.query_params.get("sync_alignment", "").lower() == "true")
         stop = self.stops[prepared.request.request_id] = asyncio.Event()  # the page's Stop reaches this take too
         ctx.task = asyncio.create_task(self.produce(ws, ctx, prepared, caller, stop, out_format, failed))

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Request
+from fastapi import HTTPException
 
 from app.config import Config
 from app.server.errors import ApiError, error_response
@@ -26,17 +26,16 @@ SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  #
 SOCKET_PATH = "/v1/audio/speech/stream"  # one session: one synthesis request of the client's rate limit
 # ElevenLabs' sockets (app/server/elevenlabs_ws.py): /v1/text-to-speech/{voice_id}/<one of these>, counted alike
 EL_SOCKET_ENDS = ("/stream-input", "/multi-stream-input")
-# the socket's refusals, as its own (app/server/ws_speech.py): HTTP's status + 4000
-SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED = 4401, 4403, 4429
+SOCKET_CODE_BASE = 4000  # a socket's refusal closes with HTTP's status + this (app/server/ws_speech.py)
 QUEUE_JOIN_PATH = "/gradio_api/queue/join"
 UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV for another download format
 LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cookie: 200 or 401
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
-DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
 ARRIVAL_KEY = "studio_arrived_at"  # request-state key: its arrival (time.monotonic()), for queue waits
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
 MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
+BODY_SLACK_BYTES = 1 << 20  # a /v1 request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
 
 
 class RateLimiter:
@@ -66,18 +65,6 @@ class RateLimiter:
         return len(self._buckets)
 
 
-def bearer_auth(identity: Identity):
-    """A FastAPI dependency: a configured API key in `Authorization: Bearer` (none configured = no auth)."""
-
-    async def check(request: Request) -> None:
-        if identity.any_key and identity.bearer(request.scope) is None:
-            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (the server's "
-                           "[server] api_key / api_keys / admin_key)", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
-
-    return check
-
-
 def basic_credentials(scope: dict) -> tuple[str, str] | None:
     """(user, password) from an `Authorization: Basic` header (the first one), else None."""
     scheme, token = authorization(scope)
@@ -103,6 +90,28 @@ class Gate:
         self.on_refused = on_refused or (lambda _reason: None)  # counts a refusal by reason (/metrics)
         self.gradio_app: Any = None  # the mounted page (ASGI): asked whether a login cookie is its own
         self.limited_fns: frozenset[int] = frozenset()  # fn_index of LIMITED_EVENTS
+        self.max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES  # a /v1 request body, bytes
+        self.too_long = (f"the request body is larger than {cfg.limits.max_upload_mb} MB ([limits] max_upload_mb); "
+                         "send a shorter clip (1-30 s is enough)")
+
+    def capped(self, scope: dict, receive: Any) -> tuple[ApiError | None, Any]:
+        """(a 413 for a /v1 body whose Content-Length passes `max_body`: refused unread, else None; `receive` that
+        cuts a longer body off as soon as it passes the limit). FastAPI spools a whole multipart body before any
+        route runs; the HTTPException raised from its read is answered by the app's handler."""
+        declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.max_body:
+            return ApiError(413, self.too_long, code="file_too_large"), receive
+        seen = 0
+
+        async def receive_capped() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, self.too_long)
+            return message
+
+        return None, receive_capped
 
     def rate_refusal(self, bucket: RateLimiter | None, what: str, reason: str, client: str) -> ApiError | None:
         """A 429 when `client` has no token left in `bucket` (counted as `reason`), else None (a token taken)."""
@@ -146,7 +155,7 @@ class Gate:
         return status == 200
 
     async def allowed(self, scope: dict, path: str) -> bool:
-        """Whether `path` may be served to this request (the /v1 routes check their key themselves)."""
+        """Whether `path` may be served to this request."""
         ident = self.identity
         if path == "/metrics":
             if not (self.users or ident.any_key or self.metrics_token):
@@ -155,7 +164,8 @@ class Gate:
             metrics_ok = bool(self.metrics_token) and scheme == "bearer" and secrets.compare_digest(
                 token.encode(), self.metrics_token.encode())
             return metrics_ok or ident.bearer(scope) is not None or (bool(self.users) and await self.logged_in(scope))
-        if path in DOC_PATHS and ident.any_key:
+        if path.startswith("/v1/") and ident.any_key and scope["type"] == "http":  # the API, its docs: a key
+            # (a socket's key is its door's: ElevenLabs' comes in its own header or first message)
             return ident.bearer(scope) is not None
         if not self.users:
             return True
@@ -178,49 +188,53 @@ class AccessLimits:
         scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
         gate, path = self.gate, scope.get("path", "")
         caller, set_cookie = gate.identity.identify(scope, gate.basic_user(scope) if gate.users else None)
-        if scope["type"] == "websocket":
-            return await self.socket(scope, receive, send, caller.client)
         if not gate.origins.allows(scope):  # preflights too: a listed origin's are answered by CORSMiddleware
             gate.on_refused("origin")
-            return await error_response(ApiError(403, ORIGIN_REFUSED, code="origin_not_allowed"))(scope, receive, send)
-        if set_cookie:
-            send = with_cookie(send, set_cookie)
-        if gate.limiter is not None and scope.get("method") == "POST":
-            limited = path in SYNTH_PATHS
-            if path == QUEUE_JOIN_PATH and gate.limited_fns:
-                body, receive = await peek_body(receive, MAX_JOIN_BODY)
-                limited = _fn_index(body) in gate.limited_fns
-            bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
-                (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH else (None, "", "")
-            if (refused := gate.rate_refusal(bucket, what, reason, caller.client)) is not None:
-                return await error_response(refused)(scope, receive, send)
-        if await gate.allowed(scope, path):
-            return await self.app(scope, receive, send)
-        if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
-            refused = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                               code="invalid_api_key", headers={"www-authenticate": "Bearer"})
+            refused = ApiError(403, ORIGIN_REFUSED, code="origin_not_allowed")
         else:
-            refused = ApiError(401, LOGIN_REQUIRED, code="login_required",
-                               headers={"www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'})
-        await error_response(refused)(scope, receive, send)
-
-    async def socket(self, scope: dict, receive: Any, send: Any, client: str) -> None:
-        """A WebSocket session: the same origin, rate limit and login as HTTP; a refusal is an `error` message
-        and a 44xx close (the socket's own codes), with one log line and no traceback."""
-        gate, path = self.gate, scope.get("path", "")
-        refused = None
-        if not gate.origins.allows(scope):
-            gate.on_refused("origin")
-            refused = SOCKET_FORBIDDEN, ORIGIN_REFUSED
-        elif is_synthesis_socket(path) and (e := gate.rate_refusal(gate.limiter, "synthesis requests", "rate_limit",
-                                                             client)) is not None:
-            refused = SOCKET_RATE_LIMITED, e.message
-        elif not await gate.allowed(scope, path):
-            refused = SOCKET_UNAUTHORIZED, LOGIN_REQUIRED
+            if set_cookie and scope["type"] == "http":
+                send = with_cookie(send, set_cookie)
+            refused, receive = await self.refusal(scope, receive, path, caller.client)
         if refused is None:
             return await self.app(scope, receive, send)
-        log.info("refused a WebSocket session on %s (%d): %s", path, refused[0], refused[1].split(":")[0])
-        await refuse_socket(receive, send, *refused)
+        if scope["type"] == "http":
+            return await error_response(refused)(scope, receive, send)
+        code = SOCKET_CODE_BASE + refused.status  # the socket's own codes (a close before accepting reaches no one)
+        log.info("refused a WebSocket session on %s (%d): %s", path, code, refused.message.split(":")[0])
+        await refuse_socket(receive, send, code, refused.message)
+
+    async def refusal(self, scope: dict, receive: Any, path: str, client: str) -> tuple[ApiError | None, Any]:
+        """The rate limit's, the login's (or key's) or the /v1 body cap's refusal of a request from an allowed
+        origin, else None; and the `receive` to serve it with."""
+        gate = self.gate
+        limited, receive = await self.limited(scope, receive, path)
+        bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
+            (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH and scope.get("method") == "POST" else \
+            (None, "", "")
+        if (refused := gate.rate_refusal(bucket, what, reason, client)) is not None:
+            return refused, receive
+        if not await gate.allowed(scope, path):
+            if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
+                return ApiError(401, KEY_REFUSED, code="invalid_api_key", headers={"www-authenticate": "Bearer"}), \
+                    receive
+            return ApiError(401, LOGIN_REQUIRED, code="login_required", headers={
+                "www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'}), receive
+        if scope["type"] == "http" and path.startswith("/v1/"):
+            return gate.capped(scope, receive)
+        return None, receive
+
+    async def limited(self, scope: dict, receive: Any, path: str) -> tuple[bool, Any]:
+        """Whether the request is a synthesis request of its client's rate limit (a queue/join body is read for
+        the event it names), and the `receive` to serve it with."""
+        gate = self.gate
+        if scope["type"] == "websocket":
+            return is_synthesis_socket(path), receive
+        if gate.limiter is None or scope.get("method") != "POST":
+            return False, receive
+        if path == QUEUE_JOIN_PATH and gate.limited_fns:
+            body, receive = await peek_body(receive, MAX_JOIN_BODY)
+            return _fn_index(body) in gate.limited_fns, receive
+        return path in SYNTH_PATHS, receive
 
 
 def is_synthesis_socket(path: str) -> bool:
@@ -230,18 +244,25 @@ def is_synthesis_socket(path: str) -> bool:
 
 ORIGIN_REFUSED = ("origin not allowed: this server takes browser requests from its own page and the origins in "
                   "[server] allowed_origins only")
+KEY_REFUSED = ("missing or wrong API key: send 'Authorization: Bearer <key>' (the server's [server] api_key / "
+               "api_keys / admin_key)")
 LOGIN_REQUIRED = ("log in first: open the page and sign in, or send HTTP Basic credentials (the server's "
                   "[server] auth / COSYVOICE_AUTH)")
 
 
 async def refuse_socket(receive: Any, send: Any, code: int, reason: str) -> None:
-    """Accept the WebSocket (a close before accepting reaches a browser as 1006, without the reason), send
-    `{"type": "error", "code", "message"}` and close with `code`."""
-    if (await receive())["type"] != "websocket.connect":
-        return
-    await send({"type": "websocket.accept"})
-    await send({"type": "websocket.send", "text": json.dumps({"type": "error", "code": code, "message": reason})})
-    await send({"type": "websocket.close", "code": code, "reason": reason.encode()[:120].decode(errors="ignore")})
+    """Accept the WebSocket (a close before accepting reaches a browser as 1006, without the reason), then its
+    `socket_refusal`."""
+    if (await receive())["type"] == "websocket.connect":
+        for message in ({"type": "websocket.accept"}, *socket_refusal(code, reason)):
+            await send(message)
+
+
+def socket_refusal(code: int, reason: str) -> tuple[dict, dict]:
+    """A socket's refusal as ASGI messages: `{"type": "error", "code", "message"}`, then the close with `code`
+    (its reason cut to fit a close frame)."""
+    return ({"type": "websocket.send", "text": json.dumps({"type": "error", "code": code, "message": reason})},
+            {"type": "websocket.close", "code": code, "reason": reason.encode()[:120].decode(errors="ignore")})
 
 
 async def peek_body(receive: Any, limit: int) -> tuple[bytes, Any]:

@@ -5,21 +5,21 @@
 from collections.abc import Awaitable
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
-from app.server.errors import ApiError, error_response, error_responses
+from app.server.errors import ApiError, error_responses
 from app.server.identity import Identity, caller_of
-from app.server.limits import bearer_auth
-from app.server.speech import Tap, map_error, no_tap, prepare_or_raise, speech_response
+from app.server.limits import BODY_SLACK_BYTES as BODY_SLACK_BYTES  # the cluster's ingress caps bodies alike
+from app.server.speech import Tap, no_tap, prepare_or_raise, speech_response
 from app.server.sse_speech import sse_response
 from app.server.voices_api import NAME_MAX_CHARS, voices_router
 from app.service.inputs import MAX_SEED, SPEED_RANGE
 from app.service.prepare import NO_TRANSCRIPT_NOTE, SpeechInputs
-from app.service.service import NotReadyError, StudioService
+from app.service.service import StudioService
 
 MODEL_ID = "cosyvoice2"
 # `model` names /v1/audio/speech accepts (case-insensitive): this model's own, and OpenAI's TTS names, which
@@ -29,7 +29,7 @@ DEFAULT_REPO_ID = ModelConfig.repo_id  # the schema lists the default's names; t
 # prepare()'s field names -> this API's (OpenAI's `input`; the reference is always a saved voice here)
 V1_PARAMS = {"text": "input", "reference": "voice", "prompt_text": "voice", "instruct_text": "instructions"}
 STREAM_FORMATS = ("audio", "sse")  # the body as audio bytes, or as OpenAI's events (app/server/sse_speech.py)
-BODY_SLACK_BYTES = 1 << 20  # a request body may exceed [limits] max_upload_mb by this (form fields, boundaries)
+CATCH_ALL = "/{path:path}"  # the last /v1 route: every other path and method answers in the OpenAI shape
 
 
 def accepted_models(repo_id: str) -> tuple[str, ...]:
@@ -44,7 +44,7 @@ class VoiceRef(BaseModel):
 def speech_body(lim: LimitsConfig) -> type[BaseModel]:
     """OpenAI's `audio.speech.create` body, plus CosyVoice2 extensions (seed, mode, fixed_tokens, dialogue), whose
     schema states the configured limits (checked in app/service/prepare.py, with messages that say what to do; the
-    body's size is capped by `capped_route`)."""
+    body's size is capped by AccessLimits)."""
 
     class SpeechRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -98,118 +98,95 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
     return SpeechRequest
 
 
-def capped_route(max_mb: int) -> type[APIRoute]:
-    """An APIRoute class that answers 413 to a body over `max_mb` MiB (+ slack) before it is parsed (FastAPI
-    spools a whole multipart body before any endpoint or dependency runs): a declared Content-Length over
-    the limit is refused unread, a chunked body cut off as soon as it passes the limit."""
-    limit = max_mb * 1024 * 1024 + BODY_SLACK_BYTES
-    message = (f"the request body is larger than {max_mb} MB ([limits] max_upload_mb); send a shorter clip "
-               "(1-30 s is enough)")
-
-    class CappedRoute(APIRoute):
-        def get_route_handler(self):
-            handler = super().get_route_handler()
-
-            async def capped(request: Request) -> Response:
-                declared = request.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > limit:
-                    return error_response(ApiError(413, message, code="file_too_large"))
-                seen = 0
-
-                async def receive() -> dict:
-                    nonlocal seen
-                    msg = await request.receive()
-                    seen += len(msg.get("body", b""))
-                    if seen > limit:  # FastAPI re-raises HTTPException from body parsing (not a 400)
-                        raise HTTPException(413, message)
-                    return msg
-
-                return await handler(Request(request.scope, receive))
-
-            return capped
-
-    return CappedRoute
-
-
 def api_router(service: StudioService, identity: Identity) -> APIRouter:
-    """The /v1 routes bound to the process's service (auth: the keys `identity` knows)."""
-    cfg = service.cfg
-    models = accepted_models(cfg.model.repo_id)
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(identity))], tags=["v1"],
-                       route_class=capped_route(cfg.limits.max_upload_mb), responses=error_responses(401, 405))
-
-    speech_request = speech_body(cfg.limits)  # the schema states the configured limits
+    """The /v1 routes bound to the process's service. AccessLimits (app/server/limits.py) has checked the key
+    (one `identity` knows, where keys are set) and refuses a body over [limits] max_upload_mb before it is parsed."""
+    router = APIRouter(prefix="/v1", tags=["v1"], responses=error_responses(401, 405))
+    speech_request = speech_body(service.cfg.limits)  # the schema states the configured limits
 
     @router.post("/audio/speech", response_class=Response, responses={
         200: {"content": {t: {} for t in dict.fromkeys(audio_formats.MEDIA_TYPES.values())},
               "description": "the speech"}, **error_responses(400, 403, 413, 429, 503)})
     async def create_speech(body: speech_request, request: Request):
         """Speak `input` in a saved voice; the body streams as the audio is produced."""
-        caller = caller_of(request.scope)
-        if body.model.casefold() not in {m.casefold() for m in models}:
-            service.metrics.input_refused("unknown_model")
-            raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
-                           "loaded CosyVoice2 model)", param="model", code="model_not_found")
-        if body.fixed_tokens and not (cfg.server.bench_options_open or caller.owner.admin):
-            service.metrics.input_refused("bench_option")
-            raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
-                           "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
-                           code="bench_option_refused")
-        try:
-            service.require_ready()
-        except NotReadyError as e:
-            raise map_error(e) from e
-        if body.stream_format not in STREAM_FORMATS:
-            raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
-                           "itself as the body) or 'sse' (events)", param="stream_format", code="unsupported_value")
-        if body.timestamps and body.stream_format != "sse":
-            raise ApiError(400, "timestamps needs stream_format 'sse' (the timings are events between the audio "
-                           "events): send stream_format 'sse', or leave timestamps out", param="timestamps",
-                           code="unsupported_value")
-        fmt = body.response_format
-        if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
-            raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
-                           f"{', '.join(f for f in audio_formats.FORMATS if audio_formats.available(f))}",
-                           param="response_format", code="unsupported_value")
-        name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-        if name is None and not body.dialogue:
-            raise ApiError(400, "voice: a saved voice's id is required (GET /v1/voices lists them)", param="voice",
-                           code="missing")
-        prepared = await prepare_or_raise(service, SpeechInputs(
-            text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
-            seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
-            owner=caller.owner, dialogue=body.dialogue), V1_PARAMS)
-        notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} \
-            if NO_TRANSCRIPT_NOTE in prepared.notes else {}
-        async def gone() -> None:  # the body is read: the next message is the disconnect
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+        return await speak_v1(service, body, request)
 
-        def speak(tap: Tap = no_tap) -> Awaitable[Response]:
-            return speech_response(service, prepared.request, fmt, headers=notes, prepared=prepared,
-                                   params=V1_PARAMS, caller=caller, gone=gone, tap=tap)
-
-        if body.stream_format == "sse":
-            return await sse_response(service, prepared, body.input, speak, timestamps=body.timestamps)
-        return await speak()
-
-    router.include_router(voices_router(service, capped_route(cfg.limits.max_upload_mb)))
+    router.include_router(voices_router(service))
 
     @router.get("/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(service.started_at),
                                             "owned_by": "FunAudioLLM", "ready": service.ready}]}
 
-    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    @router.api_route(CATCH_ALL, methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def unknown(path: str, request: Request) -> None:
-        """Unknown /v1 routes answer in the OpenAI shape (the Gradio app at "/" would catch them otherwise); a
-        known route asked with another method answers 405 with the methods it has."""
-        methods = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.endpoint is not unknown
-                          and r.path_regex.match(f"/v1/{path}") for m in r.methods})
-        if methods:
-            raise ApiError(405, f"{request.method} is not allowed on /v1/{path}: use {' or '.join(methods)}",
-                           code="method_not_allowed", headers={"Allow": ", ".join(methods)})
-        raise ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
+        """Unknown /v1 routes answer in the OpenAI shape (the Gradio app at "/" would catch them otherwise)."""
+        raise unknown_route(router, path, request.method)
 
     return router
 
+
+def unknown_route(router: APIRouter, path: str, method: str) -> ApiError:
+    """404 for a path no /v1 route has; a known route asked with another method: 405 with the methods it has."""
+    methods = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.path != router.prefix + CATCH_ALL
+                      and r.path_regex.match(f"/v1/{path}") for m in r.methods})
+    if methods:
+        return ApiError(405, f"{method} is not allowed on /v1/{path}: use {' or '.join(methods)}",
+                        code="method_not_allowed", headers={"Allow": ", ".join(methods)})
+    return ApiError(404, f"no such route /v1/{path}; see /v1/docs", code="unknown_route")
+
+
+def check_speech(service: StudioService, body: BaseModel, admin: bool) -> str | None:
+    """The saved voice a /v1/audio/speech `body` names (None: a dialogue script's tags name them); ApiError for
+    what only this door takes (model names, the bench option, stream formats). The rest is `prepare`'s."""
+    models = accepted_models(service.cfg.model.repo_id)
+    if body.model.casefold() not in {m.casefold() for m in models}:
+        service.metrics.input_refused("unknown_model")
+        raise ApiError(400, f"unknown model {body.model!r}: use one of {', '.join(models)} (all speak with the "
+                       "loaded CosyVoice2 model)", param="model", code="model_not_found")
+    if body.fixed_tokens and not (service.cfg.server.bench_options_open or admin):
+        service.metrics.input_refused("bench_option")
+        raise ApiError(403, "fixed_tokens is a benchmark option this server does not offer (its [server] "
+                       "bench_options; the admin key may use it): leave it out", param="fixed_tokens",
+                       code="bench_option_refused")
+    if body.stream_format not in STREAM_FORMATS:
+        raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
+                       "itself as the body) or 'sse' (events)", param="stream_format", code="unsupported_value")
+    if body.timestamps and body.stream_format != "sse":
+        raise ApiError(400, "timestamps needs stream_format 'sse' (the timings are events between the audio "
+                       "events): send stream_format 'sse', or leave timestamps out", param="timestamps",
+                       code="unsupported_value")
+    fmt = body.response_format
+    if not audio_formats.available(fmt):  # aac/mp3/opus without PyAV: say so before any work
+        raise ApiError(400, f"response_format {fmt!r} needs PyAV on the server (pip install av); use one of "
+                       f"{', '.join(f for f in audio_formats.FORMATS if audio_formats.available(f))}",
+                       param="response_format", code="unsupported_value")
+    name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
+    if name is None and not body.dialogue:
+        raise ApiError(400, "voice: a saved voice's id is required (GET /v1/voices lists them)", param="voice",
+                       code="missing")
+    return name
+
+
+async def speak_v1(service: StudioService, body: BaseModel, request: Request) -> Response:
+    """/v1/audio/speech: `body` checked and prepared (its readiness too), then spoken as bytes or events."""
+    caller = caller_of(request.scope)
+    name = check_speech(service, body, caller.owner.admin)
+    prepared = await prepare_or_raise(service, SpeechInputs(
+        text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
+        seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
+        owner=caller.owner, dialogue=body.dialogue), V1_PARAMS)
+    notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} if NO_TRANSCRIPT_NOTE in prepared.notes \
+        else {}
+
+    async def gone() -> None:  # the body is read: the next message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    def speak(tap: Tap = no_tap) -> Awaitable[Response]:
+        return speech_response(service, prepared.request, body.response_format, headers=notes, prepared=prepared,
+                               params=V1_PARAMS, caller=caller, gone=gone, tap=tap)
+
+    if body.stream_format == "sse":
+        return await sse_response(service, prepared, body.input, speak, timestamps=body.timestamps)
+    return await speak()

@@ -14,11 +14,10 @@ from app import audio_formats
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, to_int16_pcm
 from app.engine.requests import AudioChunk, SynthesisRequest
 from app.server.errors import ApiError
-from app.service.inputs import InputError
 from app.service.owners import NOBODY, Caller
 from app.service.prepare import Prepared, SpeechInputs, prepare
 from app.service.refusals import refusal
-from app.service.service import NotReadyError, StudioService
+from app.service.service import StudioService
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -54,7 +53,7 @@ async def prepare_or_raise(service: StudioService, x: SpeechInputs, params: dict
     """`prepare(service, x)`, its refusals as `ApiError` (`params`: see `map_error`)."""
     try:
         return await prepare(service, x)
-    except (NotReadyError, InputError) as e:
+    except Exception as e:  # a refusal (app/service/refusals.py); anything else is raised again as it is
         raise map_error(e, params) from e
 
 
@@ -118,8 +117,8 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         queue_s, chunks = await stack.enter_async_context(service.speak(req, prepared=prepared, caller=caller,
                                                                         stop=stop))
         t_start = time.perf_counter()
-        head = await (_unless_gone(_first_audio(chunks, True, tap), gone) if whole else _first_audio(chunks, False,
-                                                                                                   tap))
+        first = _first_audio(chunks, whole, tap)
+        head = await (_unless_gone(first, gone) if whole else first)
         if whole:
             await stack.aclose()
         if head is None:
@@ -142,21 +141,26 @@ async def speech_response(service: StudioService, req: SynthesisRequest, fmt: st
         data = await asyncio.to_thread(audio_formats.encode_whole, pcm, fmt)
         return Response(data, media_type=media_type, headers=out_headers)
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if fmt == "wav":
-                yield audio_formats.wav_header(None)  # 16-bit mono 24 kHz of unknown length
-            for chunk in head:
-                if chunk.samples.size:
-                    yield pcm_bytes(chunk)
-            if head and head[-1].is_final:
-                return
-            async for chunk in chunks:
-                tap(chunk)
-                if chunk.samples.size:
-                    yield pcm_bytes(chunk)
-        finally:
-            await stack.aclose()
-
-    content = body() if fmt in ("wav", "pcm") else audio_formats.encode_stream(body(), fmt)
+    body = _body(fmt, head, chunks, tap, stack)
+    content = body if fmt in ("wav", "pcm") else audio_formats.encode_stream(body, fmt)
     return ClosingStreamingResponse(content, on_close=stack.aclose, media_type=media_type, headers=out_headers)
+
+
+async def _body(fmt: str, head: list[AudioChunk], chunks: AsyncIterator[AudioChunk], tap: Tap,
+                stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """A streamed take's PCM (after a WAV header for wav): `head`, then the rest of `chunks`; `stack` (the take's
+    share, slot and stream) closes when it ends, however it ends."""
+    try:
+        if fmt == "wav":
+            yield audio_formats.wav_header(None)  # 16-bit mono 24 kHz of unknown length
+        for chunk in head:
+            if chunk.samples.size:
+                yield pcm_bytes(chunk)
+        if head and head[-1].is_final:
+            return
+        async for chunk in chunks:
+            tap(chunk)
+            if chunk.samples.size:
+                yield pcm_bytes(chunk)
+    finally:
+        await stack.aclose()

@@ -31,8 +31,7 @@ def event(payload: dict) -> bytes:
 def usage(service: StudioService, request_id: str, text: str) -> dict[str, int]:
     """OpenAI's `usage` of a finished take: input_tokens = the input's text tokens (the LM's Qwen2 tokenizer on the
     text as sent), output_tokens = the speech tokens the LM made (25 per second of speech; its request record)."""
-    synth = service.require_ready()
-    n_in = len(synth.model.frontend.tokenizer.encode(text))
+    n_in = len(service.synth.model.frontend.tokenizer.encode(text))  # ready: `prepare` said so
     rec = service.metrics.record(request_id)
     n_out = rec.stats.n_tokens if rec is not None and rec.stats is not None else 0
     return {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
@@ -53,9 +52,8 @@ async def sse_response(service: StudioService, prepared: Prepared, text: str,
     """The take `speak(tap)` answers (`speech_response` for `prepared`, of `text`) as events; `timestamps`: its
     sentences aligned as they finish (the service's aligner, off the audio's path) and sent as events too."""
     timer = None
-    if timestamps:
-        synth = service.require_ready()
-        timer = SentenceTimer(service.aligner, lambda: [t.text for t in synth.segments(prepared.request)])
+    if timestamps:  # (the service is ready: `prepare` said so)
+        timer = SentenceTimer(service.aligner, lambda: [t.text for t in service.synth.segments(prepared.request)])
     try:
         audio = await speak(no_tap if timer is None else timer.push)
     except BaseException:

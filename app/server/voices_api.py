@@ -7,7 +7,7 @@ import contextlib
 import secrets
 from collections.abc import Iterator
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
@@ -50,18 +50,22 @@ def refused() -> Iterator[None]:
 Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
 
-def voices_router(service: StudioService, route_class: type) -> APIRouter:
-    """/voices, /voices/{id}, and a voice as a `.cvvoice` file (/voices/{id}/export, /voices/import) for
-    `service`; a new voice is refused while the model is not ready."""
-    router = APIRouter(route_class=route_class)
+def upload_field(description: str, max_mb: int) -> Any:
+    """A multipart file field whose schema states the configured cap ([limits] max_upload_mb)."""
+    return Annotated[UploadFile, File(description=f"{description}, at most [limits] max_upload_mb",
+                                      json_schema_extra={"maxLength": max_mb * 1024 * 1024})]
+
+
+def voices_router(service: StudioService) -> APIRouter:
+    """/voices and /voices/{id} for `service`, and its `voice_files_router`; a new voice is refused while the
+    model is not ready."""
+    router = APIRouter()
     max_mb, limit = service.cfg.limits.max_upload_mb, service.cfg.limits.max_transcript_chars
 
     @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503, 507))
     async def create_voice(request: Request,
-                           audio: Annotated[UploadFile, File(description=(
-                               "the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; 1-30 s of one "
-                               "speaker), at most [limits] max_upload_mb"), json_schema_extra={
-                                   "maxLength": max_mb * 1024 * 1024})],
+                           audio: upload_field("the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; "
+                                               "1-30 s of one speaker)", max_mb),
                            transcript: Annotated[str, Form(max_length=max(TRANSCRIPT_HARD_CAP, limit),
                                                            json_schema_extra={"maxLength": limit}, description=(
                                "the words spoken in the clip ([limits] max_transcript_chars); blank: Whisper "
@@ -105,6 +109,15 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
             await asyncio.to_thread(voice_door.delete, service, caller_of(request.scope).owner, voice_id, owner)
         return {"id": voice_id, "object": "voice", "deleted": True}
 
+    router.include_router(voice_files_router(service))
+    return router
+
+
+def voice_files_router(service: StudioService) -> APIRouter:
+    """A voice as a `.cvvoice` file: /voices/{id}/export and /voices/import for `service`."""
+    router = APIRouter()
+    max_mb = service.cfg.limits.max_upload_mb
+
     @router.get("/voices/{voice_id}/export", response_class=Response,
                 responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"},
                            **error_responses(404, 409)})
@@ -120,9 +133,7 @@ def voices_router(service: StudioService, route_class: type) -> APIRouter:
 
     @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503, 507))
     async def import_voice_file(request: Request,
-                                file: Annotated[UploadFile, File(description=(
-                                    "a .cvvoice file (GET /v1/voices/{id}/export), at most [limits] max_upload_mb"),
-                                    json_schema_extra={"maxLength": max_mb * 1024 * 1024})],
+                                file: upload_field("a .cvvoice file (GET /v1/voices/{id}/export)", max_mb),
                                 name: Annotated[str, Form(max_length=NAME_MAX_CHARS, description=(
                                     "store it under this name (default: the file's)"))] = "",
                                 overwrite: Overwrite = False) -> dict:

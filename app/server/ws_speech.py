@@ -19,7 +19,7 @@ from app.engine import bistream
 from app.engine.requests import AudioChunk
 from app.server.errors import ApiError
 from app.server.identity import Identity, caller_of
-from app.server.limits import SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED, SOCKET_UNAUTHORIZED
+from app.server.limits import KEY_REFUSED, socket_refusal
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
@@ -31,77 +31,90 @@ from app.service.service import StudioService
 log = logging.getLogger(__name__)
 START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
 PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its uploaded reference, as /studio/speech
-# close codes (44xx: HTTP's status + 4000); the gate's refusals (4401, 4403, 4429) come from AccessLimits
-BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, SOCKET_UNAUTHORIZED, SOCKET_FORBIDDEN, SOCKET_RATE_LIMITED
+# close codes (44xx: HTTP's status + 4000, as AccessLimits' refusals: 4401, 4403, 4429)
+BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, 4401, 4403, 4429
 IDLE, FAILED = 4408, 1011
 
 
 def ws_router(service: StudioService, identity: Identity,
               stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
+    """The socket door bound to the process's service (`stops`: the page's Stop, by request id)."""
     router = APIRouter(prefix="/v1")
-    srv, lim = service.cfg.server, service.cfg.limits
 
-    async def message(ws: WebSocket) -> dict:
+    @router.websocket("/audio/speech/stream")
+    async def speech_stream(ws: WebSocket) -> None:
+        await serve_socket(ws, identity, SpeechSession(service, ws, stops).run)
+
+    return router
+
+
+class SpeechSession:
+    """One socket's take: its start message prepared (`run`), the text as it arrives (`reader`: sentences ->
+    ids on `queue`), the speech as it is made (`produce`). `serve_socket` ends its tasks, whatever happened."""
+
+    def __init__(self, service: StudioService, ws: WebSocket,
+                 stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
+        self.service, self.ws, self.stops = service, ws, stops
+        self.queue: asyncio.Queue[list[int] | None] = asyncio.Queue()  # a sentence's text ids per item; None: the end
+        self.segments: list[int] = []  # n_tokens of each text segment read so far
+
+    async def message(self) -> dict:
         """The next JSON message; a refusal on silence past the idle timeout or anything but a JSON object."""
-        msg = await next_json(ws, srv.ws_idle_timeout_s)
+        msg = await next_json(self.ws, self.service.cfg.server.ws_idle_timeout_s)
         if not isinstance(msg.get("type"), str):
             raise WebSocketException(BAD, "a message must be a JSON object with a \"type\"")
         return msg
 
-    @router.websocket("/audio/speech/stream")
-    async def speech_stream(ws: WebSocket) -> None:
-        await serve_socket(ws, identity, lambda tasks: session(ws, tasks))
-
-    async def session(ws: WebSocket, tasks: list[asyncio.Task]) -> None:
-        caller = caller_of(ws.scope)
-        fmt, inputs = start_inputs(await message(ws), caller.owner)
-        prepared = await prepare_or_raise(service, inputs, V1_PARAMS)
+    async def run(self, tasks: list[asyncio.Task]) -> None:
+        """The start, prepared as every door's request (readiness included); then `reader` and `produce` until
+        both end (the reader at close, then the rest of the speech), unless one raises first."""
+        caller = caller_of(self.ws.scope)
+        fmt, inputs = start_inputs(await self.message(), caller.owner)
+        prepared = await prepare_or_raise(self.service, inputs, V1_PARAMS)
         req = prepared.request
-        feed, queue = bistream.TextFeed(service.require_ready().model.frontend), asyncio.Queue()
-        segments: list[int] = []  # n_tokens of each text segment read so far
-
-        async def reader() -> None:
-            while True:
-                msg = await message(ws)
-                kind = msg["type"]
-                if kind == "text":
-                    if not isinstance(msg.get("text"), str):
-                        raise WebSocketException(BAD, "a text message needs a string \"text\"")
-                    check_room(feed, msg["text"], lim.max_text_chars)
-                    ids = feed.add(msg["text"])
-                elif kind in ("flush", "close"):
-                    ids = feed.flush()
-                else:
-                    raise WebSocketException(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
-                for piece in ids:
-                    await ws.send_json({"type": "segment", "index": len(segments), "n_tokens": len(piece)})
-                    segments.append(len(piece))
-                    queue.put_nowait(piece)
-                if kind == "close":
-                    queue.put_nowait(None)
-                    return
-
-        async def produce() -> None:
-            if fmt == "wav":
-                await ws.send_bytes(audio_formats.wav_header(None))
-            async for chunk in speak_arriving(service, prepared, caller, queue, stop):
-                if chunk.samples.size:
-                    await ws.send_bytes(pcm_bytes(chunk))
-                if chunk.is_final:
-                    stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
-                    stats["n_segments"] = len(segments)  # the segments said (the engine's take is one)
-                    await ws.send_json({"type": "done", "request_id": req.request_id, "stats": stats})
-
-        stop = stops[req.request_id] = asyncio.Event()  # the page's Stop (POST /studio/requests/{id}/stop)
-        await ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
-                            "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
-        tasks += [asyncio.create_task(reader()), asyncio.create_task(produce())]
-        # both end (the reader at close, then the rest of the speech), unless one raises first
+        feed = bistream.TextFeed(self.service.synth.model.frontend)
+        stop = self.stops[req.request_id] = asyncio.Event()  # the page's Stop (POST /studio/requests/{id}/stop)
+        await self.ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
+                                 "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
+        tasks += [asyncio.create_task(self.reader(feed)),
+                  asyncio.create_task(self.produce(prepared, caller, fmt, stop))]
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in done:
             t.result()  # raises a task's exception
 
-    return router
+    async def reader(self, feed: bistream.TextFeed) -> None:
+        """`text`, `flush` and `close` messages: each sentence's ids on the queue (and a `segment` message)."""
+        while True:
+            msg = await self.message()
+            kind = msg["type"]
+            if kind == "text":
+                if not isinstance(msg.get("text"), str):
+                    raise WebSocketException(BAD, "a text message needs a string \"text\"")
+                check_room(feed, msg["text"], self.service.cfg.limits.max_text_chars)
+                ids = feed.add(msg["text"])
+            elif kind in ("flush", "close"):
+                ids = feed.flush()
+            else:
+                raise WebSocketException(BAD, f"unexpected message type {kind[:20]!r} (send text, flush or close)")
+            for piece in ids:
+                await self.ws.send_json({"type": "segment", "index": len(self.segments), "n_tokens": len(piece)})
+                self.segments.append(len(piece))
+                self.queue.put_nowait(piece)
+            if kind == "close":
+                self.queue.put_nowait(None)
+                return
+
+    async def produce(self, prepared: Prepared, caller: Caller, fmt: str, stop: asyncio.Event) -> None:
+        """The take's audio as binary messages (a WAV header first for wav), then `done` with its stats."""
+        if fmt == "wav":
+            await self.ws.send_bytes(audio_formats.wav_header(None))
+        async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):
+            if chunk.samples.size:
+                await self.ws.send_bytes(pcm_bytes(chunk))
+            if chunk.is_final:
+                stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
+                stats["n_segments"] = len(self.segments)  # the segments said (the engine's take is one)
+                await self.ws.send_json({"type": "done", "request_id": prepared.request.request_id, "stats": stats})
 
 
 def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
@@ -116,7 +129,7 @@ def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
     raw = start.get("prompt_audio")
     reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
     return fmt, SpeechInputs(
-        text="start", voice=start.get("voice"), instruct_text=start.get("instructions") or "", reference=reference,
+        text_streams=True, voice=start.get("voice"), instruct_text=start.get("instructions") or "", reference=reference,
         transcript=start.get("prompt_text"), mode=start.get("mode"), seed=start.get("seed"),
         speed=start.get("speed", 1.0), stream=True, owner=owner)
 
@@ -156,7 +169,7 @@ async def serve_socket(ws: WebSocket, identity: Identity, session: Callable[[lis
     tasks: list[asyncio.Task] = []
     try:
         if key_checked_here and identity.any_key and identity.bearer(ws.scope) is None:
-            raise WebSocketException(UNAUTHORIZED, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+            raise WebSocketException(UNAUTHORIZED, KEY_REFUSED)
         await session(tasks)
         await ws.close(1000)
     except WebSocketException as e:  # a refusal: sent first as an error message, then the close
@@ -198,7 +211,7 @@ async def speak_arriving(service: StudioService, prepared: Prepared, caller: Cal
         while (ids := await queue.get()) is not None:
             yield ids
 
-    tokens = bistream.take_tokens(service.require_ready(), prepared.request, arriving(),
+    tokens = bistream.take_tokens(service.synth, prepared.request, arriving(),  # ready: `prepare` said so
                                   service.cfg.limits.max_text_chars)
     async with service.speak(prepared.request, prepared=prepared, caller=caller, tokens=tokens,
                              stop=stop) as (_, chunks):
@@ -208,5 +221,5 @@ async def speak_arriving(service: StudioService, prepared: Prepared, caller: Cal
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
     with contextlib.suppress(Exception):  # the client may be gone already
-        await ws.send_json({"type": "error", "code": code, "message": reason})
-        await ws.close(code, reason.encode()[:120].decode(errors="ignore"))
+        for message in socket_refusal(code, reason):
+            await ws.send(message)

@@ -1,4 +1,4 @@
-"""One preparation for every way in: the page, its Gradio API, `/studio/speech` and `/v1/audio/speech`.
+"""One preparation for every way in: the page, its Gradio API, `/studio/speech`, `/v1/audio/speech` and the sockets.
 Design notes: docs/design.md."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ HEARD_NOTHING_NOTE = Message("heard_nothing", "Whisper heard no words in the ref
 class SpeechInputs:
     """A synthesis as a door received it, not yet checked (values may be of any type)."""
 
-    text: object
+    text: object = ""
     voice: str | None = None  # a saved voice's name; else `reference` + `transcript`
     # the reference clip: a path, its bytes, or a door's own lookup returning one (called after the checks)
     reference: str | Path | bytes | Callable[[], Path] | None = None
@@ -41,6 +41,7 @@ class SpeechInputs:
     fixed_tokens: object = 0
     owner: Owner = ANYONE  # whose saved voices `voice` names (app/service/owners.py)
     dialogue: bool = False  # `text` is a script of turns, `[name] …`, each a saved voice (app/service/dialogue.py)
+    text_streams: bool = False  # a socket's start: the text arrives after it (app/engine/bistream.py), none to check
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ async def prepare(service, x: SpeechInputs) -> Prepared:
 
 async def _prepare(service, x: SpeechInputs) -> Prepared:
     lim = service.cfg.limits
-    text = inputs.check_text(x.text, lim.max_text_chars, param="text")
+    text = "" if x.text_streams else inputs.check_text(x.text, lim.max_text_chars, param="text")
     # an instruction given (even one that cleans to nothing, which check_instruct then refuses) means instruct
     given = str(x.instruct_text or "").strip()
     mode = inputs.check_mode(x.mode if x.mode else ("instruct" if given else "zero_shot"))
