@@ -137,7 +137,7 @@ class Synthesizer:
         # benchmark mode (fixed_tokens): a set output length whatever the (random) weights sample
         min_tokens, max_tokens = (req.fixed_tokens,) * 2 if req.fixed_tokens else s.length_limits(len(text_ids))
         return LMRequest(
-            request_id=f"{req.request_id}-{index}", prompt_ids=lm_ids, min_tokens=min_tokens,
+            request_id=req.request_id, prompt_ids=lm_ids, min_tokens=min_tokens,
             max_tokens=max_tokens, seed=req.seed + index, sampling=s, ignore_eos=bool(req.fixed_tokens))
 
     async def _run_t2w(self, u: Utterance, plan: ChunkPlan) -> np.ndarray:
