@@ -20,6 +20,7 @@ from app.config import Config
 from app.server.errors import ApiError, error_response
 from app.server.identity import Identity, authorization, with_cookie
 from app.server.origins import OriginPolicy
+from app.service.owners import ARRIVAL_KEY
 
 log = logging.getLogger(__name__)
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
@@ -34,7 +35,6 @@ LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cook
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
 DOC_PATHS = frozenset({"/v1/docs", "/v1/openapi.json"})
-ARRIVAL_KEY = "studio_arrived_at"  # request-state key: its arrival (time.monotonic()), for queue waits
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
 MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
 

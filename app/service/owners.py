@@ -35,6 +35,10 @@ class Caller:
 
 
 NOBODY = Caller()  # where no door said who: tools, tests, a replica whose ingress counted the share
+# a request's state keys (Starlette's `request.state`, ASGI scope["state"]), written once by the server's gate
+# (app/server/limits.py AccessLimits) and read by every door, the page's handlers too
+CALLER_KEY = "studio_caller"  # its Caller
+ARRIVAL_KEY = "studio_arrived_at"  # its arrival (time.monotonic()), for queue waits
 
 
 def owner_dir(owner_id: str) -> str:
