@@ -8,11 +8,10 @@ from types import SimpleNamespace
 
 import fastapi
 import gradio.oauth
+from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from app.config import load_config
-from starlette.requests import Request
-
 from app.server.identity import SESSION_COOKIE, Identity, caller_of, session_user
 from app.service.owners import CALLER_KEY, NOBODY, Caller, Owner
 from app.ui.handlers import caller as page_caller_of

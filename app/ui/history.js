@@ -158,9 +158,9 @@
       this.expected.set(requestId, params);
     }
 
-    // a take is on the page: its final WAV (a FileData) and details; a stopped take (details.stopped) is
-    // not kept, and the page's outputs cleared for a new take (no final WAV) change nothing
-    async fromTake(final, details) {
+    // a take is on the page: its final WAV (a FileData), details and stats line (Markdown); a stopped take
+    // (details.stopped) is not kept, and the page's outputs cleared for a new take (no final WAV) change nothing
+    async fromTake(final, details, stats = '') {
       if (!final || !final.url || !details) return;
       const asked = this.expected.get(details.request_id);
       this.expected.delete(details.request_id);
@@ -168,8 +168,8 @@
       try {
         const wav = asked.wav;
         await this.add({...asked, voice: details.voice || '', mode: details.mode, seed: details.seed,
-                        speed: details.speed, stream: details.stream, player: details.player || 'gradio',
-                        statsLine: (byId('stats') || {}).innerText || '', details,
+                        speed: details.speed, stream: details.stream, player: details.player,
+                        statsLine: String(stats || '').replace(/\*\*/g, ''), details,
                         name: final.orig_name || 'speech.wav', wav});
       } catch (e) {
         console.warn('studio history: the take was not kept', e);

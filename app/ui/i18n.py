@@ -13,7 +13,9 @@ import gradio as gr
 from app.message import LANGS, lang_of, messages, say
 from app.ui import ui_text
 
-__all__ = ["EXAMPLE_KEYS", "LANGS", "error", "example_label", "labels", "lang_of", "locale", "make_i18n", "say", "t", "title_in"]
+# lang_of and say are the page's too (from app/message.py)
+__all__ = ["EXAMPLE_KEYS", "LANGS", "error", "example_label", "labels", "lang_of", "locale", "make_i18n", "say", "t",
+           "title_in"]
 EXAMPLE_KEYS = ("ex_en", "ex_zh", "ex_numbers", "ex_cross", "ex_instruct")
 
 

@@ -21,7 +21,7 @@ from app.ui import hidden_element, history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
 from app.ui.i18n import EXAMPLE_KEYS, example_label, make_i18n
-from app.ui.player import FINAL_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, PlayerTake, player_js
+from app.ui.player import FINAL_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, TYPED_JS, PlayerTake, player_js
 from app.ui.presets import apply_preset, preset_choices
 
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
@@ -209,6 +209,7 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     asked = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
              ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate]
     ui.go.click(None, asked, None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+    ui.text.change(None, ui.text, None, js=TYPED_JS, **PAGE_ONLY)  # for text that streams in
     gr.api(h.synthesize, api_name="synthesize", concurrency_limit=cfg.server.concurrency_limit,
            concurrency_id="synthesize")
     # the player's take (or "" at its Generate: cleared) into the outputs (app/ui/player.py): its final WAV from
@@ -216,7 +217,7 @@ def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     ui.take.change(None, None, ui.final_out, js=FINAL_JS, **PAGE_ONLY)
     take = ui.take.change(PlayerTake(h.service).show, ui.take, [ui.stats, ui.details], show_progress="hidden",
                           **PAGE_ONLY)
-    take.success(None, [ui.final_out, ui.details], None, js=history.RECORD_JS, **PAGE_ONLY)  # into the history
+    take.success(None, [ui.final_out, ui.details, ui.stats], None, js=history.RECORD_JS, **PAGE_ONLY)  # the history
     # "Use these settings": a take's settings into the inputs (the seed box keeps its value for a take without one)
     ui.history_use.change(None, [ui.history_use, ui.seed], [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed,
                                                             ui.stream, ui.speed], js=history.SETTINGS_JS, **PAGE_ONLY)

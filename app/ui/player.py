@@ -25,6 +25,8 @@ FINAL_JS = "() => [window.studioTake ? window.studioTake.final : null]"  # the f
 # the hidden #player_seed element (`at` makes every take a change), whose change event returns it as an output
 SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: Number(seed), at: Date.now()}); };"
 SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
+# the text box's value into the player as it changes (typed or set), for text that streams in (player_feed.js)
+TYPED_JS = "(text) => { if (window.studioPlayer) window.studioPlayer.typed = text; return []; }"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id and a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
 
