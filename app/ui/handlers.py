@@ -30,15 +30,14 @@ from app.ui.takes import take_line, wav_name
 
 READY_STATUS_S = 5.0  # the status line's poll once ready: a later engine death shows within this
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
-# the API's `synthesize` outputs, each yield: (a chunk's WAV, the final WAV, stats line or progress, details);
-# the WAVs as FileData dicts (Gradio copies them to its cache and the client downloads them)
+# each yield of the API's `synthesize`: (a chunk's WAV, the final WAV, stats or progress line, details), the WAVs
+# as FileData dicts (Gradio copies them to its cache, the client downloads them)
 Take = tuple[dict | None, dict | None, str, dict | None]
 log = logging.getLogger(__name__)
 
 
 def request_state(request: gr.Request | None) -> Any:
-    """Starlette's `request.state` of the HTTP request behind a page event, which the server's gate filled
-    (None without one: tools, tests)."""
+    """Starlette's `request.state` behind a page event, filled by the server's gate (None without one)."""
     return getattr(getattr(request, "request", None), "state", None)
 
 
@@ -48,9 +47,8 @@ def found_caller(request: gr.Request | None) -> Caller:
 
 
 def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> Caller:
-    """A page event's Caller: the Hugging Face user Gradio hands the handlers on a Space with hf_oauth (the client
-    is that user), the page's login user (its share per address: one password is often a group's), else the
-    one the server found for its request."""
+    """A page event's Caller: the Hugging Face user Gradio hands it on a Space with hf_oauth (the client too), the
+    page's login user (its share per address: one password is often a group's), else the server's for it."""
     found = found_caller(request)
     if profile is not None:
         return Caller(Owner(f"hf:{profile.username}"), f"hf:{profile.username}", found.admin)
