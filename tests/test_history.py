@@ -113,11 +113,11 @@ def upload_reference(page) -> None:
 def fill(page, text: str, seed: int, mode: str) -> None:
     page.locator("#text textarea").fill(text)
     page.locator("#seed input").fill(str(seed))
+    if mode != "instruct" and page.locator("#instruct_text textarea").is_visible():
+        page.locator("#instruct_text textarea").fill("")  # before the mode's change hides the box
     page.locator(f"#mode input[type=radio][value={mode}]").check()
     if mode == "instruct":  # its box appears on the mode's change
         page.locator("#instruct_text textarea").fill(INSTRUCT)
-    elif page.locator("#instruct_text textarea").is_visible():
-        page.locator("#instruct_text textarea").fill("")
 
 
 def take_low_latency(page, n_rows: int | None) -> str:
