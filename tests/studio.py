@@ -28,8 +28,6 @@ EXAMPLE = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf
 EXAMPLE_WAV, EXAMPLE_TRANSCRIPT = REPO / "assets" / EXAMPLE["audio"], EXAMPLE["transcript"]
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
