@@ -1,10 +1,14 @@
-"""A sentence for people that keeps its key and fields: its English is what API clients read; the page renders
-it in its language by the key (app/ui/i18n.py `say`, app/ui/locales/messages.toml)."""
+"""A sentence for people that keeps its key and fields: its English is what API clients read; a person's page or
+route gets it in their language by the key (`say`, app/messages.toml)."""
 
 from __future__ import annotations
 
+import functools
+import tomllib
 from pathlib import Path
 from typing import Any
+
+LANGS = ("en", "zh")
 
 
 class Message(str):
@@ -41,3 +45,27 @@ def said_without(e: BaseException, path: object) -> str:
     a server's paths are never echoed to clients."""
     msg = said(e)
     return msg.replace(str(path), Path(path).name) if isinstance(path, str | Path) and str(path) else msg
+
+
+@functools.cache
+def messages() -> dict[str, Any]:
+    """app/messages.toml, read once: [messages] key -> {en, zh} templates, [titles] English -> Chinese."""
+    return tomllib.loads(Path(__file__).with_name("messages.toml").read_text(encoding="utf-8"))
+
+
+def lang_of(request: Any) -> str:
+    """The language of `request` (a Starlette or Gradio request, or None): "zh" when its Accept-Language starts
+    with Chinese, else "en" (what API clients without the header get)."""
+    accept = (getattr(request, "headers", None) or {}).get("accept-language", "")
+    return "zh" if accept.lower().lstrip().startswith("zh") else "en"
+
+
+def say(message: object, lang: str) -> str:
+    """A message in `lang`: a `Message`, or an exception raised with one, by its key's Chinese (messages.toml) for
+    "zh", its fields said alike; else (English, an unknown key, any other text) as it is."""
+    message = said(message) if isinstance(message, BaseException) else message
+    zh = messages()["messages"].get(getattr(message, "key", None), {}).get("zh") if lang == "zh" else None
+    if zh is None:
+        return str(message)
+    return zh.format(**{k: say(v, lang) if isinstance(v, Message | BaseException) else v
+                        for k, v in message.fields.items()})

@@ -28,11 +28,6 @@ EXAMPLE = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf
 EXAMPLE_WAV, EXAMPLE_TRANSCRIPT = REPO / "assets" / EXAMPLE["audio"], EXAMPLE["transcript"]
 
 
-# an init script for a browser without Web Audio: the page's player cannot run there, so Generate uses the standard
-# player (Gradio's streamed gr.Audio) - the page's fallback, and the only way a page streams through Gradio
-NO_WEB_AUDIO = "delete window.AudioContext; delete window.webkitAudioContext;"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,8 +40,7 @@ window.__audio = [];
 for (const name of ['play', 'playing', 'waiting', 'ended', 'error']) {
   document.addEventListener(name, (e) => {
     if (e.target && e.target.tagName === 'AUDIO')
-      window.__audio.push({name, t: performance.now(), ct: e.target.currentTime,
-                           stream: !!e.target.closest('#stream_out')});
+      window.__audio.push({name, t: performance.now(), ct: e.target.currentTime});
   }, true);
 }
 """

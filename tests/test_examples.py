@@ -20,7 +20,7 @@ import pytest
 from studio import REPO, run_studio
 from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
 
-from app.ui.i18n import labels
+from app.ui.i18n import example_label
 
 SPEC = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
 CLEANUP_S = 2  # [ui] cache_cleanup_s: every 2 s, Gradio deletes its cached files older than 2 s
@@ -77,7 +77,7 @@ def test_examples_play_after_the_cache_cleanup_and_another_instances_shutdown(st
     url, tmp = studio
     shared_temp = tmp / "gradio"
     en, zh, numbers = (t["text"] for t in SPEC["texts"])  # the rows of app/ui/layout.py's example_rows
-    rows = [(labels("en")[key], text) for key, text in (
+    rows = [(example_label(key), text) for key, text in (
         ("ex_en", en), ("ex_zh", zh), ("ex_numbers", numbers), ("ex_cross", zh), ("ex_instruct", en))]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -110,7 +110,7 @@ def test_a_visitors_panels_show_public_facts_and_their_own_requests(studio):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             alice, bob = _open(browser, url, "198.51.100.2"), _open(browser, url, "198.51.100.3")
-            run = _play_example(alice, labels("en")["ex_en"], en)
+            run = _play_example(alice, example_label("ex_en"), en)
             assert run["state"] == "done", run
             mine = alice.evaluate(f"() => {LAST}.requestId")[:8]
             table = "() => document.querySelector('#latency_table')?.innerText || ''"

@@ -293,11 +293,11 @@ def test_out_of_memory_is_refused_with_advice_and_next_request_works(tiny_model_
         with pytest.raises(ApiError) as e:
             await speech_response(service, req, "pcm")
         assert (e.value.status, e.value.code) == (503, "gpu_out_of_memory") and e.value.headers["Retry-After"]
-        fail["t2w"] = 1  # on the page: a gr.Error with the advice
+        fail["t2w"] = 1  # through the Gradio API: a gr.Error with the advice
         handlers = Handlers(service)
         with pytest.raises(gr.Error, match="out of memory: try a shorter text"):
-            async for _ in handlers.synthesize(req.text, str(EN_WAV), EN_TRANSCRIPT, "zero_shot", "", "", 1, 1.0,
-                                               True):
+            async for _ in handlers.synthesize(req.text, {"path": str(EN_WAV)}, EN_TRANSCRIPT, "zero_shot", "", "",
+                                               1, 1.0, True):
                 pass
         assert service.n_out_of_memory == 4 and service.health()["faults"]["out_of_memory"] == 4
         assert service.health()["ready"] and await collect(req) > 0
@@ -368,12 +368,12 @@ class Disconnector:
         self.http("/v1/audio/speech", {"input": LONG_TEXT, "voice": self.voice, "response_format": "pcm",
                                        "seed": self.next_seed()})
 
-    def studio(self) -> None:  # the page's low-latency player (its Stop aborts this fetch)
+    def studio(self) -> None:  # the page's player (its Stop aborts this fetch)
         self.http("/studio/speech", {"text": LONG_TEXT, "prompt_audio": str(EN_WAV), "prompt_text": EN_TRANSCRIPT,
                                      "mode": "zero_shot", "seed": self.next_seed()})
 
     def stop(self) -> None:
-        """The page's Stop (and gradio_client's cancel): Gradio cancels the running event."""
+        """gradio_client's cancel: Gradio cancels the running event."""
         from gradio_client import Client, handle_file
 
         if not hasattr(self.local, "client"):
@@ -394,12 +394,11 @@ class Disconnector:
             time.sleep(0.05)
 
     def closed_tab(self) -> None:
-        """A closed tab: the page's event stream (SSE) and its heartbeat connection go away mid-generation."""
+        """A Gradio API client that goes: its event stream (SSE) and its heartbeat connection go away mid-generation."""
         session = secrets.token_hex(8)
-        # the event's inputs as the page sends them (the 10th: Dialogue off); the last is the session's Stop
-        # state (gr.State: the page sends null, the server keeps the value)
+        # the endpoint's inputs, as a hand-made client sends them (the 10th: Dialogue off)
         data = [LONG_TEXT, {"path": self.uploaded, "meta": {"_type": "gradio.FileData"}}, EN_TRANSCRIPT, "zero_shot",
-                "", "", self.next_seed(), 1.0, True, False, None]
+                "", "", self.next_seed(), 1.0, True, False]
         with httpx.Client(base_url=self.base, timeout=120) as http, \
                 http.stream("GET", f"/gradio_api/heartbeat/{session}"):  # what an open page holds
             r = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": self.fn_index,

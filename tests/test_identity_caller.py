@@ -8,11 +8,13 @@ from types import SimpleNamespace
 
 import fastapi
 import gradio.oauth
+from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from app.config import load_config
-from app.server.identity import CALLER_KEY, SESSION_COOKIE, Identity, caller_of, page_caller, session_user
-from app.service.owners import NOBODY, Caller, Owner
+from app.server.identity import SESSION_COOKIE, Identity, caller_of, session_user
+from app.service.owners import CALLER_KEY, NOBODY, Caller, Owner
+from app.ui.handlers import caller as page_caller_of
 
 
 def _identity(tmp_path, **sets) -> Identity:
@@ -44,9 +46,14 @@ def test_a_page_event_prefers_the_signed_in_user_then_the_login(tmp_path):
     ident = _identity(tmp_path)
     scope = _scope("203.0.113.7")
     found, _ = ident.identify(scope, None)
-    assert page_caller(scope, None, None) is found
-    assert page_caller(scope, "alice", "bob") == Caller(Owner("hf:alice"), "hf:alice", False)
-    assert page_caller(scope, None, "bob") == Caller(Owner("user:bob"), "ip:203.0.113.7", False)
+
+    def event(login_user: str | None) -> SimpleNamespace:  # a gr.Request: its Starlette request and login user
+        return SimpleNamespace(request=Request(scope), username=login_user)
+
+    alice = SimpleNamespace(username="alice")  # a gr.OAuthProfile
+    assert page_caller_of(event(None)) is found and page_caller_of(None) is NOBODY
+    assert page_caller_of(event("bob"), alice) == Caller(Owner("hf:alice"), "hf:alice", False)
+    assert page_caller_of(event("bob")) == Caller(Owner("user:bob"), "ip:203.0.113.7", False)
     # a session cookie means nothing without Hugging Face sign-in on this app (no OAUTH_CLIENT_ID)
     again, _ = ident.identify(_scope("203.0.113.7", (b"cookie", b"session=forged")), None)
     assert again.owner.id.startswith("visitor:")

@@ -143,6 +143,24 @@ def test_rate_limit_refusals_are_counted_by_reason(tmp_path):
     assert 'cosyvoice_refused_share_total{reason="rate_limit"} 1.0' in c.get("/metrics").text
 
 
+def test_the_pages_synthesis_event_takes_the_rate_limit(tmp_path):
+    """The Gradio API's `synthesize` is found by its `fn_index` in a queue/join (app/server/limits.py): it takes
+    the client's rate limit, as /v1 does; a Gradio upgrade that renames or renumbers events fails here."""
+    from fastapi.testclient import TestClient
+
+    from app.config import load_config
+    from app.server.main import build_server
+
+    cfg = load_config(None, {"server.rate_limit_per_minute": 1, "server.voices_dir": str(tmp_path / "v"),
+                             "model.dir": str(tmp_path / "missing")})
+    c = TestClient(build_server(cfg), raise_server_exceptions=False)
+    fn = next(d["id"] for d in c.get("/config").json()["dependencies"] if d.get("api_name") == "synthesize")
+    join = {"data": ["hi"], "fn_index": fn, "session_hash": "rate-test", "trigger_id": None, "event_data": None}
+    codes = [c.post("/gradio_api/queue/join", json=join).status_code for _ in range(2)]
+    assert codes[0] != 429 and codes[1] == 429, codes
+    assert 'cosyvoice_refused_share_total{reason="rate_limit"} 1.0' in c.get("/metrics").text
+
+
 def test_scopes_and_shares_follow_who_can_be_told_apart():
     """Owners wherever identities exist (keys, a login, a proxy naming clients, a public bind); the shared store
     only on a local bind with none; the fair share wherever others reach the app; bench options off in public."""

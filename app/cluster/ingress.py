@@ -40,7 +40,6 @@ def ingress_class(cfg: Config) -> type:
 
 def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     """The ingress's ASGI app: the routes above for the `replicas` handle, the page on `page` (a ClusterService)."""
-    from app.server.early_script import EarlyScript
     from app.server.errors import install_error_handlers
     from app.server.identity import ProxyClient
     from app.server.limits import AccessLimits, Gate
@@ -49,7 +48,6 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.server.studio_stream import add_studio_routes
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
-    api.add_middleware(EarlyScript)
     add_cors(api, cfg.server)  # inside the gate, as build_api's
     # one rate-limit bucket per client for the whole cluster (each replica applies the same limits again to
     # /v1, never more tightly: it sees a share of the same client's requests); the page's login is checked here

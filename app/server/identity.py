@@ -19,10 +19,9 @@ from starlette.requests import HTTPConnection
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.config import Config, ServerConfig
-from app.service.owners import NOBODY, Caller, Owner
+from app.service.owners import CALLER_KEY, NOBODY, Caller, Owner
 
 log = logging.getLogger(__name__)
-CALLER_KEY = "studio_caller"  # the request's ASGI state key of its Caller
 VISITOR_COOKIE = "cosyvoice_visitor"
 SESSION_COOKIE, SESSION_MAX_AGE_S = "session", 14 * 24 * 3600  # Gradio's OAuth session (Starlette's defaults)
 COOKIE_MAX_AGE_S = 400 * 24 * 3600  # browsers cap a cookie's life at 400 days
@@ -66,17 +65,6 @@ def is_local(scope: dict) -> bool:
 def caller_of(scope: dict) -> Caller:
     """The Caller AccessLimits found for `scope` (nobody's where no gate ran: tools, tests)."""
     return scope.get("state", {}).get(CALLER_KEY, NOBODY)
-
-
-def page_caller(scope: dict, hf_user: str | None, login_user: str | None) -> Caller:
-    """A page event's Caller: the Hugging Face user Gradio hands its handlers (the client is that user), the
-    page's login user (its share per address: one password is often a group's), else `caller_of(scope)`."""
-    found = caller_of(scope)
-    if hf_user:
-        return Caller(Owner(f"hf:{hf_user}"), f"hf:{hf_user}", found.admin)
-    if login_user:
-        return Caller(Owner(f"user:{login_user}"), found.client, found.admin)
-    return found
 
 
 def session_user(scope: dict) -> str | None:

@@ -20,6 +20,7 @@ from app.config import Config
 from app.server.errors import ApiError, error_response
 from app.server.identity import Identity, authorization, with_cookie
 from app.server.origins import OriginPolicy
+from app.service.owners import ARRIVAL_KEY
 
 log = logging.getLogger(__name__)
 SYNTH_PATHS = frozenset({"/v1/audio/speech", "/v1/voices", "/studio/speech"})  # POST only
@@ -32,7 +33,6 @@ UPLOAD_PATH = "/gradio_api/upload"  # the page's files: references, a take's WAV
 LOGIN_CHECK = "/gradio_api/login_check"  # the page's own test of its login cookie: 200 or 401
 UPLOADS_PER_REQUEST = 2  # a client's uploads per minute: this many times its synthesis requests
 LIMITED_EVENTS = ("synthesize", "save_voice")  # the page's events that run the model
-ARRIVAL_KEY = "studio_arrived_at"  # request-state key: its arrival (time.monotonic()), for queue waits
 MAX_JOIN_BODY = 64 * 1024  # a queue/join body is small JSON (files are uploaded before it)
 MAX_CLIENTS = 10_000  # buckets kept; the longest idle client is forgotten (= back to a full bucket)
 BODY_SLACK_BYTES = 1 << 20  # a /v1 request body may exceed [limits] max_upload_mb by this (form fields, boundaries)

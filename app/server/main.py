@@ -10,14 +10,11 @@ from typing import Any
 import gradio as gr
 from fastapi import FastAPI, Request  # Request at module level: the routes' annotations are resolved by name
 from fastapi.responses import JSONResponse
-from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from app.config import Config
-from app.server.early_script import EarlyScript
 from app.server.elevenlabs_ws import elevenlabs_router
 from app.server.errors import install_error_handlers
-from app.server.gradio_guard import GradioGuard
 from app.server.identity import ProxyClient, caller_of
 from app.server.limits import LIMITED_EVENTS, AccessLimits, Gate
 from app.server.openai_api import api_router
@@ -63,8 +60,6 @@ def mount_page(api: Any, gate: Any, service: Any) -> Any:
                               footer_links=["api", "gradio", "settings"], auth=srv.auth_users or None,
                               auth_message="Sign in to use the CosyVoice2 Studio." if srv.auth_users else None)
     gate.gradio_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "")
-    # innermost (behind the gate's refusals): a malformed Gradio API request gets a 404, not a 500 and a traceback
-    api.user_middleware.append(Middleware(GradioGuard, gradio_app=gate.gradio_app))
     gate.limited_fns = frozenset(i for i, fn in demo.fns.items() if fn.api_name in LIMITED_EVENTS)
     # Gradio refuses API file inputs that were not uploaded through it (a FileData naming any server
     # path) only once `has_launched` is set, which `launch()` does and mounting never does
@@ -78,7 +73,6 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     (app/cluster/replica.py) serves it as it is, its service started by the replica itself."""
     api = FastAPI(title=cfg.ui.title, lifespan=lifespan, docs_url="/v1/docs", redoc_url=None,
                   openapi_url="/v1/openapi.json")
-    api.add_middleware(EarlyScript)  # the page's fix for an idle loop of Gradio's (app/server/early_script.py)
     add_cors(api, cfg.server)  # inside the gate: CORS answers for the listed origins only (docs/access.md)
     gate = Gate(cfg, service.metrics.share_refused)
     api.add_middleware(AccessLimits, gate=gate)  # outermost: refusals cost no other middleware
@@ -98,6 +92,6 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     stops = weakref.WeakValueDictionary()  # the page's Stop reaches its takes through either door
     api.include_router(ws_router(service, gate.identity, stops))  # before api_router's catch-all /v1 route
     api.include_router(elevenlabs_router(service, gate.identity, stops))  # ElevenLabs' socket paths, the same seam
-    api.include_router(api_router(service, gate.identity))
+    api.include_router(api_router(service))
     add_studio_routes(api, service, stops)
     return api, gate

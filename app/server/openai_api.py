@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
 from app.server.errors import ApiError, error_responses
-from app.server.identity import Identity, caller_of
+from app.server.identity import caller_of
 from app.server.limits import BODY_SLACK_BYTES as BODY_SLACK_BYTES  # the cluster's ingress caps bodies alike
 from app.server.speech import Tap, no_tap, prepare_or_raise, speech_response
 from app.server.sse_speech import sse_response
@@ -98,9 +98,9 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
     return SpeechRequest
 
 
-def api_router(service: StudioService, identity: Identity) -> APIRouter:
+def api_router(service: StudioService) -> APIRouter:
     """The /v1 routes bound to the process's service. AccessLimits (app/server/limits.py) has checked the key
-    (one `identity` knows, where keys are set) and refuses a body over [limits] max_upload_mb before it is parsed."""
+    (where keys are set) and refuses a body over [limits] max_upload_mb before it is parsed."""
     router = APIRouter(prefix="/v1", tags=["v1"], responses=error_responses(401, 405))
     speech_request = speech_body(service.cfg.limits)  # the schema states the configured limits
 

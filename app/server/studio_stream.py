@@ -14,19 +14,19 @@ from fastapi import APIRouter, FastAPI, Request
 from gradio.utils import get_upload_folder
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.message import lang_of, say
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
 from app.service.prepare import SpeechInputs
 from app.service.service import ASSETS_DIR, StudioService
-from app.ui.i18n import lang_of, say
 
 STUDIO_PARAMS = {"reference": "prompt_audio"}  # prepare()'s field names -> this route's
 
 
 class StudioSpeech(BaseModel):
-    """The page's synthesis inputs (as the Gradio `synthesize` event's, without speed/stream)."""
+    """The page's synthesis inputs (as the Gradio API's `synthesize`): streamed, or whole with `stream` off."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +38,8 @@ class StudioSpeech(BaseModel):
     voice: str | None = Field(None, max_length=200)
     seed: float | None = None
     dialogue: bool = False  # `text` is a script: "[alice] … [bob] …" (app/service/dialogue.py)
+    stream: bool = True  # off: the body comes whole once made, and `speed` applies
+    speed: float = 1.0
 
 
 def reference_path(raw: str) -> Path:
@@ -128,7 +130,7 @@ def add_studio_routes(app: FastAPI, service: StudioService,
         try:
             prepared = await prepare_or_raise(service, SpeechInputs(
                 text=body.text, voice=body.voice or None, reference=reference, transcript=body.prompt_text,
-                mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=True,
+                mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=body.stream, speed=body.speed,
                 dialogue=body.dialogue, owner=caller.owner), STUDIO_PARAMS)
             stop = stops[prepared.request.request_id] = asyncio.Event()  # set by studio_stop below
             response = await speech_response(service, prepared.request, "pcm", prepared=prepared,

@@ -1,2 +1,2 @@
 """The request seam: one service per process that prepares, admits and speaks requests, with saved voices,
-ASR and metrics. It sits between the doors (app/server, app/ui) and synthesis (app/engine)."""
+ASR and metrics. It sits between the doors (the server and the page) and synthesis (app/engine)."""

@@ -28,7 +28,7 @@ RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5
 # Seconds one request spent in a stage (summed over its segments/hops): 5 ms to 2 min.
 STAGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STAGES = ("lm", "flow", "vocoder", "queue")
-SHARE_REASONS = ("rate_limit", "client_streams", "uploads")  # app/server/limits.py, app/service/fair_share.py
+SHARE_REASONS = ("rate_limit", "client_streams", "uploads")  # the server's limits.py, app/service/fair_share.py
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ ANYONE = Owner("")  # shared scope's stand-in where no door said who (tools, tes
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request (app/server/identity.py decides, once per request): the owner of the voices it may
+    """Who sent a request (the server's identity.py decides, once per request): the owner of the voices it may
     use, the client its fair share is counted for, and whether it may see every request and the engine's facts."""
 
     owner: Owner = ANYONE
@@ -35,6 +35,10 @@ class Caller:
 
 
 NOBODY = Caller()  # where no door said who: tools, tests, a replica whose ingress counted the share
+# a request's state keys (Starlette's `request.state`, ASGI scope["state"]), written once by the server's gate
+# (AccessLimits, in the server's limits.py) and read by every door, the page's handlers too
+CALLER_KEY = "studio_caller"  # its Caller
+ARRIVAL_KEY = "studio_arrived_at"  # its arrival (time.monotonic()), for queue waits
 
 
 def owner_dir(owner_id: str) -> str:

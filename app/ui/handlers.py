@@ -1,16 +1,13 @@
-"""Event handlers of the studio page (and of its Gradio API): validate, transcribe, synthesise, stream, save,
+"""Event handlers of the studio page and its Gradio API: validate, transcribe, synthesise (the API's), save,
 export and import voices. Design notes: docs/design.md."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,42 +15,46 @@ import gradio as gr
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, AudioError, decode_audio, wav_bytes
-from app.message import Message, said_without
-from app.server.identity import caller_of, page_caller
-from app.server.limits import ARRIVAL_KEY
+from app.message import Message, lang_of, said_without, say
 from app.service import voice_door
 from app.service.asr import AsrUnavailable
 from app.service.inputs import InputError, check_transcript
-from app.service.owners import Caller
+from app.service.owners import ARRIVAL_KEY, CALLER_KEY, NOBODY, Caller, Owner
 from app.service.prepare import HEARD_NOTHING_NOTE, SpeechInputs, prepare
 from app.service.refusals import refusal
 from app.service.service import NotReadyError, StudioService
 from app.service.voice_file import SUFFIX
 from app.service.voices import VoiceError
-from app.ui.i18n import error, lang_of, say, t, title_in
-from app.ui.stop import StopSignal, until_stopped
-from app.ui.takes import stopped_take, take_line, wav_name
+from app.ui.i18n import error, t, title_in
+from app.ui.takes import take_line, wav_name
 
-# live chunks go to the player in pieces of at most 0.25 s: hls.js starts playing once a few HLS
-# segments exist, and Gradio cuts one segment per yield, so small pieces start playback sooner
-LIVE_PIECE = OUTPUT_SAMPLE_RATE_HZ // 4
-NO_FFMPEG_NOTE = Message("no_ffmpeg_note", "ffmpeg is not installed: live playback is off, the final WAV plays when "
-                         "done")
 READY_STATUS_S = 5.0  # the status line's poll once ready: a later engine death shows within this
 NO_VOICE = ("(none: use the recording above)", "")  # the voice dropdown's first choice: no saved voice
+# each yield of the API's `synthesize`: (a chunk's WAV, the final WAV, stats or progress line, details), the WAVs
+# as FileData dicts (Gradio copies them to its cache, the client downloads them)
+Take = tuple[dict | None, dict | None, str, dict | None]
 log = logging.getLogger(__name__)
 
 
-def request_scope(request: gr.Request | None) -> dict:
-    """The ASGI scope of the HTTP request behind a page event ({} without one)."""
-    return getattr(getattr(request, "request", None), "scope", None) or {}
+def request_state(request: gr.Request | None) -> Any:
+    """Starlette's `request.state` behind a page event, filled by the server's gate (None without one)."""
+    return getattr(getattr(request, "request", None), "state", None)
+
+
+def found_caller(request: gr.Request | None) -> Caller:
+    """The Caller the server's gate found for the HTTP request behind a page event (nobody's without one)."""
+    return getattr(request_state(request), CALLER_KEY, NOBODY)
 
 
 def caller(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> Caller:
-    """A page event's Caller (app/server/identity.py:page_caller): the Hugging Face profile Gradio hands the
-    handlers on a Space with hf_oauth, the page's login user, else what the server found for its request."""
-    return page_caller(request_scope(request), profile.username if profile is not None else None,
-                       getattr(request, "username", None))
+    """A page event's Caller: the Hugging Face user Gradio hands it on a Space with hf_oauth (the client too), the
+    page's login user (its share per address: one password is often a group's), else the server's for it."""
+    found = found_caller(request)
+    if profile is not None:
+        return Caller(Owner(f"hf:{profile.username}"), f"hf:{profile.username}", found.admin)
+    if login_user := getattr(request, "username", None):
+        return Caller(Owner(f"user:{login_user}"), found.client, found.admin)
+    return found
 
 
 def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: frozenset[str]
@@ -63,13 +64,8 @@ def viewer(request: gr.Request | None, profile: gr.OAuthProfile | None, admins: 
     me = caller(request, profile)
     if me.admin or me.owner.id in admins:
         return None
-    ids = {me.owner.id, caller_of(request_scope(request)).owner.id} - {""}
+    ids = {me.owner.id, found_caller(request).owner.id} - {""}
     return frozenset(ids or {""})  # "": nobody is told apart (shared scope), so every request is everybody's
-
-
-def live_playback() -> bool:
-    """Gradio encodes streamed audio with ffmpeg; without it only the final WAV can play."""
-    return shutil.which("ffmpeg") is not None
 
 
 def page_error(e: Exception, lang: str = "en") -> gr.Error:
@@ -86,92 +82,60 @@ def page_error(e: Exception, lang: str = "en") -> gr.Error:
     return error(message, lang, r.title)
 
 
+def wav_file(samples: np.ndarray, path: Path) -> dict:
+    """`samples` ([N] float32, 24 kHz) written to `path` as a WAV, as the FileData dict the API returns."""
+    path.write_bytes(wav_bytes(samples, OUTPUT_SAMPLE_RATE_HZ))
+    return gr.FileData(path=str(path), orig_name=path.name, mime_type="audio/wav").model_dump()
+
+
 class Handlers:
     """The page's callbacks, bound to the process's `StudioService`."""
 
     def __init__(self, service: StudioService) -> None:
         self.service = service
 
-    # --- synthesis -----------------------------------------------------------------------------
+    # --- synthesis (the Gradio API's; the page plays through /studio/speech) ------------------------
 
-    async def synthesize(self, text: str, prompt_audio: str | None, prompt_text: str, mode: str,
-                         instruct_text: str, voice: str | None, seed: float | None, speed: float, stream: bool,
-                         dialogue: bool = False, stop: StopSignal | None = None, request: gr.Request = None,
-                         profile: gr.OAuthProfile | None = None):
-        """Speak `text` in the reference voice; yields (live chunk, final WAV, stats line, details).
-
-        The final WAV is a file named after the voice and text (`wav_name`). After the page's Stop
-        (`stop`) it holds the audio made until then, and the stats line says it was stopped."""
-        arrived = request_scope(request).get("state", {}).get(ARRIVAL_KEY)  # the queue-join request's arrival
+    async def synthesize(self, text: str, prompt_audio: dict | None = None, prompt_text: str = "",
+                         mode: str = "zero_shot", instruct_text: str = "", voice: str = "", seed: float | None = 0,
+                         speed: float = 1.0, stream: bool = True, dialogue: bool = False,
+                         request: gr.Request = None, profile: gr.OAuthProfile | None = None
+                         ) -> AsyncIterator[Take]:
+        """Speak `text` in the reference voice (`prompt_audio`: the uploaded file's FileData) or the saved
+        `voice`. Streamed, each chunk comes as a WAV of its own; the last yield is (None, the final WAV named
+        after the voice and text (`wav_name`), stats line, details). A cancelled job aborts the request."""
+        arrived = getattr(request_state(request), ARRIVAL_KEY, None)  # the queue-join request's arrival
         queue_s = max(0.0, time.monotonic() - arrived) if arrived is not None else 0.0
-        lang = lang_of(request)  # the lines a page user reads; API clients (no cookie) get English
-        stream = bool(stream)
-        me = caller(request, profile)
-        stop = stop if stop is not None else StopSignal()
-        if stop.stopped:  # Stop while this request waited in the queue
-            yield None, None, say(Message("stopped_before", "Stopped before it started."), lang), None
-            return
+        lang, me = lang_of(request), caller(request, profile)
         try:
+            prepared = await prepare(self.service, SpeechInputs(
+                text=text, voice=voice or None, reference=(prompt_audio or {}).get("path") or None,
+                transcript=prompt_text, mode=mode, instruct_text=instruct_text, seed=seed, speed=speed,
+                stream=bool(stream), owner=me.owner, dialogue=bool(dialogue)))
+        except (NotReadyError, InputError) as e:
+            raise page_error(e, lang) from e
+        for note in prepared.notes:  # as warnings, capitalised
+            note = say(note, lang)
+            gr.Warning(note[0].upper() + note[1:])
+        req, parts = prepared.request, []
+        # the WAVs' folder goes once Gradio has copied each yielded file to its cache
+        with tempfile.TemporaryDirectory(prefix="take-", ignore_cleanup_errors=True) as folder:
             try:
-                prepared = await prepare(self.service, SpeechInputs(
-                    text=text, voice=voice or None, reference=prompt_audio or None, transcript=prompt_text, mode=mode,
-                    instruct_text=instruct_text, seed=seed, speed=speed, stream=stream, owner=me.owner,
-                    dialogue=bool(dialogue)))
-            except (NotReadyError, InputError) as e:
-                raise page_error(e, lang) from e
-            for note in prepared.notes:  # as warnings, capitalised
-                note = say(note, lang)
-                gr.Warning(note[0].upper() + note[1:])
-            live = stream and live_playback()
-            if stream and not live:  # shown with the stats, so it goes into the request's record
-                prepared = replace(prepared, notes=(*prepared.notes, NO_FFMPEG_NOTE))
-            parts: list[np.ndarray] = []
-            try:
-                async with self.service.speak(prepared.request, prepared=prepared, caller=me, queue_wait_s=queue_s,
-                                              stop=stop.event) as (_, chunks), \
-                        contextlib.aclosing(until_stopped(chunks, stop)) as until:
-                    async for chunk in until:
+                async with self.service.speak(req, prepared=prepared, caller=me, queue_wait_s=queue_s) as (_, chunks):
+                    async for chunk in chunks:
                         parts.append(chunk.samples)
-                        if live and chunk.samples.size:
-                            progress = say(Message("streaming", "streaming… {seconds:.2f} s",
-                                                   seconds=sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ), lang)
-                            for piece in np.split(chunk.samples, range(LIVE_PIECE, chunk.samples.size, LIVE_PIECE)):
-                                yield wav_bytes(piece, OUTPUT_SAMPLE_RATE_HZ), gr.skip(), progress, gr.skip()
+                        if req.stream and chunk.samples.size:
+                            seconds = sum(map(len, parts)) / OUTPUT_SAMPLE_RATE_HZ
+                            yield (wav_file(chunk.samples, Path(folder) / f"chunk-{len(parts)}.wav"), None,
+                                   say(Message("streaming", "streaming… {seconds:.2f} s", seconds=seconds), lang), None)
             except Exception as e:
                 raise page_error(e, lang) from e
+            # the stream has ended (its final chunk came), so its record is in the metrics
+            rec = self.service.metrics.record(req.request_id)
+            assert rec is not None and rec.outcome == "ok", rec
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            # the named final WAV; its folder goes once Gradio has copied the yielded file to its cache
-            with tempfile.TemporaryDirectory(prefix="take-", ignore_cleanup_errors=True) as folder:
-                path = Path(folder) / wav_name(text, voice)
-                path.write_bytes(wav_bytes(audio, OUTPUT_SAMPLE_RATE_HZ))
-                yield self._result(prepared.request, audio, path, stop, live, lang)
-        except gr.Error as e:  # the message, as the pop-up says it (in `lang`), also into the details: the page's
-            # failure listener puts it next to Generate (app/ui/player_failure.js)
-            yield gr.skip(), gr.skip(), gr.skip(), {"error": e.message}
-            raise
-
-    def _result(self, req, audio: np.ndarray, path: Path, stop: StopSignal, live: bool, lang: str) -> tuple:
-        # the take's last outputs. The stream has ended (its final chunk came, or Stop), so its record is in the
-        # metrics: the same builders as the low-latency player's (app/ui/player.py PlayerTake.show)
-        if stop.stopped:
-            details = stopped_take(req.request_id, req.seed, int(audio.size), req.mode)
-            # the live player is reset (no buffered audio plays on), the take so far is the final WAV
-            return None, (str(path) if audio.size else None), take_line(details, lang), details
-        rec = self.service.metrics.record(req.request_id)
-        assert rec is not None and rec.outcome == "ok", rec
-        return (gr.skip() if live else None), str(path), take_line(rec.details(), lang, rec.notes), rec.details()
-
-    @staticmethod
-    async def begin(stop: StopSignal) -> tuple[Any, ...]:
-        """Generate with the standard player, before it queues: clear the Stop and the previous take's
-        outputs (live player, final WAV, stats, details), so nothing stale can be played or downloaded."""
-        stop.event.clear()
-        return None, None, "", None
-
-    @staticmethod
-    async def stop(stop: StopSignal) -> None:
-        """The page's Stop: the session's running (or queued) `synthesize` ends and keeps what it made."""
-        stop.event.set()
+            yield (None, wav_file(audio, Path(folder) / wav_name(text, voice)),
+                   take_line(rec.details(), lang, rec.notes), rec.details())
 
     @staticmethod
     def check_upload(prompt_audio: str | None, request: gr.Request = None) -> str | None:
@@ -313,14 +277,6 @@ class Handlers:
         names = self.service.voices.of(caller(request, profile).owner).names()  # each page load
         return gr.Dropdown(choices=[NO_VOICE, *names], value=current if current in names else "")
 
-    def stats(self, details: dict | None, request: gr.Request = None) -> Any:
-        """The take's stats line again, in the page's language (the language switch): from the details box, its
-        notes from the request's record while the metrics keep it; unchanged while no take is shown."""
-        if not isinstance(details, dict) or "request_id" not in details:
-            return gr.skip()
-        rec = self.service.metrics.record(str(details["request_id"]))
-        return take_line(details, lang_of(request), rec.notes if rec is not None else None)
-
     # --- status --------------------------------------------------------------------------------
 
     def status(self, request: gr.Request = None):
@@ -337,8 +293,6 @@ class Handlers:
             text = t(lang, "status_failed", error=say(s.error, lang))
         else:
             text = t(lang, "status_loading", status=say(s.status, lang))
-        if not live_playback():
-            text += "  \n" + t(lang, "no_ffmpeg")
         banner = gr.Markdown(visible=s.random_model,
                              value=t(lang, "banner", repo=s.cfg.model.repo_id) if s.random_model else "")
         # polled fast while loading or restarting, then slowly: an engine that dies later is still told

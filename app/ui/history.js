@@ -12,7 +12,7 @@
      Where IndexedDB is missing or fails (private windows) #history_status says the history is unavailable,
      and a take that cannot be written (quota) is reported there; Generate is never affected: every entry
      point catches its own errors. Words: LABELS[lang] (the history_* labels, app/ui/locales/labels.toml),
-     redrawn when the page's language changes (lang_load.js dispatches `studio-lang`). */
+     the page's language being the browser's (as Gradio's own words). */
   if (window.studioHistory) return [];
   const HISTORY_MAX_TAKES = 20;  // the newest this many takes are kept ...
   // ... within this many bytes of WAV (50 MiB: ~18 min of 24 kHz 16-bit mono); the oldest go first
@@ -29,7 +29,7 @@
 #history_status:empty { display: none; }`;
   const byId = (id) => document.getElementById(id);
   const label = (key, fields = {}) => {
-    const lang = window.studioI18n && window.studioI18n.lang === 'zh' ? 'zh' : 'en';
+    const lang = (navigator.language || 'en').toLowerCase().startsWith('zh') ? 'zh' : 'en';
     return LABELS[lang][key].replace(/\{(\w+)\}/g, (_, k) => String(fields[k]));
   };
   const request = (req) => new Promise((resolve, reject) => {
@@ -54,14 +54,12 @@
       this.error = null;       // why the history is unavailable
       this.note = null;        // why the latest take was not kept (the history stays)
       this.urls = [];          // blob: URLs of the rows drawn now
-      this.pending = null;  // what the standard player's latest Generate asked (player_gate.js), for fromTake()
       this.expected = new Map();  // the low-latency player's takes on their way to the page, by request id
       this.channel = window.BroadcastChannel ? new BroadcastChannel(DB_NAME) : null;  // other tabs redraw
       if (this.channel) this.channel.onmessage = () => this.render();
       const style = el('style');
       style.textContent = CSS;
       document.head.appendChild(style);
-      document.addEventListener('studio-lang', () => this.render());
       this.wire();
       this.db = this.open();
       this.db.then(() => { this.state = 'ready'; }, (e) => this.unavailable(e)).then(() => this.render());
@@ -153,40 +151,25 @@
       await this.render();
     }
 
-    // Generate with the standard player (player_gate.js): what it was asked, for fromTake()
-    started(params) {
-      this.pending = params;
-    }
-
-    // the low-latency player hands the page a finished take: what it was asked and its WAV (the bytes it
+    // the page's player hands the page a finished take: what it was asked and its WAV (the bytes it
     // played: not fetched back), for fromTake(); by request id, so a late answer never takes another's
     expect(requestId, params) {
       if (this.expected.size > 8) this.expected.clear();  // takes whose event failed
       this.expected.set(requestId, params);
     }
 
-    // a take is on the page: its final WAV (a FileData) and details; a stopped take (details.stopped) is
-    // not kept, and the page's outputs cleared for a new take (no final WAV) change nothing
-    async fromTake(final, details) {
+    // a take is on the page: its final WAV (a FileData), details and stats line (Markdown); a stopped take
+    // (details.stopped) is not kept, and the page's outputs cleared for a new take (no final WAV) change nothing
+    async fromTake(final, details, stats = '') {
       if (!final || !final.url || !details) return;
-      let asked = this.expected.get(details.request_id);
-      if (asked) {
-        this.expected.delete(details.request_id);
-      } else {
-        asked = this.pending;
-        this.pending = null;
-      }
+      const asked = this.expected.get(details.request_id);
+      this.expected.delete(details.request_id);
       if (!asked || details.stopped) return;
       try {
-        let wav = asked.wav;
-        if (!wav) {
-          const resp = await fetch(final.url);
-          if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-          wav = await resp.blob();
-        }
+        const wav = asked.wav;
         await this.add({...asked, voice: details.voice || '', mode: details.mode, seed: details.seed,
-                        speed: details.speed, stream: details.stream, player: details.player || 'gradio',
-                        statsLine: (byId('stats') || {}).innerText || '', details,
+                        speed: details.speed, stream: details.stream, player: details.player,
+                        statsLine: String(stats || '').replace(/\*\*/g, ''), details,
                         name: final.orig_name || 'speech.wav', wav});
       } catch (e) {
         console.warn('studio history: the take was not kept', e);

@@ -13,9 +13,9 @@ from app.ui.i18n import LANGS, labels
 # history.js draws the list, the status line and the Clear button's text
 HISTORY_HTML = ('<div id="history"><div id="history_status" class="prose"></div><div id="history_list"></div>'
                 '<button id="history_clear" type="button" disabled>Clear history</button></div>')
-# a take, after its event succeeded: its final WAV (FileData) and details
-RECORD_JS = ("(final, details) => { if (window.studioHistory) window.studioHistory.fromTake(final, details); "
-             "return []; }")
+# a take, after its event succeeded: its final WAV (FileData), details and stats line
+RECORD_JS = ("(final, details, stats) => { if (window.studioHistory) window.studioHistory.fromTake(final, details, "
+             "stats); return []; }")
 MODES = ("mode_zero_shot", "mode_cross_lingual", "mode_instruct")
 # "Use these settings": history.js sets the hidden #history_use element's value (a take's settings, JSON; `at`
 # makes every click a change) and its change event returns them into the inputs (a streamed take's speed is 1)

@@ -4,7 +4,6 @@ Design notes: docs/design.md."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 from functools import partial
@@ -21,42 +20,23 @@ from app.service.voice_file import SUFFIX
 from app.ui import hidden_element, history, panels, ui_text
 from app.ui.download import build_download
 from app.ui.handlers import NO_VOICE, Handlers
-from app.ui.i18n import EXAMPLE_KEYS, labels, make_i18n
-from app.ui.lang_switch import lang_load_js, lang_switch_js, relabeler
-from app.ui.player import FINAL_JS, IDLE_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, PlayerTake, player_js
+from app.ui.i18n import EXAMPLE_KEYS, example_label, make_i18n
+from app.ui.player import FINAL_JS, SEED_BOX_JS, SEED_JS, STATUS_HTML, TYPED_JS, PlayerTake, player_js
 from app.ui.presets import apply_preset, preset_choices
-from app.ui.stop import StopSignal
 
-log = logging.getLogger(__name__)
 PAGE_ONLY = {"queue": False, "api_visibility": "private"}  # the page's own events: no queue, not in the API
-APP_LOADED_JS = "() => { if (window.studioAppLoaded) window.studioAppLoaded(); }"  # app/ui/early_script.js
 # API values typed as any string, by their label's key: the saved voice is any name (its choices change at run time)
 ANY_NAME = {"voice": "a saved voice's name (see /list_voices), or '' for none"}
 
 
 class StudioBlocks(gr.Blocks):
     """gr.Blocks whose API page ("Use via API") names parameters by their English labels (Gradio lists
-    translated labels there as "[object Object]") and types `ANY_NAME`'s as any string, and which refuses a
-    malformed event without writing its inputs to the log."""
+    translated labels there as "[object Object]", and a `gr.api` endpoint's as ordinals) and types `ANY_NAME`'s
+    as any string."""
 
     def __init__(self, *args: Any, english: dict[str, str] | None = None, **kwargs: Any) -> None:
         self.english = english or {}  # translation key -> English label
         super().__init__(*args, **kwargs)
-
-    async def preprocess_data(self, block_fn: Any, inputs: list[Any], state: Any, explicit_call: bool = False) -> Any:
-        # a malformed event (too few input values, e.g. a hand-made queue/join, or a value its component cannot
-        # read) is refused with one log line: Gradio's own errors quote every value sent (the user's text too) and
-        # its queue prints them with a traceback. The caller still gets the reason.
-        name = block_fn.api_name or block_fn.name
-        if len(inputs) < len(block_fn.inputs):
-            raise malformed(name, f"{len(inputs)} input values, it needs {len(block_fn.inputs)}")
-        try:
-            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error:
-            raise
-        except Exception as e:
-            cause = type(e.__cause__ or e).__name__  # Gradio wraps the component's error
-            raise malformed(name, f"an input value its component cannot read ({cause})") from e
 
     def get_api_info(self, all_endpoints: bool = False, page: str | None = None) -> Any:
         info = super().get_api_info(all_endpoints=all_endpoints, page=page)
@@ -64,19 +44,14 @@ class StudioBlocks(gr.Blocks):
             for item in [*endpoint["parameters"], *endpoint["returns"]]:
                 label = item.get("label")  # a gr.I18nData (or its dict form)
                 key = label.get("key") if isinstance(label, dict) else getattr(label, "key", None)
+                if key is None and item.get("component") == "Api":  # gr.api's: "1st", ...; its name is a label key
+                    key = item.get("parameter_name")
                 if isinstance(key, str):
                     item["label"] = self.english.get(key, key)
                 if key in ANY_NAME:  # Gradio's type: a Literal of the dropdown's choices at build time
                     item["type"] = {"type": "string", "description": ANY_NAME[key]}
                     item["python_type"] = {"type": "str", "description": ANY_NAME[key]}
         return info
-
-
-def malformed(event: str, problem: str) -> gr.Error:
-    """The error for a malformed `event` request: logged in one line, without the values sent."""
-    log.info("refused a malformed %s request: %s", event, problem)
-    return gr.Error(f"Malformed request for {event}: {problem}; see \"Use via API\" for its inputs.",
-                    title="Malformed request", print_exception=False)
 
 
 def example_path(name: str) -> str:
@@ -124,7 +99,7 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
         wire_synthesis(ui, h, cfg)
         wire_voices(ui, h)
         wire_controls(ui, h)
-        wire_page(demo, ui, h, cfg, i18n)
+        wire_page(demo, ui, h, cfg)
     demo.queue(max_size=cfg.server.queue_max_size)
     return demo, i18n
 
@@ -132,8 +107,6 @@ def build_demo(service: StudioService) -> tuple[gr.Blocks, gr.I18n]:
 def header(ui: SimpleNamespace, cfg: Config, i18n: gr.I18n) -> None:
     with gr.Row(equal_height=True):
         gr.Markdown(f"# {cfg.ui.title}")
-        ui.lang = gr.Radio([("English", "en"), ("中文", "zh")], value="en", label=i18n("lang"), elem_id="lang",
-                           scale=0, min_width=200)
         # a Space with `hf_oauth: true` in its README (Spaces then set OAUTH_CLIENT_ID): Hugging Face sign-in, voices
         # are the signed-in user's (app/service/owners.py). Nowhere else: off a Space, Gradio's LoginButton logs in
         # with this machine's token
@@ -206,7 +179,6 @@ def saved_voice_box(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 
 def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
     with gr.Column():
-        ui.stream_out = gr.Audio(streaming=True, autoplay=True, label=i18n("stream_out"), elem_id="stream_out")
         # the low-latency player's line (click -> first byte -> first sound) and controls (pause, volume, played /
         # received seconds), player.html as one line (no whitespace between its elements); player.js fills them
         gr.HTML("".join(map(str.strip, ui_text("player.html").splitlines())), elem_id="player_box", js_on_load=None)
@@ -222,43 +194,33 @@ def outputs_column(ui: SimpleNamespace, i18n: gr.I18n) -> None:
 
 def examples_and_panels(ui: SimpleNamespace, service: StudioService, i18n: gr.I18n) -> None:
     ui.examples = gr.Examples(example_rows(), [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text],
-                              cache_examples=False, example_labels=[labels("en")[k] for k in EXAMPLE_KEYS],
+                              cache_examples=False, example_labels=list(map(example_label, EXAMPLE_KEYS)),
                               label=i18n("examples"), elem_id="examples")
     with gr.Accordion(i18n("panels"), open=True) as panels_box:
-        ui.panel_timer, ui.redraw_panels = panels.build_panels(service, i18n)
+        ui.panel_timer = panels.build_panels(service, i18n)
     # a collapsed panel costs nothing: its timer stops
     panels_box.collapse(lambda: gr.Timer(active=False), None, ui.panel_timer, **PAGE_ONLY)
     panels_box.expand(lambda: gr.Timer(active=True), None, ui.panel_timer, **PAGE_ONLY)
 
 
 def wire_synthesis(ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
-    """Generate (the player gate, then `synthesize` for the standard player) and Stop."""
-    stop_signal = gr.State(StopSignal())  # one per session (deep-copied: app/ui/stop.py); no load event, no API
-    asked = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed]  # both players
-    outputs = [ui.stream_out, ui.final_out, ui.stats, ui.details]
-    gate = ui.go.click(None, [*asked, ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate], None,
-                       js=ui_text("player_gate.js"), **PAGE_ONLY)
-    # the standard player: the previous take is cleared at once, then the request queues
-    begin = gate.success(h.begin, stop_signal, outputs, show_progress="hidden", **PAGE_ONLY)
-    synth = begin.success(h.synthesize, [*asked, ui.speed, ui.stream, ui.dialogue, stop_signal], outputs,
-                          api_name="synthesize", concurrency_limit=cfg.server.concurrency_limit,
-                          concurrency_id="synthesize")
-    synth.then(None, None, None, js=IDLE_JS, **PAGE_ONLY)
-    # its error next to Generate (the handler put it into the details)
-    synth.failure(None, ui.details, ui.details, js=ui_text("player_failure.js"), **PAGE_ONLY)
-    # the low-latency player's take (or "" at its Generate: cleared) into the same outputs (app/ui/player.py): its
-    # final WAV from the page's own Blob (in the browser), its stats line and details from the server
+    """Generate plays through the page's player (player_gate.js: /studio/speech from the browser); its take comes
+    back into the outputs through the take element. The Gradio API's `synthesize` is an endpoint of its own."""
+    asked = [ui.text, ui.prompt_audio, ui.prompt_text, ui.mode, ui.instruct_text, ui.voice, ui.seed, ui.speed,
+             ui.stream, ui.dialogue, ui.text_streams, ui.feed_rate]
+    ui.go.click(None, asked, None, js=ui_text("player_gate.js"), **PAGE_ONLY)
+    ui.text.change(None, ui.text, None, js=TYPED_JS, **PAGE_ONLY)  # for text that streams in
+    gr.api(h.synthesize, api_name="synthesize", concurrency_limit=cfg.server.concurrency_limit,
+           concurrency_id="synthesize")
+    # the player's take (or "" at its Generate: cleared) into the outputs (app/ui/player.py): its final WAV from
+    # the page's own Blob (in the browser), its stats line and details from the server
     ui.take.change(None, None, ui.final_out, js=FINAL_JS, **PAGE_ONLY)
-    take = ui.take.change(PlayerTake(h.service).show, ui.take, outputs[2:], show_progress="hidden", **PAGE_ONLY)
-    for done in (synth, take):  # the finished take into the page's history (browser only)
-        done.success(None, [ui.final_out, ui.details], None, js=history.RECORD_JS, **PAGE_ONLY)
+    take = ui.take.change(PlayerTake(h.service).show, ui.take, [ui.stats, ui.details], show_progress="hidden",
+                          **PAGE_ONLY)
+    take.success(None, [ui.final_out, ui.details, ui.stats], None, js=history.RECORD_JS, **PAGE_ONLY)  # the history
     # "Use these settings": a take's settings into the inputs (the seed box keeps its value for a take without one)
     ui.history_use.change(None, [ui.history_use, ui.seed], [ui.text, ui.dialogue, ui.mode, ui.instruct_text, ui.seed,
                                                             ui.stream, ui.speed], js=history.SETTINGS_JS, **PAGE_ONLY)
-    # the seed it used, into the seed box (so the take can be made again)
-    synth.success(lambda d: d["seed"] if d and d.get("seed") is not None else gr.skip(), ui.details, ui.seed,
-                  show_progress="hidden", **PAGE_ONLY)
-    ui.stop.click(h.stop, stop_signal, None, show_progress="hidden", **PAGE_ONLY)
 
 
 def wire_voices(ui: SimpleNamespace, h: Handlers) -> None:
@@ -298,23 +260,11 @@ def wire_controls(ui: SimpleNamespace, h: Handlers) -> None:
                    [ui.instruct_text, ui.preset], **PAGE_ONLY)
 
 
-def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config, i18n: gr.I18n) -> None:
+def wire_page(demo: gr.Blocks, ui: SimpleNamespace, h: Handlers, cfg: Config) -> None:
     timer = gr.Timer(cfg.ui.status_refresh_s)
     status_out = [ui.status, ui.banner, timer]
     timer.tick(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
     demo.load(h.status, None, status_out, **PAGE_ONLY)
     demo.load(None, None, None, js=player_js(), api_visibility="private")  # defines window.studioPlayer
-    demo.load(None, None, None, js=APP_LOADED_JS, api_visibility="private")  # ends Gradio's loader loop
     demo.load(h.voice_choices, ui.voice, ui.voice, **PAGE_ONLY)
-    # the language switch: the cookie and the page's lines in the browser, the labels' texts from the server
-    # (app/ui/lang_switch.py), then the server's lines in the new language (its cookie)
-    targets, relabel = relabeler(demo, i18n)
-    switched = ui.lang.input(relabel, ui.lang, targets, js=lang_switch_js(), show_progress="hidden", **PAGE_ONLY)
-    switched.then(h.status, None, status_out, show_progress="hidden", **PAGE_ONLY)
-    switched.then(h.stats, ui.details, ui.stats, show_progress="hidden", **PAGE_ONLY)  # the take's stats line
-    ui.redraw_panels(switched)  # the panels' lines in the new language now, not at the next (idle: 10 s) tick
-    demo.load(None, None, ui.lang, js=lang_load_js(), api_visibility="private").then(
-        relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)  # a language chosen earlier: its labels
-    # an example's click sends its components whole, their labels in the browser's language: the page's again
-    ui.examples.load_input_event.then(relabel, ui.lang, targets, show_progress="hidden", **PAGE_ONLY)
     demo.load(None, None, None, js=history.history_js(), api_visibility="private")  # defines window.studioHistory

@@ -50,9 +50,8 @@ def word(text: str, lang: str) -> str:
     return f"{words.get(role, role)} {kind}" if role and kind in ("CPU", "RSS", "(NVML)") else text
 
 
-def build_panels(service: Studio, label: gr.I18n) -> tuple[gr.Timer, Any]:
-    """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer
-    and `redraw(event)`, one tick at once after `event` (the language switch)."""
+def build_panels(service: Studio, label: gr.I18n) -> gr.Timer:
+    """Create the panel components and their timer inside the current `gr.Blocks` context; returns the timer."""
     headline = gr.Markdown("Panels start with the first timer tick...", elem_id="panel_headline")
     with gr.Row():
         memory = gr.LinePlot(x="seconds", y="MiB", color="series", label=label("panels_memory"),
@@ -79,10 +78,9 @@ def build_panels(service: Studio, label: gr.I18n) -> tuple[gr.Timer, Any]:
         period = busy_tick_s if busy else max(busy_tick_s, IDLE_TICK_S)
         return (*refresh(service, lang_of(request), viewer(request, profile, admins)), gr.Timer(value=period))
 
-    outputs = [headline, memory, load, stages, latency, table, facts, timer]
-    quiet = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
-    timer.tick(tick, None, outputs, **quiet)
-    return timer, lambda event: event.then(tick, None, outputs, **quiet)
+    timer.tick(tick, None, [headline, memory, load, stages, latency, table, facts, timer], show_progress="hidden",
+               queue=False, api_visibility="private")
+    return timer
 
 
 def refresh(service: Studio, lang: str = "en", owners: frozenset[str] | None = None) -> tuple[Any, ...]:

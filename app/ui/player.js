@@ -34,7 +34,6 @@
   const RATE_HZ = 24000;
   const PREBUFFER_S = 0.02;
   const PREBUFFER_FRAMES = Math.round(PREBUFFER_S * RATE_HZ);
-  const MAX_DEBUG_SAMPLES = RATE_HZ * 30;  // debug copies of the scheduled samples (tests): the first 30 s
   const NAME_WORDS = 6, NAME_CHARS = 40;  // the WAV's file name: at most this many words / characters of the text
   const CLICK_MAX_AGE_MS = 2000;  // a click older than this is not the one that started the request
   // an idle AudioContext is suspended (its render thread and the worklet's process() stop: an open idle tab
@@ -48,12 +47,15 @@
   const WORKER_SRC = __WORKER_SRC__;
   const WORKLET_SRC = __WORKLET_SRC__;
   const RESULT_CSS = __RESULT_CSS__;
+  // the player's words in the browser's language, as Gradio picks the labels' (app/ui/locales/page.toml)
+  const WORDS = __WORDS__[(navigator.language || 'en').toLowerCase().startsWith('zh') ? 'zh' : 'en'];
+  const say = (key, fields = {}) => WORDS[key].replace(/\{(\w+)\}/g, (_, k) => String(fields[k]));
   const blobUrl = (src) => URL.createObjectURL(new Blob([src], {type: 'text/javascript'}));
   const setLine = (text) => {
     const el = document.getElementById('studio_player_line');
     if (el) el.textContent = text;
   };
-  const ms = (x) => (x === null || x === undefined || !isFinite(x)) ? '–' : `${Math.round(x)} ms`;
+  const ms = (x) => (x === null || x === undefined || !isFinite(x)) ? '–' : say('ms', {n: Math.round(x)});
   const byId = (id) => document.getElementById(id);
 
   // RIFF/WAVE header of 16-bit mono PCM at RATE_HZ with nBytes of samples
@@ -86,8 +88,6 @@
       this.last = null;      // the latest request (stays after it ends; tests read it)
       this.clickAt = null;   // timeStamp of the latest Generate click
       this.nRuns = 0;
-      this.scheduled = [];   // debug copies of the latest request (capped): Float32Array per read as handed
-      this.scheduledSamples = 0;  // to the audio side
       this.mode = null;      // 'worklet' | 'buffers' once ready
       this.idleTimer = null;  // the pending suspend of the idle AudioContext
       this.toastTimer = null;
@@ -142,26 +142,10 @@
       return Math.max(this.perfTime(t), arrived);
     }
 
-    // all scheduled samples of the latest request as one plain array (for tests)
-    scheduledArray() {
-      const out = new Array(this.scheduledSamples);
-      let i = 0;
-      for (const f of this.scheduled) for (let k = 0; k < f.length; k++) out[i++] = f[k];
-      return out;
-    }
-
-    // the latest request's body as received, base64 (for tests)
-    receivedBase64() {
-      let s = '';
-      for (const b of (this.last ? this.last.pcm : [])) for (let i = 0; i < b.length; i += 0x8000)
-        s += String.fromCharCode.apply(null, b.subarray(i, i + 0x8000));
-      return btoa(s);
-    }
-
     summary(run) {
       const since = (x) => (x === null ? null : x - run.t.click);
-      return `click → first byte ${ms(since(run.t.firstByte))} → first sound ${ms(since(run.t.firstSound))} ` +
-             `(server TTFA ${ms(run.serverTtfaMs)})`;
+      return say('summary', {first_byte: ms(since(run.t.firstByte)), first_sound: ms(since(run.t.firstSound)),
+                             ttfa: ms(run.serverTtfaMs)});
     }
 
     // `keep` (the Stop button): the audio received so far stays as the final WAV
@@ -191,7 +175,7 @@
       run.soundResolve();
       if (run.state === 'connecting' || run.state === 'playing') {
         run.state = 'stopped';
-        setLine(`Stopped · ${this.summary(run)}`);
+        setLine(`${say('stopped')} · ${this.summary(run)}`);
         if (keep && run.pcm.length) this.handOver(run, true);  // what came is the final WAV
       }
     }
@@ -213,28 +197,25 @@
       };
       run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
       this.run = this.last = run;
-      this.scheduled = [];
-      this.scheduledSamples = 0;
       if (window.studioTake) window.studioTake.show('');  // the page's outputs: the previous take goes
       this.setBusy(true);
-      setLine('Low-latency player: connecting…');
+      setLine(say('connecting'));
       this.resume();
       const pause = byId('player_pause');
-      if (pause) { pause.disabled = false; pause.textContent = '⏸ Pause'; }
+      if (pause) { pause.disabled = false; pause.textContent = say('pause'); }
       this.progress(run);
       try {
         await this.ready;
       } catch (e) {
-        Object.assign(run, {state: 'error', error: `the player cannot start: ${e}`});
+        Object.assign(run, {state: 'error', error: say('cannot_start', {error: e})});
         setLine(`⚠️ ${run.error}`);
         this.showError(run.error);
         this.setBusy(false);
         return;
       }
       run.mode = this.mode;
-      this.worker.postMessage(via ? {type: 'start', id, ...via, debugSamples: MAX_DEBUG_SAMPLES}
-        : {type: 'start', id, url: new URL('studio/speech', document.baseURI).href, body: JSON.stringify(params),
-           debugSamples: MAX_DEBUG_SAMPLES});
+      this.worker.postMessage(via ? {type: 'start', id, ...via}
+        : {type: 'start', id, url: new URL('studio/speech', document.baseURI).href, body: JSON.stringify(params)});
     }
 
     fromWorker(epochMs) {
@@ -263,9 +244,6 @@
         if (run.state === 'stopped') return;  // on its way at Stop: the kept take is what came before it
         run.pcm.push(m.raw);
         this.progress(run);
-      } else if (m.type === 'copy') {
-        this.scheduled.push(m.samples);
-        this.scheduledSamples += m.samples.length;
       } else if (m.type === 'end') {
         run.t.end = this.fromWorker(m.at);
         Object.assign(run, {bytes: m.bytes, samples: m.samples, buffers: m.reads});
@@ -373,47 +351,31 @@
       this.progress(run);
       const pause = byId('player_pause');
       if (pause) pause.disabled = true;
-      setLine(`✔ ${this.summary(run)} · ${(run.samples / RATE_HZ).toFixed(2)} s of audio, ` +
-              `${run.underruns} underruns`);
+      setLine(`✔ ${this.summary(run)} · ` +
+              say('done', {seconds: (run.samples / RATE_HZ).toFixed(2), underruns: run.underruns}));
       if (this.run === run) { this.run = null; this.setBusy(false); this.idleLater(); }
     }
   }
 
-  const style = document.createElement('style');  // which live part the page shows (body[data-studio-result])
+  const style = document.createElement('style');  // the player's controls, busy state, error line, pop-up
   style.textContent = RESULT_CSS;
   document.head.appendChild(style);
-  // Stop in the click itself, on every page (the Gradio event runs a little later): the low-latency player
-  // stops; the standard player's <audio> pauses, muted, and stays paused until the next Generate (player_gate.js
-  // undoes this). Its play() does nothing until then: the streaming component and hls.js call it on a late
-  // segment, and a pause at the 'play' event (kept for an <audio> made after Stop) would let it sound meanwhile
-  const silence = (a) => { a.muted = true; a.pause(); a.play = () => Promise.resolve(); };
-  document.addEventListener('click', (e) => {
-    if (!(e.target && e.target.closest && e.target.closest('#stop'))) return;
-    document.body.dataset.studioStopped = '1';
-    document.querySelectorAll('#stream_out audio').forEach(silence);
-    if (window.studioPlayer) { window.studioPlayer.stop(true); window.studioPlayer.setBusy(false); }
-  }, true);
-  document.addEventListener('play', (e) => {  // media events do not bubble: captured on the document
-    const a = e.target;
-    if (document.body.dataset.studioStopped && a && a.closest && a.closest('#stream_out')) silence(a);
-  }, true);
-  // without Web Audio or Workers this player cannot run: its line says so, and Generate uses the standard
-  // player (player_gate.js finds no window.studioPlayer)
-  const missing = ['AudioContext', 'Worker'].filter((name) => typeof window[name] !== 'function');
-  if (missing.length) {
-    setLine(`Low-latency player: not available in this browser (no ${missing.join(', no ')}); ` +
-            'Generate uses the standard player');
-    return;
-  }
   Object.assign(StudioPlayer.prototype, PAGE_METHODS, FEED_METHODS);
   const player = new StudioPlayer();
   window.studioPlayer = player;
-  // the click itself (not the Gradio event, which runs a little later): its time, and the AudioContext
-  // resumed inside the user gesture (browsers' autoplay policy keeps it suspended until one)
+  setLine(say('ready'));
+  if (byId('studio_busy')) byId('studio_busy').textContent = say('busy');
+  // the click itself (the Gradio event runs a little later): Generate's time, and the AudioContext resumed
+  // inside the user gesture (browsers' autoplay policy keeps it suspended until one); Stop at once, the take so
+  // far kept
   document.addEventListener('click', (e) => {
-    if (e.target && e.target.closest && e.target.closest('#go')) {
+    const target = e.target && e.target.closest ? e.target : null;
+    if (target && target.closest('#go')) {
       player.clickAt = e.timeStamp;
       player.resume();
+    } else if (target && target.closest('#stop')) {
+      player.stop(true);
+      player.setBusy(false);
     }
   }, true);
 }

@@ -10,21 +10,23 @@ from typing import Any
 
 import gradio as gr
 
+from app.message import lang_of
 from app.service.service import StudioService
 from app.ui import ui_text
-from app.ui.i18n import lang_of
+from app.ui.i18n import locale
 from app.ui.takes import stopped_take, take_line
 
-# next to Generate: the busy line and the latest error of either player (player.js: setBusy, showError)
+# next to Generate: the busy line and the latest error (player.js: setBusy, showError; its words, in the browser's
+# language, replace these)
 STATUS_HTML = ('<div id="studio_status"><span id="studio_busy">⏳ Generating…</span>'
                '<div id="studio_error" role="alert"></div></div>')
-# the standard player's `synthesize` ended (either way): the page is no longer busy
-IDLE_JS = "() => { if (window.studioPlayer) window.studioPlayer.setBusy(false); return []; }"
 FINAL_JS = "() => [window.studioTake ? window.studioTake.final : null]"  # the final WAV (or none) into #final_out
 # the seed the server used (the X-Seed header), into the seed box at the start of a take: player.js hands it to
 # the hidden #player_seed element (`at` makes every take a change), whose change event returns it as an output
 SEED_JS = "window.studioSeed = (seed) => { props.value = JSON.stringify({seed: Number(seed), at: Date.now()}); };"
 SEED_BOX_JS = "(v) => { const s = JSON.parse(v || '{}').seed; return [Number.isInteger(s) ? s : undefined]; }"
+# the text box's value into the player as it changes (typed or set), for text that streams in (player_feed.js)
+TYPED_JS = "(text) => { if (window.studioPlayer) window.studioPlayer.typed = text; return []; }"
 MAX_TAKE_VALUE = 4096  # characters of the take element's JSON: an id and a few numbers
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")  # SynthesisRequest.request_id (uuid4 hex)
 
@@ -69,10 +71,11 @@ def _number(x: Any, default: Any = 0.0) -> Any:
 
 def player_js() -> str:
     """The page-load JS that defines `window.studioPlayer`: player.js with player_page.js and player_feed.js
-    inlined as code, and the Worker and AudioWorklet sources and player.css as string literals (read when the
-    page is built)."""
+    inlined as code, the Worker and AudioWorklet sources and player.css as string literals, and its words per
+    language (locales/page.toml) as an object (read when the page is built)."""
     return (ui_text("player.js").replace("__PAGE_SRC__", ui_text("player_page.js"))
             .replace("__FEED_SRC__", ui_text("player_feed.js"))
             .replace("__WORKER_SRC__", json.dumps(ui_text("player_worker.js")))
             .replace("__WORKLET_SRC__", json.dumps(ui_text("player_worklet.js")))
-            .replace("__RESULT_CSS__", json.dumps(ui_text("player.css"))))
+            .replace("__RESULT_CSS__", json.dumps(ui_text("player.css")))
+            .replace("__WORDS__", json.dumps(locale("page"), ensure_ascii=False)))

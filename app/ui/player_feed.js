@@ -1,5 +1,6 @@
 /* Text that streams in (the page's switch; inlined into player.js by app/ui/player.py, in its scope): the
-   text box's words go to the WebSocket door (v1/audio/speech/stream) one at a time, at the chosen rate, as
+   text box's words (`typed`: its value, which the box's change event hands over, app/ui/player.py TYPED_JS)
+   go to the WebSocket door (v1/audio/speech/stream) one at a time, at the chosen rate, as
    they are typed or pasted; what comes back plays through this player like any take, whose WAV and stats
    then reach the page's outputs and history. A word is sent once whitespace (or a Chinese character)
    follows it; once every word is
@@ -16,14 +17,14 @@ const FEED_METHODS = {
                    prompt_audio: params.prompt_audio, prompt_text: params.prompt_text, mode: params.mode,
                    instructions: params.mode === 'instruct' ? params.instruct_text : null};
     await this.play(params, {ws: url.href, start});
-    const run = this.last, box = document.querySelector('#text textarea');
+    const run = this.last, box = () => (typeof this.typed === 'string' ? this.typed : params.text);
     if (!run || run.state !== 'connecting') return;
-    let sent = '', seen = box ? box.value : params.text, changedAt = performance.now();
+    let sent = '', seen = box(), changedAt = performance.now();
     run.feed = {sent: 0, closed: false};
     const timer = setInterval(() => {
       const live = this.last === run && (run.state === 'connecting' || run.state === 'playing');
       if (!live) { clearInterval(timer); return; }
-      const text = box ? box.value : params.text;
+      const text = box();
       if (text !== seen) { seen = text; changedAt = performance.now(); }
       const rest = text.startsWith(sent) ? text.slice(sent.length) : '';  // an edit before the sent part: ignored
       const word = rest.match(WORD);

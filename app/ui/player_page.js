@@ -1,10 +1,10 @@
 /* The page around the low-latency player (inlined into player.js by app/ui/player.py, in its scope: byId,
-   RATE_HZ, IDLE_SUSPEND_MS, TOAST_MS, setLine): the busy state and errors next to Generate (both players), the
+   RATE_HZ, IDLE_SUSPEND_MS, TOAST_MS, setLine, say: its words): the busy state and errors next to Generate, the
    error pop-up, the player's controls (pause, volume, played / received seconds) and the idle suspend
    of its AudioContext. Methods of StudioPlayer (Object.assign onto its prototype). */
 const PAGE_METHODS = {
 
-  // Generate was clicked (either player): the previous error goes, the page is busy
+  // Generate was clicked: the previous error goes, the page is busy
   begin() {
     this.showError('');
     this.setBusy(true);
@@ -30,7 +30,7 @@ const PAGE_METHODS = {
       toast.addEventListener('click', () => { toast.hidden = true; });
       document.body.appendChild(toast);
     }
-    toast.textContent = `Error: ${text}`;
+    toast.textContent = say('error', {text});
     toast.hidden = false;
     clearTimeout(this.toastTimer);
     this.toastTimer = setTimeout(() => { toast.hidden = true; }, TOAST_MS);
@@ -47,7 +47,7 @@ const PAGE_METHODS = {
     if (!run || !pause) return;
     run.paused = !run.paused;
     (run.paused ? this.ctx.suspend() : this.ctx.resume()).catch(() => {});
-    pause.textContent = run.paused ? '▶ Resume' : '⏸ Pause';
+    pause.textContent = say(run.paused ? 'resume' : 'pause');
   },
 
   // played / received seconds of `run` (called on each read and at the end: no timer)
@@ -66,9 +66,8 @@ const PAGE_METHODS = {
     const kept = (run.pcm.reduce((n, b) => n + b.length, 0) / 2 / RATE_HZ).toFixed(2);
     let ready = true;
     try { ready = (await (await fetch(new URL('health', document.baseURI))).json()).ready; } catch (e) { /* gone */ }
-    const why = ready ? 'The connection broke mid-take' : 'The speech engine stopped mid-take and is restarting';
-    const message = `${why}: ${kept} s received are kept as the final WAV. ` +
-                    `${ready ? 'Try again now' : 'Try again in a minute'}.`;
+    const message = say('kept', {why: say(ready ? 'broke' : 'engine_died'), seconds: kept,
+                                 retry: say(ready ? 'retry_now' : 'retry_later')});
     run.error = message;
     setLine(`⚠️ ${message}`);
     this.showError(message);

@@ -9,10 +9,12 @@ window.studioTake = {final: null, uploaded: null,
     const t = window.studioTake;
     if (!final || !String(final.url).startsWith('blob:')) return final;
     if (fmt === 'wav') return null;
-    if (!t.uploaded || t.uploaded.blob !== final.url) {
-      const wav = await (await fetch(final.url)).blob();
-      const {path, url} = await upload(new File([wav], final.orig_name, {type: 'audio/wav'}));
-      t.uploaded = {blob: final.url, file: {...final, path, url}};
+    if (!t.uploaded || t.uploaded.blob !== final.url) {  // one upload per take, also for overlapping asks
+      t.uploaded = {blob: final.url, file: (async () => {
+        const wav = await (await fetch(final.url)).blob();
+        const {path, url} = await upload(new File([wav], final.orig_name, {type: 'audio/wav'}));
+        return {...final, path, url};
+      })()};
     }
     return t.uploaded.file;
   }};

@@ -1,26 +1,26 @@
 /* The low-latency player's Worker (app/ui/player.js starts it from this text): fetch, read, convert.
 
    {type: 'sink', port}: where samples go (the AudioWorklet's MessagePort; none: to the page).
-   {type: 'start', id, url, body, debugSamples}: POST body to url (studio/speech), read the raw PCM
+   {type: 'start', id, url, body}: POST body to url (studio/speech), read the raw PCM
    (s16le mono 24 kHz) as it arrives, int16 -> float32 (x / 32768; an odd trailing byte is carried to the
    next read), post each read's samples and its read time to the sink (transferred: no copy, no main
    thread on the way).
-   {type: 'start', id, ws, start, debugSamples}: the same through the WebSocket door (text that streams in,
+   {type: 'start', id, ws, start}: the same through the WebSocket door (text that streams in,
    v1/audio/speech/stream): `start` is its first message; {type: 'send', id, message} sends the next one
    (text deltas, close; held until the socket is open); `started` stands for the headers, a normal close
    for the body's end, an `error` message or another close code for an error.
    {type: 'abort', id}: AbortController.abort(); the server sees the disconnect and aborts the request.
    To the page: headers, firstByte, bytes (each read as received, transferred: the final WAV's data),
-   copy (debug copies of the samples, the first debugSamples), end, aborted, error; times are epoch ms
+   end, aborted, error; times are epoch ms
    (timeOrigin + now()), comparable across threads. */
 let sink = null;
 let job = null;
 const now = () => performance.timeOrigin + performance.now();  // epoch ms: comparable across threads
 const HEADERS = ['x-request-id', 'x-seed', 'x-ttfa-ms', 'x-queue-ms', 'x-reference-ms', 'x-server-ms',
                  'x-handler-ms'];
-// one body's bytes as they arrive: int16 -> float32 to the sink, the raw bytes and debug copies to the page
+// one body's bytes as they arrive: int16 -> float32 to the sink, the raw bytes to the page
 function body(m, post) {
-  let carry = null, bytes = 0, total = 0, reads = 0, debug = 0;
+  let carry = null, bytes = 0, total = 0, reads = 0;
   return {
     read(value) {
       const at = now();
@@ -38,7 +38,6 @@ function body(m, post) {
       const view = new DataView(data.buffer, data.byteOffset, data.length);
       const samples = new Float32Array(data.length / 2);
       for (let i = 0; i < samples.length; i++) samples[i] = view.getInt16(2 * i, true) / 32768;
-      const copy = debug < m.debugSamples ? samples.slice() : null;
       const n = samples.length;
       if (samples.length && sink) sink.postMessage({type: 'pcm', id: m.id, samples, at}, [samples.buffer]);
       else if (samples.length) post('pcm', {samples}, [samples.buffer]);
@@ -47,10 +46,6 @@ function body(m, post) {
       total += n;
       reads += 1;
       post('bytes', {raw: value}, [value.buffer]);  // converted above: this thread is done with it
-      if (copy) {
-        debug += copy.length;
-        post('copy', {samples: copy}, [copy.buffer]);
-      }
     },
     end() {
       if (sink) sink.postMessage({type: 'end', id: m.id});
