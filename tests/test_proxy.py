@@ -32,6 +32,7 @@ from test_player import (
     LOGIN,
     PROMPT_TEXT,
     PROMPT_WAV,
+    SCHEDULED_HOOK,
     check_scheduled_equals_received,
     open_studio,
     play_low_latency,
@@ -148,7 +149,7 @@ def test_the_page_logs_in_and_plays_through_the_proxy(proxy):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
-            page = open_studio(browser, proxy)  # login form, page load, upload: all through nginx
+            page = open_studio(browser, proxy, SCHEDULED_HOOK)  # login form, page load, upload: all through nginx
             run = play_low_latency(page)
             assert run["state"] == "done" and run["mode"] == "worklet" and run["underruns"] == 0, run
             received = check_scheduled_equals_received(page, run)

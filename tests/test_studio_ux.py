@@ -329,7 +329,7 @@ def test_streaming_off_plays_the_whole_take_at_its_speed(studio, page):
         page.locator("#speed input[type=number]").press("Enter")
         seq = page.evaluate(f"{LAST} ? {LAST}.seq : 0") + 1
         page.locator("#go").click()
-        page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
+        page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
                                timeout=TIMEOUT_MS)
         params = page.evaluate(f"{LAST}.params")
         assert (params["stream"], params["speed"]) == (False, 1.25), params
@@ -370,10 +370,11 @@ def test_default_player_shows_controls_busy_state_errors_and_the_seed(studio, pa
     page.wait_for_function("() => window.__busy.includes('1')", timeout=10_000)
     assert not page.locator("#studio_error").inner_text().strip()  # the old error went
     # the seed the server used is in the box as the take starts (its headers came), not only at its end
-    page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'playing' && {LAST}.seed !== null && "
-                           f"document.querySelector('#seed input').value === {LAST}.seed", timeout=TIMEOUT_MS)
+    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.state === 'playing' && "
+                           f"{LAST}.seed !== null && document.querySelector('#seed input').value === {LAST}.seed",
+                           timeout=TIMEOUT_MS)
     assert page.locator("#player_controls").is_visible()
-    page.wait_for_function(f"() => {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
+    page.wait_for_function(f"() => {LAST} && {LAST}.seq === {seq} && {LAST}.state === 'done' && {LAST}.result",
                            timeout=TIMEOUT_MS)
     run = page.evaluate(f"() => ({{seed: {LAST}.seed, samples: {LAST}.samples}})")
     assert page.evaluate("document.body.dataset.studioBusy") is None
