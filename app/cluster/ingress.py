@@ -112,7 +112,7 @@ def add_forward_route(api: FastAPI, cfg: Config, replicas: Any) -> None:
     import ray.exceptions
 
     from app.server.errors import ApiError, error_response
-    from app.server.openai_api import BODY_SLACK_BYTES
+    from app.server.limits import BODY_SLACK_BYTES
     from app.service.refusals import RETRY_AFTER_S
 
     gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone

@@ -13,7 +13,6 @@ from app import audio_formats
 from app.config import LimitsConfig, ModelConfig
 from app.server.errors import ApiError, error_responses
 from app.server.identity import caller_of
-from app.server.limits import BODY_SLACK_BYTES as BODY_SLACK_BYTES  # the cluster's ingress caps bodies alike
 from app.server.speech import Tap, no_tap, prepare_or_raise, speech_response
 from app.server.sse_speech import sse_response
 from app.server.voices_api import NAME_MAX_CHARS, voices_router

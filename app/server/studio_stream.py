@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.message import lang_of, say
 from app.server.errors import ApiError
 from app.server.identity import caller_of
-from app.server.limits import ARRIVAL_KEY
 from app.server.speech import prepare_or_raise, speech_response
+from app.service.owners import ARRIVAL_KEY
 from app.service.prepare import SpeechInputs
 from app.service.service import ASSETS_DIR, StudioService
 
