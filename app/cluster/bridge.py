@@ -16,15 +16,10 @@ from starlette.responses import Response
 REPLICA_HEADER = b"x-replica"  # which replica answered (added to every forwarded response)
 
 
-async def request_dict(request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """The ingress side: `request` as a picklable dict. At most `max_body_bytes` + 1 of the body are
-    read: the replica's own cap (AccessLimits, app/server/limits.py) then refuses a longer one with its 413."""
-    parts, size = [], 0
-    async for piece in request.stream():
-        parts.append(piece)
-        size += len(piece)
-        if size > max_body_bytes:
-            break
+async def request_dict(request: Request) -> dict[str, Any]:
+    """The ingress side: `request` as a picklable dict. Its body is read whole: the ingress's AccessLimits
+    (app/server/limits.py, `Gate.capped`) has refused a /v1 body over the cap before or while it is read."""
+    parts = [piece async for piece in request.stream()]
     client = request.scope.get("client")
     return {"method": request.method, "path": request.url.path, "query_string": request.scope["query_string"],
             "headers": list(request.scope["headers"]), "body": b"".join(parts),

@@ -112,16 +112,14 @@ def add_forward_route(api: FastAPI, cfg: Config, replicas: Any) -> None:
     import ray.exceptions
 
     from app.server.errors import ApiError, error_response
-    from app.server.limits import BODY_SLACK_BYTES
     from app.service.refusals import RETRY_AFTER_S
 
     gone = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica is gone
-    max_body = cfg.limits.max_upload_mb * 1024 * 1024 + BODY_SLACK_BYTES
 
     @api.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def forward(request: Request, path: str):
         """One replica's answer to this /v1 request, streamed as it sends it."""
-        req = await request_dict(request, max_body)
+        req = await request_dict(request)
         last: BaseException | None = None
         for attempt in range(1 + cfg.cluster.request_retries):
             stream = replicas.options(stream=True).asgi.remote(req)
