@@ -210,11 +210,36 @@ def test_ws_take_is_recorded_like_any_other(studio_cpu, ws_voice):
     ([{"type": "start", "voice": "ws-voice"}, {"type": "dance"}], 4400, "unexpected message type"),
     ([{"type": "start", "voice": "ws-voice"}, {"type": "text", "text": "a" * 100_000}], 4400, "max_text_chars"),
     ([{"type": "start", "voice": "ws-voice", "response_format": "mp3"}], 4400, "pcm or wav"),
+    ([{"type": "start", "voice": "ws-voice", "timestamps": "yes"}], 4400, "timestamps must be true or false"),
     ([{"type": "start", "prompt_audio": "/etc/hostname", "prompt_text": "hi"}], 4400, "unknown reference"),
 ])
 def test_ws_bad_input_closes_with_a_reason(studio_cpu, ws_voice, messages, code, reason):
     got, _, got_code, got_reason = asyncio.run(talk(studio_cpu[0], messages))
     assert (got_code, got[-1]["type"]) == (code, "error") and reason in got_reason, (got_code, got_reason)
+
+
+def test_ws_timestamps_one_message_per_sentence(studio_cpu, ws_voice):
+    """`"timestamps": true`: after the audio, before `done`, one `timestamps` message per `segment` (its index), with
+    the sentence's text, one word per word of it, monotone from the take's first sample, the sentences one after
+    another to the take's end (the server's Whisper is the random tiny one: the times are arbitrary, their shape is
+    not); the audio is the same as without, whose messages have no timings (off by default)."""
+    from app.model.words import split_words
+
+    start = {"type": "start", "voice": ws_voice, "seed": 7}
+    rest = [{"type": "text", "text": TEXT[:20]}, {"type": "text", "text": TEXT[20:]}, {"type": "close"}]
+    plain_got, plain, _, _ = asyncio.run(talk(studio_cpu[0], [start, *rest]))
+    got, audio, code, _ = asyncio.run(talk(studio_cpu[0], [{**start, "timestamps": True}, *rest]))
+    assert code == 1000 and audio == plain and "timestamps" not in [m["type"] for m in plain_got]
+    assert [m["type"] for m in got] == ["started", "segment", "segment", "timestamps", "timestamps", "done"], got
+    stamps, sentences = got[3:5], ["Hello there, how are you today?", TEXT.split("? ")[1]]  # as the feed cut them
+    assert [m["index"] for m in stamps] == [0, 1] and [m["text"] for m in stamps] == sentences
+    for m, sentence in zip(stamps, sentences, strict=True):
+        assert [w["word"] for w in m["words"]] == [w.text for w in split_words(sentence)]
+        assert "".join(m["chars"]["chars"]) == sentence
+    times = [t for m in stamps for w in m["words"] for t in (w["start_ms"], w["end_ms"])]
+    take_ms = round(len(audio) / 2 / 24)
+    assert times == sorted(times) and times[0] >= 0 and times[-1] <= take_ms
+    assert (stamps[0]["start_ms"], stamps[0]["end_ms"], stamps[1]["end_ms"]) == (0, stamps[1]["start_ms"], take_ms)
 
 
 def test_ws_idle_client_and_disconnect_leave_nothing_behind(studio_cpu, ws_voice):

@@ -131,6 +131,7 @@ class TextFeed:
 
     def __init__(self, frontend) -> None:
         self.frontend, self.buf, self.n_chars = frontend, "", 0
+        self.texts: list[str] = []  # each sentence's normalised text, one per ids list given out (word timings)
 
     def add(self, delta: str) -> list[list[int]]:
         self.buf += delta
@@ -149,4 +150,7 @@ class TextFeed:
         if not sentence.strip():
             return []
         text = self.frontend.normalize_prompt_text(sentence.strip())  # the official normaliser, split=False
-        return self.frontend.text_ids(text).tolist()
+        ids = self.frontend.text_ids(text).tolist()
+        if ids:
+            self.texts.append(text)
+        return ids

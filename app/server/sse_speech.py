@@ -38,13 +38,18 @@ def usage(service: StudioService, request_id: str, text: str) -> dict[str, int]:
 
 
 def timestamps_event(t: Timing) -> dict:
-    """A sentence's `speech.audio.timestamps` event (ms from the take's first sample); a `str` (the take has no
-    timings: why) as one with no words and that `note`."""
+    """A sentence's `speech.audio.timestamps` event."""
+    return {"type": "speech.audio.timestamps", **timings_json(t)}
+
+
+def timings_json(t: Timing) -> dict:
+    """A sentence's timings as the doors send them (this one's events, the text-streaming socket's `timestamps`
+    messages: app/server/ws_timings.py), ms from the take's first sample; a `str` (the take has no timings: why) as
+    no words and that `note`."""
     if isinstance(t, str):
-        return {"type": "speech.audio.timestamps", "words": [], "chars": {"chars": [], "charStartTimesMs": [],
-                                                                          "charDurationsMs": []}, "note": t}
-    return {"type": "speech.audio.timestamps", "text": t.text, "start_ms": t.start_ms, "end_ms": t.end_ms,
-            "words": [asdict(w) for w in t.words], "chars": t.chars.to_json(), **({"note": t.note} if t.note else {})}
+        return {"words": [], "chars": {"chars": [], "charStartTimesMs": [], "charDurationsMs": []}, "note": t}
+    return {"text": t.text, "start_ms": t.start_ms, "end_ms": t.end_ms, "words": [asdict(w) for w in t.words],
+            "chars": t.chars.to_json(), **({"note": t.note} if t.note else {})}
 
 
 async def sse_response(service: StudioService, prepared: Prepared, text: str,

@@ -1,6 +1,7 @@
 """`/v1/audio/speech/stream`: text that streams in over a WebSocket, speech that streams out (docs/api.md).
-In: JSON `start` (the /v1/audio/speech body less `input`), `text` deltas, `flush`, `close`. Out: binary audio,
-JSON `started`/`segment`/`done`/`error`, then a close (1000, or a 44xx/1011 code with the reason)."""
+In: JSON `start` (the /v1/audio/speech body less `input`, plus `timestamps`), `text` deltas, `flush`, `close`. Out:
+binary audio, JSON `started`/`segment`/`timestamps` (opt-in)/`done`/`error`, then a close (1000, or a 44xx/1011
+code with the reason)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ from app.server.limits import KEY_REFUSED, socket_refusal
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
+from app.server.ws_timings import alignment_messages
 from app.service.owners import Caller, Owner
 from app.service.prepare import Prepared, SpeechInputs
 from app.service.refusals import refusal
 from app.service.service import StudioService
 
 log = logging.getLogger(__name__)
-START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions"}
+START_FIELDS = {"type", "voice", "response_format", "speed", "seed", "instructions", "timestamps"}
 PAGE_FIELDS = {"prompt_audio", "prompt_text", "mode"}  # the page's switch: its uploaded reference, as /studio/speech
 # close codes (44xx: HTTP's status + 4000, as AccessLimits' refusals: 4401, 4403, 4429)
 BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, 4401, 4403, 4429
@@ -69,7 +71,8 @@ class SpeechSession:
         """The start, prepared as every door's request (readiness included); then `reader` and `produce` until
         both end (the reader at close, then the rest of the speech), unless one raises first."""
         caller = caller_of(self.ws.scope)
-        fmt, inputs = start_inputs(await self.message(), caller.owner)
+        start = await self.message()
+        fmt, inputs = start_inputs(start, caller.owner)
         prepared = await prepare_or_raise(self.service, inputs, V1_PARAMS)
         req = prepared.request
         feed = bistream.TextFeed(self.service.synth.model.frontend)
@@ -77,7 +80,7 @@ class SpeechSession:
         await self.ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
                                  "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
         tasks += [asyncio.create_task(self.reader(feed)),
-                  asyncio.create_task(self.produce(prepared, caller, fmt, stop))]
+                  asyncio.create_task(self.produce(prepared, caller, fmt, stop, feed, start.get("timestamps", False)))]
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in done:
             t.result()  # raises a task's exception
@@ -104,17 +107,23 @@ class SpeechSession:
                 self.queue.put_nowait(None)
                 return
 
-    async def produce(self, prepared: Prepared, caller: Caller, fmt: str, stop: asyncio.Event) -> None:
-        """The take's audio as binary messages (a WAV header first for wav), then `done` with its stats."""
+    async def produce(self, prepared: Prepared, caller: Caller, fmt: str, stop: asyncio.Event,
+                      feed: bistream.TextFeed, timestamps: bool) -> None:
+        """The take's audio as binary messages (a WAV header first for wav), with `timestamps` its sentences'
+        timings once the take is made (app/server/ws_timings.py), then `done` with its stats."""
         if fmt == "wav":
             await self.ws.send_bytes(audio_formats.wav_header(None))
-        async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):
-            if chunk.samples.size:
-                await self.ws.send_bytes(pcm_bytes(chunk))
-            if chunk.is_final:
-                stats = dataclasses.asdict(chunk.stats) if chunk.stats else {}
-                stats["n_segments"] = len(self.segments)  # the segments said (the engine's take is one)
-                await self.ws.send_json({"type": "done", "request_id": prepared.request.request_id, "stats": stats})
+        final = None
+        async with alignment_messages(self.ws, self.service.aligner, feed, on=timestamps) as tap:
+            async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):
+                if chunk.samples.size:
+                    await self.ws.send_bytes(pcm_bytes(chunk))
+                tap(chunk)
+                final = chunk if chunk.is_final else final
+        if final is not None:  # none: the page's Stop ended the take
+            stats = dataclasses.asdict(final.stats) if final.stats else {}
+            stats["n_segments"] = len(self.segments)  # the segments said (the engine's take is one)
+            await self.ws.send_json({"type": "done", "request_id": prepared.request.request_id, "stats": stats})
 
 
 def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
@@ -126,6 +135,8 @@ def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
     fmt = start.get("response_format", "pcm")
     if fmt not in ("pcm", "wav"):
         raise WebSocketException(BAD, "response_format must be pcm or wav")
+    if not isinstance(start.get("timestamps", False), bool):
+        raise WebSocketException(BAD, "timestamps must be true or false")
     raw = start.get("prompt_audio")
     reference = (lambda: reference_path(raw)) if isinstance(raw, str) and raw else None
     return fmt, SpeechInputs(
