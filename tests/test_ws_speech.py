@@ -285,6 +285,20 @@ STORED = "async () => (await window.studioHistory.list()).map(({wav, details, ..
          "requestId: details && details.request_id}))"
 
 
+def test_ws_timestamps_without_an_aligner_say_why(studio_bf16):
+    """A server whose [asr] model cannot load (offline, nothing cached): one `timestamps` message with no words and
+    the reason, then `done`; the take is spoken as without."""
+    from studio import save_voice
+
+    voice = save_voice(studio_bf16[0], "ws-unaligned")["id"]
+    msgs = [{"type": "start", "voice": voice, "seed": 7, "timestamps": True}, {"type": "text", "text": TEXT},
+            {"type": "close"}]
+    got, audio, code, _ = asyncio.run(talk(studio_bf16[0], msgs))
+    assert code == 1000 and len(audio) > 24000 and [m["type"] for m in got][-2:] == ["timestamps", "done"], got
+    assert [m["type"] for m in got].count("timestamps") == 1 and "index" not in got[-2] and got[-2]["words"] == []
+    assert got[-2]["note"].startswith("word timings are unavailable")
+
+
 @pytest.mark.slow
 def test_page_text_streams_in(studio_bf16):
     """With the switch on, Generate feeds the text box's words to the WebSocket door at the chosen rate, words
