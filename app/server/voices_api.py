@@ -2,7 +2,6 @@
 
 # no `from __future__ import annotations`: the form fields' annotations use the configured limit (a local)
 
-import asyncio
 import contextlib
 import secrets
 from collections.abc import Iterator
@@ -10,13 +9,14 @@ from functools import partial
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, File, Form, Request, Response, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFile
 
 from app.server.errors import ApiError, error_responses
 from app.server.identity import caller_of
 from app.server.speech import map_error
 from app.service import voice_door
 from app.service.inputs import InputError
+from app.service.owners import Owner
 from app.service.service import NotReadyError, StudioService
 from app.service.voice_file import MEDIA_TYPE, SUFFIX
 from app.service.voices import VoiceError, VoiceInfo
@@ -46,6 +46,12 @@ def refused() -> Iterator[None]:
         raise err from e
 
 
+def request_owner(request: Request) -> Owner:
+    """The owner whose voices the request may use, as AccessLimits found it (the routes' dependency)."""
+    return caller_of(request.scope).owner
+
+
+CallerOwner = Annotated[Owner, Depends(request_owner)]
 # form fields shared by the routes below (those with a configured limit are built in their routes)
 Overwrite = Annotated[bool, Form(description="replace a voice of that name")]
 
@@ -58,12 +64,12 @@ def upload_field(description: str, max_mb: int) -> Any:
 
 def voices_router(service: StudioService) -> APIRouter:
     """/voices and /voices/{id} for `service`, and its `voice_files_router`; a new voice is refused while the
-    model is not ready."""
+    model is not ready. The routes without `async` run in FastAPI's thread pool (the store reads files)."""
     router = APIRouter()
     max_mb, limit = service.cfg.limits.max_upload_mb, service.cfg.limits.max_transcript_chars
 
     @router.post("/voices", status_code=201, responses=error_responses(400, 409, 413, 429, 503, 507))
-    async def create_voice(request: Request,
+    async def create_voice(owner: CallerOwner,
                            audio: upload_field("the reference recording (wav/flac/ogg/mp3, webm/m4a with ffmpeg; "
                                                "1-30 s of one speaker)", max_mb),
                            transcript: Annotated[str, Form(max_length=max(TRANSCRIPT_HARD_CAP, limit),
@@ -77,7 +83,6 @@ def voices_router(service: StudioService) -> APIRouter:
                            ) -> dict:
         """Compute and store a voice's features from a reference recording and its transcript (409 when the
         name is taken, unless `overwrite`)."""
-        owner = caller_of(request.scope).owner
         with refused():  # the upload is read once the name and transcript have passed
             info, notes = await voice_door.save(service, owner, name or f"voice-{secrets.token_hex(4)}",
                                                 partial(_read_upload, audio, max_mb), transcript,
@@ -86,27 +91,24 @@ def voices_router(service: StudioService) -> APIRouter:
         return {**voice_json(info, owner.admin), "warnings": list(notes)}
 
     @router.get("/voices")
-    async def list_voices(request: Request) -> dict:
+    def list_voices(owner: CallerOwner) -> dict:
         """The caller's saved voices of the loaded model, newest first (the admin key: every owner's)."""
-        owner = caller_of(request.scope).owner
-        voices = await asyncio.to_thread(service.voices.visible, owner)
-        return {"object": "list", "data": [voice_json(v, owner.admin) for v in voices]}
+        return {"object": "list", "data": [voice_json(v, owner.admin) for v in service.voices.visible(owner)]}
 
     @router.get("/voices/{voice_id}", responses=error_responses(404))
-    async def get_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
+    def get_voice(voice_id: str, caller: CallerOwner, owner: str | None = None) -> dict:
         """One of the caller's voices (the admin key may name another `owner`)."""
-        caller = caller_of(request.scope).owner
         try:
-            info = await asyncio.to_thread(service.voices.of(caller, owner).info, voice_id)
+            info = service.voices.of(caller, owner).info(voice_id)
         except VoiceError as e:
             raise ApiError(404, str(e), param="voice_id", code="voice_not_found") from e
         return voice_json(info, caller.admin)
 
     @router.delete("/voices/{voice_id}", responses=error_responses(404, 507))
-    async def delete_voice(voice_id: str, request: Request, owner: str | None = None) -> dict:
+    def delete_voice(voice_id: str, caller: CallerOwner, owner: str | None = None) -> dict:
         """Delete one of the caller's voices (the admin key may name another `owner`)."""
         with refused():
-            await asyncio.to_thread(voice_door.delete, service, caller_of(request.scope).owner, voice_id, owner)
+            voice_door.delete(service, caller, voice_id, owner)
         return {"id": voice_id, "object": "voice", "deleted": True}
 
     router.include_router(voice_files_router(service))
@@ -121,18 +123,17 @@ def voice_files_router(service: StudioService) -> APIRouter:
     @router.get("/voices/{voice_id}/export", response_class=Response,
                 responses={200: {"content": {MEDIA_TYPE: {}}, "description": "the voice as a .cvvoice file"},
                            **error_responses(404, 409)})
-    async def export_voice_file(voice_id: str, request: Request, owner: str | None = None) -> Response:
+    def export_voice_file(voice_id: str, caller: CallerOwner, owner: str | None = None) -> Response:
         """One of the caller's voices as a `.cvvoice` file to import elsewhere (docs/api.md: the format)."""
         with refused():  # another owner's voice reads as unknown, as GET /v1/voices/{id}
-            info, data = await asyncio.to_thread(voice_door.export, service, caller_of(request.scope).owner,
-                                                 voice_id, owner)
+            info, data = voice_door.export(service, caller, voice_id, owner)
         filename = info.name + SUFFIX  # voice names may hold any script's letters: an ASCII fallback too
         fallback = filename if filename.isascii() else "voice" + SUFFIX
         disposition = f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
         return Response(data, media_type=MEDIA_TYPE, headers={"Content-Disposition": disposition})
 
     @router.post("/voices/import", status_code=201, responses=error_responses(400, 409, 413, 503, 507))
-    async def import_voice_file(request: Request,
+    async def import_voice_file(owner: CallerOwner,
                                 file: upload_field("a .cvvoice file (GET /v1/voices/{id}/export)", max_mb),
                                 name: Annotated[str, Form(max_length=NAME_MAX_CHARS, description=(
                                     "store it under this name (default: the file's)"))] = "",
@@ -140,7 +141,6 @@ def voice_files_router(service: StudioService) -> APIRouter:
         """Add the voice in a `.cvvoice` file to the caller's voices (400 for a damaged or hostile file, 400
         `other_model` for a voice of another model, 409 when the name is taken, unless `overwrite`); nothing is
         written unless every check passes."""
-        owner = caller_of(request.scope).owner
         upload = partial(_read_upload, file, max_mb, param="file", what="the voice file",
                          advice="a real one is under 1 MB")
         with refused():
