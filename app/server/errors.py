@@ -16,8 +16,10 @@ log = logging.getLogger(__name__)
 # HTTP status -> OpenAI error type; any other (400, 405, 413, 415, 422) is "invalid_request_error"
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
                429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error", 507: "server_error"}
-# what each error status means on /v1, for the schema (`error_responses`)
+# what each error status means on /v1, for the schema (`error_responses`); a route that documents "4XX" gets no
+# FastAPI 422 in the schema (a validation error is answered 400 here)
 ERROR_MEANINGS = {
+    "4XX": "refused: the error body says why and what to do (a malformed request is 400, never 422)",
     400: "invalid request: the message says which field (`param`) and what to do",
     401: "missing or wrong API key (only where the server has keys)",
     403: "an option this server does not offer to this caller",
@@ -44,7 +46,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def error_responses(*statuses: int) -> dict:
+def error_responses(*statuses: int | str) -> dict:
     """`responses=` for a route's schema: each of `statuses` with its meaning and the error body."""
     return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
 
@@ -104,26 +106,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        path = request.url.path
         # a 404 is never a /v1 path's (api_router's catch-all routes every one): the page's own paths keep Gradio's
-        if e.status_code == 404 and not path.startswith("/v1/"):
+        if e.status_code == 404 and not request.url.path.startswith("/v1/"):
             return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
         return error_response(ApiError(e.status_code, str(e.detail or "error"), headers=e.headers))
-
-    default_openapi = app.openapi
-
-    def openapi() -> dict:
-        """FastAPI's schema without its 422s: a validation error is answered 400 here (documented per route)."""
-        if app.openapi_schema is None:
-            schema = default_openapi()
-            for path_item in schema.get("paths", {}).values():
-                for operation in path_item.values():
-                    operation.get("responses", {}).pop("422", None)
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-        return app.openapi_schema
-
-    app.openapi = openapi
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:

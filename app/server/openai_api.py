@@ -100,7 +100,7 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
 def api_router(service: StudioService) -> APIRouter:
     """The /v1 routes bound to the process's service. AccessLimits (app/server/limits.py) has checked the key
     (where keys are set) and refuses a body over [limits] max_upload_mb before it is parsed."""
-    router = APIRouter(prefix="/v1", tags=["v1"], responses=error_responses(401, 405))
+    router = APIRouter(prefix="/v1", tags=["v1"], responses=error_responses("4XX", 401, 405))
     speech_request = speech_body(service.cfg.limits)  # the schema states the configured limits
 
     @router.post("/audio/speech", response_class=Response, responses={

@@ -128,6 +128,5 @@ def add_metrics_route(app: FastAPI, service: StudioService) -> None:
     def metrics(request: Request) -> Response:  # a worker thread: the memory snapshot may block (NVML, /proc)
         """Prometheus text exposition: requests, latency histograms, memory, KV cache, vLLM's vllm:* metrics
         (for everyone but admins without paths, engine arguments or versions)."""
-        admin = caller_of(request.scope).admin
-        public_name = None if admin else service.model_name()
+        public_name = None if caller_of(request.scope).admin else service.model_name()
         return Response(exporter.render(public_name), media_type=prometheus_client.CONTENT_TYPE_LATEST)
