@@ -4,7 +4,6 @@ origins, and the per-client rate limit, for every door, the WebSocket one includ
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import math
@@ -72,7 +71,7 @@ def basic_credentials(scope: dict) -> tuple[str, str] | None:
         return None
     try:
         user, sep, password = base64.b64decode(token, validate=True).decode("utf-8").partition(":")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64 (binascii.Error), not UTF-8 (UnicodeDecodeError)
         return None
     return (user, password) if sep else None
 
