@@ -77,7 +77,8 @@ def basic_credentials(scope: dict) -> tuple[str, str] | None:
 
 
 class Gate:
-    """The settings `AccessLimits` applies; `gradio_app` and `limited_fns` are filled in once Gradio is mounted."""
+    """The settings `AccessLimits` applies, and its decisions; `gradio_app` and `limited_fns` are filled in once
+    Gradio is mounted."""
 
     def __init__(self, cfg: Config, on_refused: Callable[[str], None] | None = None) -> None:
         srv = cfg.server
@@ -172,6 +173,37 @@ class Gate:
             return await self.logged_in(scope)
         return True
 
+    async def refusal(self, scope: dict, receive: Any, path: str, client: str) -> tuple[ApiError | None, Any]:
+        """The rate limit's, the login's (or key's) or the /v1 body cap's refusal of a request from an allowed
+        origin, else None; and the `receive` to serve it with."""
+        limited, receive = await self.limited(scope, receive, path)
+        bucket, what, reason = (self.limiter, "synthesis requests", "rate_limit") if limited else \
+            (self.uploads, "uploads", "uploads") if path == UPLOAD_PATH and scope.get("method") == "POST" else \
+            (None, "", "")
+        if (refused := self.rate_refusal(bucket, what, reason, client)) is not None:
+            return refused, receive
+        if not await self.allowed(scope, path):
+            if self.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
+                return ApiError(401, KEY_REFUSED, code="invalid_api_key", headers={"www-authenticate": "Bearer"}), \
+                    receive
+            return ApiError(401, LOGIN_REQUIRED, code="login_required", headers={
+                "www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'}), receive
+        if scope["type"] == "http" and path.startswith("/v1/"):
+            return self.capped(scope, receive)
+        return None, receive
+
+    async def limited(self, scope: dict, receive: Any, path: str) -> tuple[bool, Any]:
+        """Whether the request is a synthesis request of its client's rate limit (a queue/join body is read for
+        the event it names), and the `receive` to serve it with."""
+        if scope["type"] == "websocket":
+            return is_synthesis_socket(path), receive
+        if self.limiter is None or scope.get("method") != "POST":
+            return False, receive
+        if path == QUEUE_JOIN_PATH and self.limited_fns:
+            body, receive = await peek_body(receive, MAX_JOIN_BODY)
+            return _fn_index(body) in self.limited_fns, receive
+        return path in SYNTH_PATHS, receive
+
 
 class AccessLimits:
     """ASGI middleware applying a `Gate` to every door, HTTP and WebSocket alike: identity, the origin, the rate
@@ -193,7 +225,7 @@ class AccessLimits:
         else:
             if set_cookie and scope["type"] == "http":
                 send = with_cookie(send, set_cookie)
-            refused, receive = await self.refusal(scope, receive, path, caller.client)
+            refused, receive = await gate.refusal(scope, receive, path, caller.client)
         if refused is None:
             return await self.app(scope, receive, send)
         if scope["type"] == "http":
@@ -201,39 +233,6 @@ class AccessLimits:
         code = SOCKET_CODE_BASE + refused.status  # the socket's own codes (a close before accepting reaches no one)
         log.info("refused a WebSocket session on %s (%d): %s", path, code, refused.message.split(":")[0])
         await refuse_socket(receive, send, code, refused.message)
-
-    async def refusal(self, scope: dict, receive: Any, path: str, client: str) -> tuple[ApiError | None, Any]:
-        """The rate limit's, the login's (or key's) or the /v1 body cap's refusal of a request from an allowed
-        origin, else None; and the `receive` to serve it with."""
-        gate = self.gate
-        limited, receive = await self.limited(scope, receive, path)
-        bucket, what, reason = (gate.limiter, "synthesis requests", "rate_limit") if limited else \
-            (gate.uploads, "uploads", "uploads") if path == UPLOAD_PATH and scope.get("method") == "POST" else \
-            (None, "", "")
-        if (refused := gate.rate_refusal(bucket, what, reason, client)) is not None:
-            return refused, receive
-        if not await gate.allowed(scope, path):
-            if gate.identity.any_key and (path.startswith("/v1/") or path == "/metrics"):
-                return ApiError(401, KEY_REFUSED, code="invalid_api_key", headers={"www-authenticate": "Bearer"}), \
-                    receive
-            return ApiError(401, LOGIN_REQUIRED, code="login_required", headers={
-                "www-authenticate": 'Basic realm="CosyVoice2 Studio", charset="UTF-8"'}), receive
-        if scope["type"] == "http" and path.startswith("/v1/"):
-            return gate.capped(scope, receive)
-        return None, receive
-
-    async def limited(self, scope: dict, receive: Any, path: str) -> tuple[bool, Any]:
-        """Whether the request is a synthesis request of its client's rate limit (a queue/join body is read for
-        the event it names), and the `receive` to serve it with."""
-        gate = self.gate
-        if scope["type"] == "websocket":
-            return is_synthesis_socket(path), receive
-        if gate.limiter is None or scope.get("method") != "POST":
-            return False, receive
-        if path == QUEUE_JOIN_PATH and gate.limited_fns:
-            body, receive = await peek_body(receive, MAX_JOIN_BODY)
-            return _fn_index(body) in gate.limited_fns, receive
-        return path in SYNTH_PATHS, receive
 
 
 def is_synthesis_socket(path: str) -> bool:
