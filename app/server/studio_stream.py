@@ -18,6 +18,7 @@ from app.message import lang_of, say
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.speech import prepare_or_raise, speech_response
+from app.server.studio_timings import PageTimings
 from app.service.owners import ARRIVAL_KEY
 from app.service.prepare import SpeechInputs
 from app.service.service import ASSETS_DIR, StudioService
@@ -119,6 +120,7 @@ def add_studio_routes(app: FastAPI, service: StudioService,
     running page takes' Stop events by request id, from this route and the WebSocket door; an entry goes with
     its take (the event is held only by the take's stream: weak values)."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
+    timings = PageTimings(service)  # each take's word timings, for the page's words panel (studio_timings.py)
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):
@@ -133,9 +135,9 @@ def add_studio_routes(app: FastAPI, service: StudioService,
                 mode=body.mode, instruct_text=body.instruct_text, seed=body.seed, stream=body.stream, speed=body.speed,
                 dialogue=body.dialogue, owner=caller.owner), STUDIO_PARAMS)
             stop = stops[prepared.request.request_id] = asyncio.Event()  # set by studio_stop below
-            response = await speech_response(service, prepared.request, "pcm", prepared=prepared,
-                                             headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"},
-                                             caller=caller, stop=stop, params=STUDIO_PARAMS)
+            response = await timings.speak(prepared, caller.owner, lambda tap: speech_response(
+                service, prepared.request, "pcm", prepared=prepared, tap=tap, caller=caller, stop=stop,
+                headers={"X-Reference-Ms": f"{prepared.reference_s * 1e3:.1f}"}, params=STUDIO_PARAMS))
         except ApiError as e:  # the page's own route: the same status and code, the message in its language
             e.message = say(e.message, lang_of(request))
             raise
@@ -154,3 +156,4 @@ def add_studio_routes(app: FastAPI, service: StudioService,
         return {"request_id": request_id, "stopped": True}
 
     app.include_router(router)
+    app.include_router(timings.router())
