@@ -36,11 +36,13 @@ def convert_take(path: str | None, fmt: str) -> str | None:
 
 def build_download(final_out: gr.Audio, i18n, **page_only) -> None:
     """A format choice and a download button under `final_out`: a new take is offered as WAV (the page's own
-    file, no server call); a format the listener picks is converted on the server."""
+    file, no server call); a format the listener picks is converted on the server. Beside them the take's SRT and
+    WebVTT links, once its words are aligned (player_words.js fills #download_subs)."""
     with gr.Row():
         fmt = gr.Dropdown([f for f in DOWNLOAD_FORMATS if available(f)], value="wav", label=i18n("download_format"),
                           elem_id="download_format", scale=1)
         button = gr.DownloadButton(i18n("download_take"), elem_id="download_take", scale=1)
+        gr.HTML('<span id="download_subs"></span>', scale=1, js_on_load=None)  # SRT, WebVTT (player_words.js)
     final_out.change(None, final_out, [fmt, button], js=NEW_TAKE_JS, **page_only)
     fmt.input(convert_take, [final_out, fmt], button, js=TO_SERVER_JS, show_progress="hidden", **page_only).then(
         None, [final_out, fmt, button], button, js=PAGE_WAV_JS, **page_only)

@@ -4,7 +4,8 @@
      `synthesize` or the low-latency player's take event) is kept in this browser's IndexedDB:
      per browser profile, so it survives a reload and no other visitor sees it; the server keeps nothing.
      A take: {id, createdAt, text, instruct, dialogue, voice, mode, seed, speed, stream, player, statsLine,
-     details, name, wav (the final WAV, a Blob: the very bytes the page offered), bytes}. Stopped and failed
+     details, name, wav (the final WAV, a Blob: the very bytes the page offered), bytes, and where its words
+     were aligned: words [{word, start_ms, end_ms, interpolated}], srt, vtt}. Stopped and failed
      takes are not kept. The list (newest first) is drawn into #history_list: per take an <audio> and a
      download link (blob: URLs, revoked at each redraw), "Use these settings" (text, dialogue box, mode,
      instruction, seed, stream and speed back into the inputs) and Delete; #history_clear empties it once
@@ -47,6 +48,8 @@
     if (text !== undefined) e.textContent = text;
     return e;
   };
+  __WORDS_VIEW_SRC__
+
   class StudioHistory {
     constructor() {
       this.limits = {maxTakes: HISTORY_MAX_TAKES, maxBytes: HISTORY_MAX_BYTES};
@@ -166,8 +169,9 @@
       this.expected.delete(details.request_id);
       if (!asked || details.stopped) return;
       try {
-        const wav = asked.wav;
-        await this.add({...asked, voice: details.voice || '', mode: details.mode, seed: details.seed,
+        const {timings, ...kept} = asked;  // the take's words and subtitles, once aligned (player_words.js)
+        const wav = asked.wav, words = timings ? await timings : null;
+        await this.add({...kept, ...(words || {}), voice: details.voice || '', mode: details.mode, seed: details.seed,
                         speed: details.speed, stream: details.stream, player: details.player,
                         statsLine: String(stats || '').replace(/\*\*/g, ''), details,
                         name: final.orig_name || 'speech.wav', wav});
@@ -253,8 +257,9 @@
       const del = el('button', 'history-delete', label('delete'));
       del.dataset.act = 'delete';
       for (const b of [use, del]) b.type = 'button';
-      actions.append(link, use, del);
-      div.append(shown, facts, stats, audio, actions);
+      const timed = WORDS_VIEW.forRow(t, audio, this.urls);  // its words and SRT/WebVTT (words.js)
+      actions.append(link, ...timed.links, use, del);
+      div.append(shown, facts, stats, audio, ...timed.words, actions);
       return div;
     }
   }

@@ -39,5 +39,6 @@ def history_labels() -> dict[str, dict[str, str]]:
 
 
 def history_js() -> str:
-    """The page-load JS that defines `window.studioHistory` (history.js with its words inlined)."""
-    return ui_text("history.js").replace("__LABELS__", json.dumps(history_labels(), ensure_ascii=False))
+    """The page-load JS that defines `window.studioHistory` (history.js with its words and words.js inlined)."""
+    return (ui_text("history.js").replace("__LABELS__", json.dumps(history_labels(), ensure_ascii=False))
+            .replace("__WORDS_VIEW_SRC__", ui_text("words.js")))

@@ -82,6 +82,10 @@
 
   __FEED_SRC__
 
+  __WORDS_VIEW_SRC__
+
+  __TAKE_WORDS_SRC__
+
   class StudioPlayer {
     constructor() {
       this.run = null;       // the request playing now
@@ -197,6 +201,7 @@
       };
       run.soundKnown = new Promise((resolve) => { run.soundResolve = resolve; });  // first sound or the end
       this.run = this.last = run;
+      this.wordsReset(run);  // the words panel (player_words.js)
       if (window.studioTake) window.studioTake.show('');  // the page's outputs: the previous take goes
       this.setBusy(true);
       setLine(say('connecting'));
@@ -236,6 +241,7 @@
         run.server = {queueMs: parseFloat(h['x-queue-ms']), referenceMs: parseFloat(h['x-reference-ms']),
                       serverMs: parseFloat(h['x-server-ms']), handlerMs: parseFloat(h['x-handler-ms'])};
         if (m.status === 200 && run.state === 'connecting') run.state = 'playing';
+        if (m.status === 200 && run.requestId) this.followWords(run);
       } else if (m.type === 'firstByte') {
         run.t.firstByte = this.fromWorker(m.at);
       } else if (m.type === 'pcm') {
@@ -272,6 +278,8 @@
         run.contextState = this.ctx.state;
         run.soundResolve();
         setLine(`▶ ${this.summary(run)}`);
+      } else if (m.type === 'pos') {
+        run.pos = m;  // frames played, at context frame m.frame (playedS)
       } else if (m.type === 'underrun') {
         run.underruns += 1;
       } else if (m.type === 'drained') {
@@ -338,7 +346,7 @@
                      size: run.wav.size, mime_type: 'audio/wav', is_stream: false, meta: {_type: 'gradio.FileData'}};
       const h = window.studioHistory, p = run.params;
       if (h && !stopped) h.expect(run.requestId, {text: p.text, instruct: p.instruct_text, dialogue: p.dialogue,
-                                                  wav: run.wav});
+                                                  wav: run.wav, timings: run.wordsDone});
       take.show(JSON.stringify(value), final);
       run.result = stopped ? 'kept' : 'shown';
     }
@@ -360,7 +368,7 @@
   const style = document.createElement('style');  // the player's controls, busy state, error line, pop-up
   style.textContent = RESULT_CSS;
   document.head.appendChild(style);
-  Object.assign(StudioPlayer.prototype, PAGE_METHODS, FEED_METHODS);
+  Object.assign(StudioPlayer.prototype, PAGE_METHODS, FEED_METHODS, WORDS_METHODS);
   const player = new StudioPlayer();
   window.studioPlayer = player;
   setLine(say('ready'));

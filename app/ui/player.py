@@ -70,11 +70,13 @@ def _number(x: Any, default: Any = 0.0) -> Any:
 
 
 def player_js() -> str:
-    """The page-load JS that defines `window.studioPlayer`: player.js with player_page.js and player_feed.js
-    inlined as code, the Worker and AudioWorklet sources and player.css as string literals, and its words per
-    language (locales/page.toml) as an object (read when the page is built)."""
+    """The page-load JS that defines `window.studioPlayer`: player.js with player_page.js, player_feed.js, words.js
+    and player_words.js inlined as code, the Worker and AudioWorklet sources and player.css as string literals,
+    and its words per language (locales/page.toml) as an object (read when the page is built)."""
     return (ui_text("player.js").replace("__PAGE_SRC__", ui_text("player_page.js"))
             .replace("__FEED_SRC__", ui_text("player_feed.js"))
+            .replace("__WORDS_VIEW_SRC__", ui_text("words.js"))
+            .replace("__TAKE_WORDS_SRC__", ui_text("player_words.js"))
             .replace("__WORKER_SRC__", json.dumps(ui_text("player_worker.js")))
             .replace("__WORKLET_SRC__", json.dumps(ui_text("player_worklet.js")))
             .replace("__RESULT_CSS__", json.dumps(ui_text("player.css")))

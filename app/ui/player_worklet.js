@@ -7,7 +7,8 @@
    the queue runs dry before the end the quantum is padded with silence (an underrun, reported) and it
    waits for the prebuffer again (re-anchored, never overlapping). To the page: started {frame: the
    context frame of the first sample, at: the epoch ms its bytes were read}, underrun, drained {frames},
-   flushed. */
+   flushed, and every POS_QUANTA quanta played pos {frames played, frame: the context frame they reach}. */
+const POS_QUANTA = 8;  // 1024 frames, ~43 ms (player_words.js POS_FRAMES)
 class StudioPcm extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -19,7 +20,7 @@ class StudioPcm extends AudioWorkletProcessor {
   reset(id) {
     // firstAt: the epoch ms the first queued samples were read (the Worker's `at`)
     Object.assign(this, {id, queue: [], firstAt: null, head: 0, queued: 0, playing: false, started: false,
-                         ended: false, frames: 0, underruns: 0});
+                         ended: false, frames: 0, underruns: 0, quanta: 0});
   }
   onMessage(m) {
     if (m.type === 'source') { m.port.onmessage = (e) => this.onMessage(e.data); return; }
@@ -59,6 +60,9 @@ class StudioPcm extends AudioWorkletProcessor {
         this.queued -= n;
         this.frames += n;
         if (this.head === buf.length) { this.queue.shift(); this.head = 0; }
+      }
+      if (++this.quanta % POS_QUANTA === 0) {
+        this.port.postMessage({type: 'pos', id: this.id, frames: this.frames, frame: currentFrame + i});
       }
       if (i < out.length) {  // ran dry inside this quantum
         if (this.ended) {
