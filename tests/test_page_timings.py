@@ -13,8 +13,8 @@ import re
 
 import httpx
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack
-from test_history import N_ROWS, VIEWPORT, fill, open_page, upload_reference
+from test_browser import need_browser_stack
+from test_history import N_ROWS, VIEWPORT, browser, fill, open_page, upload_reference  # noqa: F401 (a fixture)
 
 from app.model.words import split_words
 
@@ -45,22 +45,11 @@ STAMP = r"(\d\d):(\d\d):(\d\d)[,.](\d{3})"
 
 @pytest.fixture(scope="module")
 def studio(studio_cpu):
+    """The shared CPU server's URL (its aligner: the random tiny Whisper); `browser` (test_history's) runs on it."""
     need_browser_stack()
     url, _ = studio_cpu
     assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
     return url
-
-
-@pytest.fixture(scope="module")
-def browser(studio):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def parse_cues(text: str, kind: str) -> list[tuple[int, int, str]]:
@@ -93,7 +82,7 @@ def check_subtitles(srt: str, vtt: str, take_ms: float) -> None:
 
 
 @pytest.mark.slow
-def test_the_spoken_word_is_marked_and_the_subtitles_kept(studio, browser, tmp_path):
+def test_the_spoken_word_is_marked_and_the_subtitles_kept(studio, browser, tmp_path):  # noqa: F811
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
     page = open_page(context, studio)
     upload_reference(page)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from app.engine.requests import AudioChunk
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.speech import ClosingStreamingResponse, Tap
@@ -42,7 +43,7 @@ class PageTake:
         self._changed = asyncio.Event()  # set (and replaced) at each change: a follower waits on the one it saw
         self._rest: asyncio.Task | None = None
 
-    def push(self, chunk) -> None:
+    def push(self, chunk: AudioChunk) -> None:
         """The take's tap: each chunk as the body takes it (never waits)."""
         self.timer.push(chunk)
         self._add(self.timer.ready())
