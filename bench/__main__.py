@@ -8,6 +8,7 @@
     python -m bench memory --model-dir DIR [--max-model-len 1024,2048] [--gpu-util 0.1,0.3] ...
     python -m bench formats [--seconds 20] [--chunk-s 1.0] [--out formats.json]   # mp3/opus/aac/flac encoders
     python -m bench textstream [--conc 1,16] [--words-per-s 20] ...   # text that streams in (bench/text_stream.py)
+    python -m bench aligner [--device cpu|cuda] [--size full|tiny] [--out aligner.json]  # word timings' cost
 
 At concurrency C, C workers issue requests back to back until N have been issued (the last ones
 run with fewer neighbours); each level starts with `--warmup` rounds of C requests that are not
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plot", help="draw the PNG of a sweep or memory JSON report")
     pl.add_argument("report")
     pl.add_argument("--png", required=True)
+    from bench import aligner as bench_aligner
     from bench import formats as bench_formats
     from bench import memory as bench_memory
     from bench import text_stream
@@ -158,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     bench_memory.add_parser(sub)
     bench_formats.add_parser(sub)
     text_stream.add_parser(sub)
+    bench_aligner.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "aligner":
+        report = bench_aligner.run(args, argv)
+        print(rep.format_table(report["rows"], bench_aligner.COLUMNS))
+        print(report["facts"])
+        write_outputs(report, args.out, None, None)
+        return 0
     if args.cmd == "formats":
         report = bench_formats.run(args, argv)
         print(rep.format_table(report["rows"], bench_formats.COLUMNS))

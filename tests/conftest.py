@@ -179,7 +179,7 @@ studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, li
 def studio_cpu(tiny_model_dir, tmp_path_factory):
     """The shared CPU server; its Whisper (the aligner's) is the random tiny one: its word times are arbitrary but
     whole (one per word, monotone, inside the take). Nothing on this server transcribes a reference."""
-    from tiny_whisper import make_tiny_whisper
+    from app.model.random.whisper import make_tiny_whisper
 
     random = make_tiny_whisper(tmp_path_factory.mktemp("whisper") / "random", seed=1)
     yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory, {"asr.model_id": json.dumps(str(random))})
@@ -187,8 +187,8 @@ def studio_cpu(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def studio_asr(tiny_model_dir, tmp_path_factory):
-    """The shared server whose Whisper is the rigged tiny one (it always hears `tiny_whisper.RIGGED_WORD`)."""
-    from tiny_whisper import make_tiny_whisper
+    """The shared server whose Whisper is the rigged tiny one (it always hears `RIGGED_WORD`)."""
+    from app.model.random.whisper import make_tiny_whisper
 
     rigged = make_tiny_whisper(tmp_path_factory.mktemp("whisper") / "rigged", rigged=True)
     yield from _shared_server("studio_asr", tiny_model_dir, tmp_path_factory, {"asr.model_id": json.dumps(str(rigged))})

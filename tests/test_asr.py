@@ -1,5 +1,5 @@
 """Transcription of reference clips: the real Whisper loading and decoding code on random-weights tiny
-Whispers built here (tests/tiny_whisper.py, no download), the shared transcriber, and a blank transcript
+Whispers built here (app/model/random/whisper.py, no download), the shared transcriber, and a blank transcript
 through /v1/voices and the Gradio API, with the model configured and offline without one (no Hub here).
 """
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 from studio import EXAMPLE_WAV
-from tiny_whisper import RIGGED_LANGUAGE, RIGGED_WORD, make_tiny_whisper
 
 from app.audio import load_audio
 from app.config import AsrConfig, ConfigError, load_config
 from app.model.asr import AsrInputError, AsrModelError, WhisperAsr
+from app.model.random.whisper import RIGGED_LANGUAGE, RIGGED_WORD, make_tiny_whisper
 from app.service.asr import AsrUnavailable, Transcriber
 
 REPO = Path(__file__).resolve().parents[1]

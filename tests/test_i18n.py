@@ -1,5 +1,5 @@
 """The page in Chinese and the instruct presets: the tables and functions, then a real browser whose language
-is Chinese, which gets the Chinese page, transcribes a reference (a rigged tiny Whisper, tests/tiny_whisper.py)
+is Chinese, which gets the Chinese page, transcribes a reference (a rigged tiny Whisper, app/model/random/whisper.py)
 and picks a preset. Saves out/studio_zh.png.
 """
 
@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 from studio import EXAMPLE_WAV
 from test_browser import CHROMIUM, CHROMIUM_ARGS, _need
-from tiny_whisper import RIGGED_WORD
 
 from app.config import LimitsConfig
 from app.message import messages
+from app.model.random.whisper import RIGGED_WORD
 from app.model.tokenizer import SPECIAL_TOKENS
 from app.service.inputs import check_instruct
 from app.ui import i18n

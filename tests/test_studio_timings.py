@@ -2,7 +2,7 @@
 aligned, then its SRT and WebVTT; a streamed take stopped before its final chunk ends after the sentences it
 finished; an unavailable aligner is one note; an unknown id and another caller's take are refused (404). The
 takes come from a test route that taps the example recordings' chunks into `PageTimings.speak`, as /studio/speech
-does with a real take; the aligner is the random tiny Whisper (tests/tiny_whisper.py)."""
+does with a real take; the aligner is the random tiny Whisper (app/model/random/whisper.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A take's sentence timings while it streams (app/service/take_timings.py): each sentence aligned once its last
 chunk has passed, before the take ends, with the offsets `Aligner.take` gives the whole take; a sentence without
 audio; an unavailable aligner's one note; a take that ends without its final chunk. The aligner is the random
-tiny Whisper of tests/tiny_whisper.py on the example recordings (no download)."""
+tiny Whisper of app/model/random/whisper.py on the example recordings (no download)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from tiny_whisper import make_tiny_whisper
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
+from app.model.random.whisper import make_tiny_whisper
 from app.model.words import split_words
 from app.service.take_timings import SentenceTimer
 from app.service.timings import Aligner, SentenceTimings

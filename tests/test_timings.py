@@ -1,5 +1,5 @@
 """Word and character timings (issue 53 C): the real alignment code (app/model/align.py) on a random-weights
-tiny Whisper built here (tests/tiny_whisper.py, no download) and the example recordings, the placing of words
+tiny Whisper built here (app/model/random/whisper.py, no download) and the example recordings, the placing of words
 the aligner missed, SRT/WebVTT read back by a parser here and by ffmpeg, and an aligner that cannot load.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from tiny_whisper import make_tiny_whisper
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
 from app.model.align import AlignedWords, WhisperAligner, dtw
+from app.model.random.whisper import make_tiny_whisper
 from app.model.words import WordSpan, split_words
 from app.service.subtitles import MAX_CUE_CHARS, cues, to_srt, to_vtt
 from app.service.timings import Aligner, AlignerUnavailable, TakeTimings, WordTiming, place_words, sentences_of

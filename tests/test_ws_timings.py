@@ -1,7 +1,7 @@
 """Word timings on the text-streaming socket (app/server/ws_timings.py), in process: the take's one segment aligned
 to its sentences and sent as one `timestamps` message per sentence; an unavailable aligner's one message; a client
 that leaves cancels the alignment still due; off, nothing. The aligner is the random tiny Whisper of
-tests/tiny_whisper.py on the example recordings (times arbitrary: their shape is what is checked). The door itself
+app/model/random/whisper.py on the example recordings (times arbitrary: their shape is what is checked). The door itself
 on a real server: tests/test_ws_speech.py."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import soundfile as sf
-from tiny_whisper import make_tiny_whisper
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
+from app.model.random.whisper import make_tiny_whisper
 from app.model.words import split_words
 from app.server.ws_timings import alignment_messages
 from app.service.timings import Aligner
