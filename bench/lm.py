@@ -36,8 +36,7 @@ import torch
 
 from app.cli import parse_sets
 from app.config import load_config
-from app.engine.backends import make_backend
-from app.engine.lm_backend import LMRequest
+from app.engine.lm_backend import LMRequest, make_backend
 from app.model.llm import build_lm_ids
 from app.model.loader import load_model
 

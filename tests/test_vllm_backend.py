@@ -23,8 +23,7 @@ from safetensors.torch import load_file
 
 from app.config import load_config
 from app.engine import vllm_backend
-from app.engine.backends import make_backend, resolve_backend_name, vllm_installed
-from app.engine.lm_backend import LMRequest, TorchLMBackend
+from app.engine.lm_backend import LMRequest, TorchLMBackend, make_backend, resolve_backend_name, vllm_installed
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import SynthesisRequest
 from app.engine.vllm_start import explain_start_failure

@@ -18,9 +18,8 @@ import pytest
 import torch
 
 from app.config import load_config
-from app.engine.backends import make_backend
 from app.engine.bistream import decode
-from app.engine.lm_backend import LMRequest, TorchLMBackend
+from app.engine.lm_backend import LMRequest, TorchLMBackend, make_backend
 from app.model.llm import FILL_TOKEN, build_lm_ids
 from app.model.loader import load_model
 from tests.bistream import decode_bistream, greedy_sample

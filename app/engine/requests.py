@@ -30,7 +30,8 @@ class SynthesisRequest:
     zero_shot: the LM continues the reference (transcript + speech tokens); cross_lingual: the LM
     sees only the text (use when the reference language differs); instruct: the LM sees
     `instruct_text` (e.g. "Speak happily<|endofprompt|>") instead of the transcript. The flow
-    always uses the reference's tokens, mel and x-vector.
+    always uses the reference's tokens, mel and x-vector. The fields are checked once, where a door builds the
+    request (app/service/prepare.py): a mode of MODES, an instruction in instruct mode, speed only unstreamed.
     """
 
     text: str
@@ -50,16 +51,6 @@ class SynthesisRequest:
     def parts(self) -> tuple[Turn, ...]:
         """What to speak in which voice, in order: the turns, or the one text in the one voice."""
         return self.turns or (Turn(self.text, self.voice),)
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode == "instruct" and not self.instruct_text.strip():
-            raise ValueError("instruct mode needs an instruction (instruct_text)")
-        if self.fixed_tokens < 0:
-            raise ValueError("fixed_tokens must be >= 0")
-        if self.stream and self.speed != 1.0:
-            raise ValueError("speed applies only without streaming; set stream=False or speed=1.0")
 
 
 @dataclass(frozen=True)

@@ -108,14 +108,10 @@ def check_seed(seed: object) -> int:
         value = seed if isinstance(seed, int) else float(seed)
     except (TypeError, ValueError, OverflowError) as e:
         raise bad from e
-    if isinstance(seed, bool) or (isinstance(value, float) and not value.is_integer()):  # NaN and inf are not
+    # NaN and inf are no integer (and fail the range too)
+    if isinstance(seed, bool) or (isinstance(value, float) and not value.is_integer()) or not -1 <= value <= MAX_SEED:
         raise bad
-    value = int(value)
-    if value == -1:
-        return secrets.randbelow(MAX_SEED + 1)
-    if not 0 <= value <= MAX_SEED:
-        raise bad
-    return value
+    return secrets.randbelow(MAX_SEED + 1) if value == -1 else int(value)
 
 
 def check_speed(speed: object, stream: bool) -> float:

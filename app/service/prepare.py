@@ -153,8 +153,7 @@ async def _own_voice(service, x: SpeechInputs, mode: str) -> VoiceFeatures:
         reference = x.reference() if callable(x.reference) else x.reference
         # the other modes never read the transcript: nothing to transcribe
         return await reference_voice(service, reference, x.transcript, transcribe=mode == "zero_shot")
-    lim = service.cfg.limits
-    inputs.check_transcript(x.transcript, lim.max_transcript_chars)  # too long says so even without a clip
+    inputs.check_transcript(x.transcript, service.cfg.limits.max_transcript_chars)  # too long says so without a clip
     if x.dialogue:
         raise InputError(Message("lead_needs_voice", "Text before the first speaker tag needs a voice: pick a saved "
                                  "voice or a reference clip for it, or start the script with a tag ({syntax}).",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from app.config import Config
-from app.engine.backends import make_backend
+from app.engine.lm_backend import SpeechTokenSource, make_backend
 from app.engine.pipeline import Synthesizer
 from app.engine.requests import AudioChunk, RequestStats, SynthesisRequest
 from app.message import Message
@@ -33,7 +33,6 @@ from app.service.timings import Aligner
 from app.service.voices import ClipCache
 
 if TYPE_CHECKING:
-    from app.engine.lm_backend import SpeechTokenSource
     from app.service.prepare import Prepared
 
 log = logging.getLogger(__name__)

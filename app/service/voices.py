@@ -164,13 +164,12 @@ class VoiceStore:
 
     def load(self, name: str) -> VoiceFeatures:
         """The saved features of `name`; `VoiceError` if unknown, damaged or from another model."""
-        path = self._path(name)
         info = self.info(name)
         if self.model_fingerprint and info.model_fingerprint != self.model_fingerprint:
             raise VoiceError(f"voice {info.name!r} was saved with another model; save it again from its recording",
                              code="other_model")
         try:
-            arrays = safetensors.numpy.load_file(path)
+            arrays = safetensors.numpy.load_file(self._path(info.name))
             text = np.frombuffer(info.prompt_text.encode("utf-8"), dtype=np.uint8)
             return VoiceFeatures.from_arrays({**arrays, "prompt_text_utf8": text})
         except (OSError, ValueError, KeyError, AssertionError, SafetensorError) as e:
@@ -188,7 +187,6 @@ class VoiceStore:
         if limit is not None and len(voice.prompt_text) > limit:
             raise VoiceError(f"the transcript is longer than {limit} characters ([limits] max_transcript_chars)",
                              code="invalid_transcript")
-        path = self._path(name)
         info = VoiceInfo(name=name, prompt_text=voice.prompt_text,
                          prompt_seconds=round(voice.n_prompt_tokens / TOKEN_RATE_HZ, 2),
                          created=time.time() if created is None else created,
@@ -198,7 +196,15 @@ class VoiceStore:
             self.refuse_taken(name, overwrite)
             with self._writing():
                 self.root.mkdir(parents=True, exist_ok=True)
-                self._atomic_write(path, data)
+                # atomic: a reader sees the old file or the new one, never half of it
+                fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=SUFFIX)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, self._path(name))
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
         return info
 
     def refuse_taken(self, name: str, overwrite: bool = False) -> None:
@@ -226,13 +232,3 @@ class VoiceStore:
             raise VoiceError(Message("voices_unwritable", "saved voices cannot be changed now: the server cannot write "
                                      "its voices folder (voices saved before still work); try again later or tell "
                                      "the server's operator"), code="unwritable") from e
-
-    def _atomic_write(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise

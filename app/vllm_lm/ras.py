@@ -30,28 +30,25 @@ except ImportError:  # pragma: no cover - torch-only installs
         return contextlib.nullcontext()
 
 
-def head_bias_for(vllm_config: Any, device: torch.device | str) -> Tensor:
-    """`[V]` float32 lm_head bias of the folder the engine serves (`model_config.model`), on `device`; the
-    engine's V may be the speech rows only (app.vllm_lm.model), the file has the table's rows."""
-    mc = vllm_config.model_config
-    bias = load_head_bias(Path(mc.model))[:mc.get_vocab_size()]
-    if bias.shape != (mc.get_vocab_size(),) or bias.shape[0] < N_SPEECH_ROWS:
-        raise ValueError(f"{mc.model}: lm_head bias has shape {tuple(bias.shape)}, the vocabulary is "
-                         f"{mc.get_vocab_size()}; export the LM again")
-    return bias.to(device)
-
-
 class RASLogitsProcessor(LogitsProcessor):
     """vLLM v1 logits processor: the lm_head bias on every row, then per-request official RAS."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = torch.device(device)
+        self.pin = bool(is_pin_memory)
+        # [V] float32 lm_head bias of the folder the engine serves; None only without a vllm_config (bookkeeping
+        # tests on bare logits). The engine's V may be the speech rows only (app.vllm_lm.model), the file has the
+        # table's rows.
+        self.head_bias = None
         if vllm_config is not None:  # vLLM builds logits processors before the model: 4-bit layers on
             install_if_needed()  # CPUs whose vLLM build lacks the W4A16 GEMM (app.vllm_lm.w4a16)
             vllm_model.register()  # and the architecture the engine's hf_overrides name
-        self.device = torch.device(device)
-        self.pin = bool(is_pin_memory)
-        # [V] float32; None only without a vllm_config (bookkeeping tests on bare logits)
-        self.head_bias = None if vllm_config is None else head_bias_for(vllm_config, self.device)
+            mc = vllm_config.model_config
+            bias = load_head_bias(Path(mc.model))[:mc.get_vocab_size()]
+            if bias.shape != (mc.get_vocab_size(),) or bias.shape[0] < N_SPEECH_ROWS:
+                raise ValueError(f"{mc.model}: lm_head bias has shape {tuple(bias.shape)}, the vocabulary is "
+                                 f"{mc.get_vocab_size()}; export the LM again")
+            self.head_bias = bias.to(self.device)
         # batch row -> (settings, the request's output token list; vLLM appends to it in place)
         self.rows: dict[int, tuple[RASParams, list[int]]] = {}
         self._cache: tuple[Tensor, list[list[int]], RASBatch] | None = None
