@@ -171,8 +171,7 @@ def resolve_backend_name(cfg: Config) -> str:
 async def make_backend(cfg: Config, model: CosyVoice2Model) -> SpeechTokenSource:
     """Start the configured backend for `model` (vLLM: export + engine start, ~20 s on CPU); a vLLM that is
     installed but fails to start raises `EngineStartError` (no silent fallback to torch)."""
-    name = resolve_backend_name(cfg)
-    if name == "vllm":
+    if resolve_backend_name(cfg) == "vllm":
         from app.engine.vllm_backend import VLLMBackend
 
         backend = await VLLMBackend.start(cfg, model.model_dir)

@@ -181,8 +181,8 @@ class VLLMBackend:
         engine = self.engine
         if self._closed or engine is None or engine.errored:  # a dead engine tracks nothing that will run
             return 0
-        get = getattr(engine, "get_num_unfinished_requests", None)  # 0.32; not on 0.26's AsyncLLM
-        return int(get() if get is not None else engine.output_processor.get_num_unfinished_requests())
+        # the output processor's count: what 0.32's AsyncLLM.get_num_unfinished_requests returns (0.26 has none)
+        return int(engine.output_processor.get_num_unfinished_requests())
 
     # --- engine death and restart -----------------------------------------------------------------
 
@@ -255,13 +255,12 @@ class VLLMBackend:
         import vllm
 
         mc = self.engine.vllm_config.model_config
-        cc = self.engine.vllm_config.cache_config
         return {
             "backend": self.name, "vllm": vllm.__version__,
             "model_path": str(self.model_path),
             "dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization or "none",
             "sampler": "RAS (app.vllm_lm.ras)" if self.cfg.ras else "vLLM top-k/top-p (no RAS)",
-            "max_model_len": mc.max_model_len, "block_size": cc.block_size,
+            "max_model_len": mc.max_model_len, "block_size": self.engine.vllm_config.cache_config.block_size,
             "engine_args": {k: v for k, v in self._kwargs.items() if k != "model"},
             "cpu_env": {k: os.environ[k] for k in cpu_env(self.cfg) if k in os.environ},
             "start_s": round(self.start_s, 2),

@@ -89,8 +89,7 @@ class RequestRecord:
 
     def row(self) -> dict[str, Any]:
         """A plain dict: the record's own fields and its `timings()` (the panels' table and charts, /health)."""
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
-        return {**own, **self.timings()}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"} | self.timings()
 
 
 class Metrics:

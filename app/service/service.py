@@ -275,8 +275,8 @@ class StudioService:
         """What /health tells anybody: ready, backend, the model's name, the version, whether saved voices are
         each owner's or shared (no paths, no settings)."""
         backend = self.backend.name if self.backend is not None else self.cfg.engine.backend
-        return public_facts(self.cfg, ready=self.health()["ready"], backend=backend, model=self.model_name(),
-                            random_model=self.random_model)
+        return public_facts(self.cfg, ready=self.ready and self.engine_fault() is None, backend=backend,
+                            model=self.model_name(), random_model=self.random_model)
 
     def health(self) -> dict[str, Any]:
         """Readiness with the reason, plus live counters (the JSON of GET /health)."""

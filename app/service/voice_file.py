@@ -26,7 +26,6 @@ from app.service.voices import (
     VoiceError,
     VoiceInfo,
     VoiceStore,
-    check_name,
     voice_bytes,
 )
 
@@ -60,7 +59,7 @@ def import_voice(store: VoiceStore, data: bytes, *, max_bytes: int, name: str | 
                                      "loading; try again in a moment"), code="not_ready")
     info, features = read_voice_file(data, store.model_fingerprint, max_bytes=max_bytes)
     created = min(info.created, time.time())  # a file's future date would keep it atop every listing
-    return store.save(check_name(name or info.name), features, overwrite=overwrite, created=created)
+    return store.save(name or info.name, features, overwrite=overwrite, created=created)
 
 
 def read_voice_file(data: bytes, model_fingerprint: str, *, max_bytes: int) -> tuple[VoiceInfo, VoiceFeatures]:
