@@ -1,6 +1,7 @@
 """One admission for the whole process: at most `server.concurrency_limit` syntheses at once, whatever
 the door. `admit()` waits in line; with `server.queue_max_size` already waiting it raises `BusyError`
-at once (counted as "rejected"). The semaphore is made on first use, on the serving loop.
+at once (counted as "rejected"). The semaphore may be made off the serving loop: asyncio binds it to the loop
+that first waits on it.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ class BusyError(RuntimeError):
 class Admission:
     def __init__(self, cfg: ServerConfig, metrics: Metrics) -> None:
         self.cfg, self.metrics = cfg, metrics
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = asyncio.Semaphore(cfg.concurrency_limit)
         self.waiting = 0  # requests waiting for a slot
 
     @contextlib.asynccontextmanager
     async def admit(self) -> AsyncIterator[float]:
         """Hold one slot for the block; yields the seconds it waited."""
         srv = self.cfg
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(srv.concurrency_limit)
         if self._slots.locked() and self.waiting >= srv.queue_max_size:
             self.metrics.request_finished(None, 0.0, "rejected")
             raise BusyError(Message("busy", "the server is busy ({running} requests running, {waiting} waiting); try "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 
 from app.service import inputs
@@ -27,7 +26,7 @@ async def save(service, owner: Owner, name: str, reference: str | bytes | Upload
     inputs.check_transcript(transcript, service.cfg.limits.max_transcript_chars)
     store.refuse_taken(name := check_name(name), overwrite)
     features = await reference_voice(service, await reference() if callable(reference) else reference, transcript)
-    return await asyncio.to_thread(partial(store.save, overwrite=overwrite), name, features), features.notes
+    return await asyncio.to_thread(store.save, name, features, overwrite=overwrite), features.notes
 
 
 async def import_file(service, owner: Owner, data: str | bytes | Upload, name: str = "", *,
@@ -38,8 +37,8 @@ async def import_file(service, owner: Owner, data: str | bytes | Upload, name: s
     checked = check_name(name) if name else None
     if not isinstance(data, bytes):
         data = await data() if callable(data) else await asyncio.to_thread(Path(data).read_bytes)
-    return await asyncio.to_thread(partial(import_voice, service.voices.of(owner), data, name=checked,
-                                           overwrite=overwrite, max_bytes=service.cfg.limits.max_upload_mb << 20))
+    return await asyncio.to_thread(import_voice, service.voices.of(owner), data, name=checked, overwrite=overwrite,
+                                   max_bytes=service.cfg.limits.max_upload_mb << 20)
 
 
 def export(service, owner: Owner, name: str, of: str | None = None) -> tuple[VoiceInfo, bytes]:
