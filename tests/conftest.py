@@ -178,11 +178,13 @@ studio_bf16, studio_queue, studio_small, studio_public = map(_shared_fixture, li
 @pytest.fixture(scope="session")
 def studio_cpu(tiny_model_dir, tmp_path_factory):
     """The shared CPU server; its Whisper (the aligner's) is the random tiny one: its word times are arbitrary but
-    whole (one per word, monotone, inside the take). Nothing on this server transcribes a reference."""
+    whole (one per word, monotone, inside the take); the page's takes are aligned too (`page_timings`, off by
+    default on a CPU). Nothing on this server transcribes a reference."""
     from app.model.random.whisper import make_tiny_whisper
 
     random = make_tiny_whisper(tmp_path_factory.mktemp("whisper") / "random", seed=1)
-    yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory, {"asr.model_id": json.dumps(str(random))})
+    yield from _shared_server("studio_cpu", tiny_model_dir, tmp_path_factory,
+                              {"asr.model_id": json.dumps(str(random)), "asr.page_timings": '"on"'})
 
 
 @pytest.fixture(scope="session")

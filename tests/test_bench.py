@@ -233,3 +233,17 @@ def test_memory_experiment_on_cpu(tiny_model_dir, tmp_path):
         assert row["max_full_len_requests"] == row["kv_cache_tokens"] // 1024
         assert row["rss_gb"] > 0 and row["engine_start_s"] > 0 and row["device_used_gb"] is None
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_aligner_cost_on_cpu(tmp_path):
+    """`python -m bench aligner` times WhisperAligner.align on the example recordings (the tiny Whisper here; the
+    turbo-sized one is the same code): a row per recording, its median time, and why a sentence was not aligned."""
+    out = tmp_path / "aligner.json"
+    text = run_bench(["aligner", "--size", "tiny", "--device", "cpu", "--repeats", "2", "--out", str(out)], tmp_path)
+    report = json.loads(out.read_text())
+    assert report["bench"] == "aligner" and "ms_per_audio_s" in text
+    en, zh = report["rows"]
+    assert (en["recording"], zh["recording"]) == ("espeak-en", "espeak-zh") and zh["audio_s"] == 7.47
+    assert zh["note"] == "" and zh["words"] == 16 and zh["ms_per_sentence"] > 0  # aligned: the cost is measured
+    assert "more than the decoder's 60" in en["note"]  # the tiny decoder's places: too long, said, not timed
+    assert report["facts"]["dtype"] == "float32" and report["facts"]["parameters"] > 0

@@ -15,24 +15,24 @@ from fastapi.responses import Response
 from fastapi.testclient import TestClient
 from test_take_timings import EN, ZH, aligner, chunks_of, waves  # noqa: F401 (fixtures)
 
-from app.config import AsrConfig
+from app.config import AsrConfig, ConfigError
 from app.model.words import split_words
 from app.server.errors import install_error_handlers
 from app.server.speech import ClosingStreamingResponse
-from app.server.studio_timings import PageTimings
+from app.server.studio_timings import PageTimings, page_timings_off
 from app.service.owners import CALLER_KEY, Caller, Owner
 from app.service.timings import Aligner
 
 ALICE, BOB = "alice", "bob"
 
 
-def make_app(timing_aligner: Aligner, all_waves) -> FastAPI:
+def make_app(timing_aligner: Aligner, all_waves, off: str = "") -> FastAPI:
     """The timings route, a gate that names the caller from the X-Owner header (X-Admin: 1 for the admin), and
     POST /take/{id}?stream=0|1&chunks=N: a take of EN then ZH tapped into PageTimings.speak; streamed, only its
     first N chunks (then the body ends: a stopped take), else all of them before the answer (a whole take)."""
     segments = [SimpleNamespace(text=EN), SimpleNamespace(text=ZH)]
     service = SimpleNamespace(aligner=timing_aligner, synth=SimpleNamespace(segments=lambda req: segments))
-    timings = PageTimings(service)
+    timings = PageTimings(service, off)
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(timings.router())
@@ -110,6 +110,23 @@ def test_an_unavailable_aligner_is_one_note(waves):  # noqa: F811
         got = lines(client, "t3")
     assert len(got) == 2 and got[0]["words"] == [] and "[asr] enabled = false" in got[0]["note"]
     assert got[1] == {"type": "done", "srt": "", "vtt": "WEBVTT\n\n"}
+
+
+def test_page_timings_off_on_a_cpu_say_why_once(aligner, waves):  # noqa: F811
+    """`[asr] page_timings`: auto aligns page takes only where the aligner runs on a GPU; off or auto on a CPU, the
+    take's route gives the reason once and its (empty) subtitles; on aligns them on a CPU too."""
+    assert page_timings_off(AsrConfig(page_timings="on", device="cpu")) == ""
+    assert page_timings_off(AsrConfig(enabled=False, device="cpu")) == ""  # the aligner's own reason says why
+    assert "page_timings" in page_timings_off(AsrConfig(page_timings="off", device="cuda"))
+    why = page_timings_off(AsrConfig(device="cpu"))
+    assert "without a GPU" in why and 'page_timings = "on"' in why
+    with pytest.raises(ConfigError, match="page_timings"):
+        AsrConfig(page_timings="yes")
+    with TestClient(make_app(aligner, waves, off=why)) as client:
+        client.post("/take/t5")
+        got = lines(client, "t5")
+    assert got == [{"type": "speech.audio.timestamps", "words": [], "chars": got[0]["chars"], "note": why},
+                   {"type": "done", "srt": "", "vtt": "WEBVTT\n\n"}], got
 
 
 @pytest.mark.parametrize("who", ["unknown id", "another owner"])

@@ -196,8 +196,13 @@ class AsrConfig:
     device: str = "auto"  # "auto" = cuda when there is one, else cpu | "cpu" | "cuda" | "cuda:N"
     download: bool = True  # False: only a local folder or the Hugging Face cache, never the network
     language: str = ""  # "" = detected per clip; else a Whisper language code ("en", "zh", ...)
+    # the page's word timings (every page take aligned): "auto" = where the aligner runs on a GPU (on a CPU the
+    # turbo model takes ~21 s per sentence on 2 cores: docs/timings.md, "Cost") | "on" | "off"
+    page_timings: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.page_timings not in ("auto", "on", "off"):
+            raise ConfigError(f"asr.page_timings must be auto, on or off, got {self.page_timings!r}")
         if not self.model_id:
             raise ConfigError("asr.model_id must not be empty (set asr.enabled = false to turn transcription off)")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

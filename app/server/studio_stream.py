@@ -18,7 +18,7 @@ from app.message import lang_of, say
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.speech import prepare_or_raise, speech_response
-from app.server.studio_timings import PageTimings
+from app.server.studio_timings import PageTimings, page_timings_off
 from app.service.owners import ARRIVAL_KEY
 from app.service.prepare import SpeechInputs
 from app.service.service import ASSETS_DIR, StudioService
@@ -120,7 +120,8 @@ def add_studio_routes(app: FastAPI, service: StudioService,
     running page takes' Stop events by request id, from this route and the WebSocket door; an entry goes with
     its take (the event is held only by the take's stream: weak values)."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
-    timings = PageTimings(service)  # each take's word timings, for the page's words panel (studio_timings.py)
+    # each take's word timings, for the page's words panel (studio_timings.py)
+    timings = PageTimings(service, page_timings_off(service.cfg.asr))
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):

@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from app.config import AsrConfig
 from app.engine.requests import AudioChunk
+from app.model.asr import resolve_device
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.speech import ClosingStreamingResponse, Tap
@@ -23,7 +25,7 @@ from app.service.prepare import Prepared
 from app.service.service import StudioService
 from app.service.subtitles import to_srt, to_vtt
 from app.service.take_timings import SentenceTimer, Timing
-from app.service.timings import WordTiming
+from app.service.timings import AlignerUnavailable, WordTiming
 
 KEEP_S = 600.0  # a take's timings stay this long after its last sentence is in (the page reads them at once)
 MAX_TAKES = 64  # at most this many takes' timings are kept; the oldest go first
@@ -93,18 +95,40 @@ def _line(payload: dict) -> bytes:
     return (json.dumps(payload, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
-class PageTimings:
-    """The page takes' timings by request id (at most MAX_TAKES, each until KEEP_S after it is done)."""
+def page_timings_off(cfg: AsrConfig) -> str:
+    """Why the page's takes are not aligned (`[asr] page_timings`), or "" when they are. Off on a CPU by default:
+    the real aligner costs more CPU than the speech it times (docs/timings.md, "Cost")."""
+    if cfg.page_timings == "off":
+        return 'word timings are off for the page ([asr] page_timings = "off")'
+    if cfg.page_timings == "auto" and cfg.enabled and resolve_device(cfg.device) == "cpu":
+        return ('word timings are off for the page on a server without a GPU (aligning costs more CPU than the '
+                'speech it times); [asr] page_timings = "on" turns them on')
+    return ""
 
-    def __init__(self, service: StudioService) -> None:
-        self.service = service
+
+class Refusing:
+    """The aligner of a page whose timings are off: each sentence ends the take's timings with `why`."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    async def sentence(self, *args, **kwargs) -> None:
+        raise AlignerUnavailable(self.why)
+
+
+class PageTimings:
+    """The page takes' timings by request id (at most MAX_TAKES, each until KEEP_S after it is done). `off`: why
+    the page's takes are not aligned (page_timings_off), or ""."""
+
+    def __init__(self, service: StudioService, off: str = "") -> None:
+        self.service, self.aligner = service, Refusing(off) if off else service.aligner
         self.takes: OrderedDict[str, PageTake] = OrderedDict()
 
     async def speak(self, prepared: Prepared, owner: Owner, speak: Callable[[Tap], Awaitable[Response]]) -> Response:
         """`speak(tap)` (the take's `speech_response`) with its chunks tapped into a new PageTake of `owner`."""
         self._prune()
         req = prepared.request
-        timer = SentenceTimer(self.service.aligner, lambda: [t.text for t in self.service.synth.segments(req)])
+        timer = SentenceTimer(self.aligner, lambda: [t.text for t in self.service.synth.segments(req)])
         take = self.takes[req.request_id] = PageTake(owner, timer)
         try:
             response = await speak(take.push)

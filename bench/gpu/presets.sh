@@ -10,7 +10,8 @@
 #   sized by deadline) at 1 / 16 / 64 streams, then the fp16 re-solve (engine.flow_incremental=false) there.
 # PART 2: the engine's capacity (default.toml, the LM's batch lifted to 128 streams: levels 16 ... 128), then
 #   fast.toml as shipped at 1 / 16 / 64.
-# PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default.
+# PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default, then what the
+#   word-timings aligner costs (turbo's shapes, float16: bench/aligner.py).
 # PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64.
 # Knobs: RPS (2 requests per stream), FIXED (250 tokens), T (seconds per sweep, 240).
 set -uo pipefail
@@ -33,7 +34,8 @@ case ${1:-} in
   2) T=270 sweep capacity 16,32,48,64,96,128 "" "vllm.max_num_seqs=128 vllm.kv_cache_gib=3.5"
      sweep fast 1,16,64 configs/fast.toml ;;
   3) sweep exact 1,16,64 configs/exact.toml
-     T=150 long long_default ;;
+     T=150 long long_default
+     python -m bench aligner --device cuda --out "${OUT:-out}/aligner_cuda.json" 2>&1 | grep -E "^(\||\{)|Error|Traceback" ;;
   4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
   *) echo "usage: bash $0 1|2|3|4" >&2; exit 2 ;;
 esac
