@@ -72,6 +72,15 @@ def need_browser_stack() -> None:
     _need(importlib.util.find_spec("vllm") is not None, "vLLM is missing (the studio's engine)")
 
 
+def ready_studio(server: tuple) -> str:
+    """The base URL of a shared `python app.py` (conftest.py's studio_*), once the browser stack is here and the
+    server says it is ready."""
+    need_browser_stack()
+    url, _ = server
+    assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
+    return url
+
+
 def _need(ok: bool, why: str) -> None:
     """Skip where the browser stack is missing; in CI that is a setup error, so fail instead."""
     if ok:

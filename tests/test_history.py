@@ -17,10 +17,9 @@ import hashlib
 import re
 import time
 
-import httpx
 import pytest
 from studio import EXAMPLE_TRANSCRIPT, EXAMPLE_WAV
-from test_browser import CHROMIUM, CHROMIUM_ARGS, need_browser_stack, stop_while_made
+from test_browser import CHROMIUM, CHROMIUM_ARGS, ready_studio, stop_while_made
 
 from app.ui import ui_text
 from app.ui.history import history_labels
@@ -75,10 +74,7 @@ def test_history_words_exist_in_both_languages_with_the_same_fields():
 @pytest.fixture(scope="module")
 def studio(studio_bf16):
     """The base URL of the shared bfloat16 `python app.py` (conftest.py's studio_bf16)."""
-    need_browser_stack()
-    url, _ = studio_bf16
-    assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
-    return url
+    return ready_studio(studio_bf16)
 
 
 @pytest.fixture(scope="module")

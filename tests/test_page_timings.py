@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
-from test_browser import need_browser_stack
+from test_browser import ready_studio
 from test_history import N_ROWS, VIEWPORT, browser, fill, open_page, upload_reference  # noqa: F401 (a fixture)
 
 from app.model.words import split_words
@@ -46,10 +45,7 @@ STAMP = r"(\d\d):(\d\d):(\d\d)[,.](\d{3})"
 @pytest.fixture(scope="module")
 def studio(studio_cpu):
     """The shared CPU server's URL (its aligner: the random tiny Whisper); `browser` (test_history's) runs on it."""
-    need_browser_stack()
-    url, _ = studio_cpu
-    assert httpx.get(f"{url}/health", timeout=10).json()["ready"]
-    return url
+    return ready_studio(studio_cpu)
 
 
 def parse_cues(text: str, kind: str) -> list[tuple[int, int, str]]:
