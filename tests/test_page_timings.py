@@ -138,3 +138,26 @@ def test_the_spoken_word_is_marked_and_the_subtitles_kept(studio, browser, tmp_p
         page.wait_for_function(f"(w) => document.querySelector('{row} .word-now')?.textContent === w", arg=word,
                                timeout=30_000)
     context.close()
+
+
+@pytest.mark.slow
+def test_a_take_whose_text_streams_in_shows_its_words(studio, browser):  # noqa: F811
+    """With "Text streams in" (the socket door), the take's words come to the panel too, once it is made (the
+    socket's take is one segment, aligned at its end), and its SRT and WebVTT links appear."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = open_page(context, studio)
+    upload_reference(page)
+    fill(page, TEXT, 7, "zero_shot")
+    page.locator("#text_streams input[type=checkbox]").check()
+    page.locator("#go").click()
+    page.wait_for_function(f"() => {LAST}?.feed?.closed && {LAST}.words.done && {LAST}.t.end !== null",
+                           timeout=TIMEOUT_MS)
+    shown = page.evaluate(WORDS, "#player_words")
+    take_ms = page.evaluate(f"{LAST}.samples") / 24
+    assert [w for w, _, _ in shown] == [w.text for w in split_words(TEXT)], shown
+    assert [s for _, s, _ in shown] == sorted(s for _, s, _ in shown), shown
+    assert all(0 <= s <= e <= take_ms + 1 for _, s, e in shown), (shown, take_ms)
+    assert page.evaluate(f"{LAST}.words.note") is None
+    for ext in ("srt", "vtt"):
+        assert page.locator(f"#download_subs a.download-{ext}").is_visible()
+    context.close()

@@ -21,6 +21,7 @@ from app.server.openai_api import api_router
 from app.server.origins import add_cors
 from app.server.prometheus import add_metrics_route
 from app.server.studio_stream import PageStreams, add_studio_routes
+from app.server.studio_timings import PageTimings, page_timings_off
 from app.server.ws_speech import ws_router
 from app.service.service import ASSETS_DIR, StudioService
 
@@ -90,8 +91,9 @@ def build_api(cfg: Config, service: StudioService, lifespan: Any = None) -> tupl
     add_metrics_route(api, service)
 
     stops = weakref.WeakValueDictionary()  # the page's Stop reaches its takes through either door
-    api.include_router(ws_router(service, gate.identity, stops))  # before api_router's catch-all /v1 route
+    timings = PageTimings(service, page_timings_off(service.cfg.asr))  # so do the words panel's timings
+    api.include_router(ws_router(service, gate.identity, stops, timings))  # before api_router's catch-all /v1 route
     api.include_router(elevenlabs_router(service, gate.identity, stops))  # ElevenLabs' socket paths, the same seam
     api.include_router(api_router(service))
-    add_studio_routes(api, service, stops)
+    add_studio_routes(api, service, stops, timings)
     return api, gate

@@ -18,7 +18,7 @@ from app.message import lang_of, say
 from app.server.errors import ApiError
 from app.server.identity import caller_of
 from app.server.speech import prepare_or_raise, speech_response
-from app.server.studio_timings import PageTimings, page_timings_off
+from app.server.studio_timings import PageTimings
 from app.service.owners import ARRIVAL_KEY
 from app.service.prepare import SpeechInputs
 from app.service.service import ASSETS_DIR, StudioService
@@ -114,14 +114,13 @@ QUIET_PATHS = ("/gradio_api/run/predict", "/gradio_api/queue/", "/gradio_api/upl
                "/gradio_api/heartbeat/", "/assets/", "/static/", "/theme.css", "/gradio_api/stream/")
 
 
-def add_studio_routes(app: FastAPI, service: StudioService,
-                      stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
-    """Add /studio/speech and the Stop of a page take to `app` (before Gradio is mounted at "/"). `stops`: the
-    running page takes' Stop events by request id, from this route and the WebSocket door; an entry goes with
-    its take (the event is held only by the take's stream: weak values)."""
+def add_studio_routes(app: FastAPI, service: StudioService, stops: weakref.WeakValueDictionary[str, asyncio.Event],
+                      timings: PageTimings) -> None:
+    """Add /studio/speech, the Stop of a page take and its word timings to `app` (before Gradio is mounted at
+    "/"). `stops`: the running page takes' Stop events by request id, from this route and the WebSocket door; an
+    entry goes with its take (the event is held only by the take's stream: weak values). `timings`: the page
+    takes' word timings, from both doors too (studio_timings.py)."""
     router = APIRouter(prefix="/studio", tags=["studio"], include_in_schema=False)
-    # each take's word timings, for the page's words panel (studio_timings.py)
-    timings = PageTimings(service, page_timings_off(service.cfg.asr))
 
     @router.post("/speech")
     async def studio_speech(body: StudioSpeech, request: Request):

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -124,17 +124,22 @@ class PageTimings:
         self.service, self.aligner = service, Refusing(off) if off else service.aligner
         self.takes: OrderedDict[str, PageTake] = OrderedDict()
 
+    def begin(self, request_id: str, owner: Owner, texts: Callable[[], Sequence[str]]) -> PageTake:
+        """A new take of `owner` kept under `request_id` (`texts`: its segments' texts, as SentenceTimer reads
+        them): `push` each chunk, then `end` it however the take ended."""
+        self._prune()
+        take = self.takes[request_id] = PageTake(owner, SentenceTimer(self.aligner, texts))
+        return take
+
     async def speak(self, prepared: Prepared, owner: Owner, speak: Callable[[Tap], Awaitable[Response]]) -> Response:
         """`speak(tap)` (the take's `speech_response`) with its chunks tapped into a new PageTake of `owner`."""
-        self._prune()
         req = prepared.request
-        timer = SentenceTimer(self.aligner, lambda: [t.text for t in self.service.synth.segments(req)])
-        take = self.takes[req.request_id] = PageTake(owner, timer)
+        take = self.begin(req.request_id, owner, lambda: [t.text for t in self.service.synth.segments(req)])
         try:
             response = await speak(take.push)
         except BaseException:  # refused before any audio: no take to time
             self.takes.pop(req.request_id, None)
-            await timer.aclose()
+            await take.timer.aclose()
             raise
         if isinstance(response, ClosingStreamingResponse):  # streamed: the take ends with its body
             body_closed = response.on_close

@@ -24,6 +24,7 @@ from app.server.limits import KEY_REFUSED, socket_refusal
 from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
+from app.server.studio_timings import PageTimings
 from app.server.ws_timings import alignment_messages
 from app.service.owners import Caller, Owner
 from app.service.prepare import Prepared, SpeechInputs
@@ -38,14 +39,15 @@ BAD, UNAUTHORIZED, FORBIDDEN, BUSY = 4400, 4401, 4403, 4429
 IDLE, FAILED = 4408, 1011
 
 
-def ws_router(service: StudioService, identity: Identity,
-              stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> APIRouter:
-    """The socket door bound to the process's service (`stops`: the page's Stop, by request id)."""
+def ws_router(service: StudioService, identity: Identity, stops: weakref.WeakValueDictionary[str, asyncio.Event],
+              timings: PageTimings) -> APIRouter:
+    """The socket door bound to the process's service (`stops`: the page's Stop, by request id; `timings`: the
+    page's takes' words, for its words panel)."""
     router = APIRouter(prefix="/v1")
 
     @router.websocket("/audio/speech/stream")
     async def speech_stream(ws: WebSocket) -> None:
-        await serve_socket(ws, identity, SpeechSession(service, ws, stops).run)
+        await serve_socket(ws, identity, SpeechSession(service, ws, stops, timings).run)
 
     return router
 
@@ -55,8 +57,8 @@ class SpeechSession:
     ids on `queue`), the speech as it is made (`produce`). `serve_socket` ends its tasks, whatever happened."""
 
     def __init__(self, service: StudioService, ws: WebSocket,
-                 stops: weakref.WeakValueDictionary[str, asyncio.Event]) -> None:
-        self.service, self.ws, self.stops = service, ws, stops
+                 stops: weakref.WeakValueDictionary[str, asyncio.Event], timings: PageTimings) -> None:
+        self.service, self.ws, self.stops, self.timings = service, ws, stops, timings
         self.queue: asyncio.Queue[list[int] | None] = asyncio.Queue()  # a sentence's text ids per item; None: the end
         self.segments: list[int] = []  # n_tokens of each text segment read so far
 
@@ -80,7 +82,7 @@ class SpeechSession:
         await self.ws.send_json({"type": "started", "request_id": req.request_id, "seed": req.seed,
                                  "sample_rate": OUTPUT_SAMPLE_RATE_HZ, "media_type": audio_formats.MEDIA_TYPES[fmt]})
         tasks += [asyncio.create_task(self.reader(feed)),
-                  asyncio.create_task(self.produce(prepared, caller, fmt, stop, feed, start.get("timestamps", False)))]
+                  asyncio.create_task(self.produce(prepared, caller, fmt, stop, feed, start))]
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in done:
             t.result()  # raises a task's exception
@@ -108,18 +110,27 @@ class SpeechSession:
                 return
 
     async def produce(self, prepared: Prepared, caller: Caller, fmt: str, stop: asyncio.Event,
-                      feed: bistream.TextFeed, timestamps: bool) -> None:
+                      feed: bistream.TextFeed, start: dict) -> None:
         """The take's audio as binary messages (a WAV header first for wav), with `timestamps` its sentences'
-        timings once the take is made (app/server/ws_timings.py), then `done` with its stats."""
+        timings once the take is made (app/server/ws_timings.py), then `done` with its stats. A page's take (its
+        start has the page's fields) also keeps its words for the page's words panel (studio_timings.py)."""
         if fmt == "wav":
             await self.ws.send_bytes(audio_formats.wav_header(None))
-        final = None
-        async with alignment_messages(self.ws, self.service.aligner, feed, on=timestamps) as tap:
-            async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):
-                if chunk.samples.size:
-                    await self.ws.send_bytes(pcm_bytes(chunk))
-                tap(chunk)
-                final = chunk if chunk.is_final else final
+        final, rid, asked = None, prepared.request.request_id, start.get("timestamps", False)
+        page = self.timings.begin(rid, caller.owner, lambda: [" ".join(feed.texts)]) if PAGE_FIELDS & start.keys() \
+            else None
+        try:
+            async with alignment_messages(self.ws, self.service.aligner, feed, on=asked) as tap:
+                async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):
+                    if chunk.samples.size:
+                        await self.ws.send_bytes(pcm_bytes(chunk))
+                    tap(chunk)
+                    if page is not None:
+                        page.push(chunk)
+                    final = chunk if chunk.is_final else final
+        finally:
+            if page is not None:
+                page.end()
         if final is not None:  # none: the page's Stop ended the take
             stats = dataclasses.asdict(final.stats) if final.stats else {}
             stats["n_segments"] = len(self.segments)  # the segments said (the engine's take is one)
