@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from test_take_timings import EN, ZH, aligner, chunks_of, waves  # noqa: F401 (fixtures)
 
 from app.config import AsrConfig, ConfigError
+from app.message import say
 from app.model.words import split_words
 from app.server.errors import install_error_handlers
 from app.server.speech import ClosingStreamingResponse
@@ -125,8 +126,10 @@ def test_page_timings_off_on_a_cpu_say_why_once(aligner, waves):  # noqa: F811
     with TestClient(make_app(aligner, waves, off=why)) as client:
         client.post("/take/t5")
         got = lines(client, "t5")
+        zh = lines(client, "t5", **{"accept-language": "zh-CN,zh;q=0.9"})  # the page's language: the note in it
     assert got == [{"type": "speech.audio.timestamps", "words": [], "chars": got[0]["chars"], "note": why},
                    {"type": "done", "srt": "", "vtt": "WEBVTT\n\n"}], got
+    assert zh[0]["note"] == say(why, "zh") != why and "page_timings" in zh[0]["note"] and zh[1:] == got[1:]
 
 
 @pytest.mark.parametrize("who", ["unknown id", "another owner"])

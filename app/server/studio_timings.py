@@ -15,6 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
+from app.message import Message, lang_of, say
 from app.model.asr import resolve_device
 from app.server.errors import ApiError
 from app.server.identity import caller_of
@@ -77,13 +78,15 @@ class PageTake:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def lines(self) -> AsyncIterator[bytes]:
-        """Each item as a JSON line as it comes, then {"type": "done", "srt", "vtt"} (the take's subtitles)."""
+    async def lines(self, lang: str = "en") -> AsyncIterator[bytes]:
+        """Each item as a JSON line as it comes (its note in `lang`), then {"type": "done", "srt", "vtt"} (the
+        take's subtitles)."""
         i = 0
         while True:
             changed = self._changed
             while i < len(self.items):
-                yield _line(self.items[i])
+                item = self.items[i]
+                yield _line({**item, "note": say(item["note"], lang)} if "note" in item else item)
                 i += 1
             if self.done:
                 break
@@ -99,10 +102,10 @@ def page_timings_off(cfg: AsrConfig) -> str:
     """Why the page's takes are not aligned (`[asr] page_timings`), or "" when they are. Off on a CPU by default:
     the real aligner costs more CPU than the speech it times (docs/timings.md, "Cost")."""
     if cfg.page_timings == "off":
-        return 'word timings are off for the page ([asr] page_timings = "off")'
+        return Message("page_timings_off", 'word timings are off for the page ([asr] page_timings = "off")')
     if cfg.page_timings == "auto" and cfg.enabled and resolve_device(cfg.device) == "cpu":
-        return ('word timings are off for the page on a server without a GPU (aligning costs more CPU than the '
-                'speech it times); [asr] page_timings = "on" turns them on')
+        return Message("page_timings_cpu", "word timings are off for the page on a server without a GPU (aligning "
+                       'costs more CPU than the speech it times); [asr] page_timings = "on" turns them on')
     return ""
 
 
@@ -178,7 +181,7 @@ class PageTimings:
             """The take's word timings as NDJSON, a line per sentence as it is aligned, then a `done` line with
             its SRT and WebVTT; 404 for an unknown id, another caller's take, or one kept too long."""
             take = self.get(request_id, caller_of(request.scope))
-            return StreamingResponse(take.lines(), media_type=MEDIA_TYPE,
+            return StreamingResponse(take.lines(lang_of(request)), media_type=MEDIA_TYPE,
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
         return router

@@ -26,6 +26,7 @@ import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.engine.requests import AudioChunk
+from app.message import said
 from app.model.align import AlignedWords
 from app.model.words import split_words
 from app.service.timings import Aligner, AlignerUnavailable, SentenceTimings, sentence_timings
@@ -114,7 +115,7 @@ class SentenceTimer:
                 self._out.put_nowait(await self.aligner.sentence(text, samples, offset_samples=offset,
                                                                  language=self.language))
         except AlignerUnavailable as e:
-            self._out.put_nowait(str(e))
+            self._out.put_nowait(said(e))  # a Message: each door says it in its language
         except Exception as e:  # a bug must not end the take's audio: its timings end here, the log says why
             log.exception("word timings failed")
             self._out.put_nowait(f"word timings failed: {e}")

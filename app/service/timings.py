@@ -20,6 +20,7 @@ import numpy as np
 from app.audio import OUTPUT_SAMPLE_RATE_HZ
 from app.config import AsrConfig
 from app.engine.requests import AudioChunk
+from app.message import Message
 from app.model.align import AlignedWords, WhisperAligner
 from app.model.asr import AsrModelError, fetch_asr_model
 from app.model.words import char_edges_ms
@@ -155,7 +156,8 @@ class Aligner:
 
     def __init__(self, cfg: AsrConfig) -> None:
         self.cfg = cfg
-        self.error = "" if cfg.enabled else "word timings are off: they use the [asr] model ([asr] enabled = false)"
+        self.error: str = "" if cfg.enabled else Message(
+            "timings_asr_off", "word timings are off: they use the [asr] model ([asr] enabled = false)")
         self._aligner: WhisperAligner | None = None
         self._load_lock = asyncio.Lock()  # one load, however many first takes arrive together
         self._run_lock = asyncio.Lock()  # one sentence at a time: each forward uses every core (or the GPU)
@@ -190,7 +192,7 @@ class Aligner:
                 folder = await asyncio.to_thread(fetch_asr_model, c.model_id, download=c.download)
                 self._aligner = await asyncio.to_thread(WhisperAligner.load, folder, c.device)
             except AsrModelError as e:
-                self.error = f"word timings are unavailable: {e}"
+                self.error = Message("timings_unavailable", "word timings are unavailable: {error}", error=str(e))
                 log.warning("%s", self.error)  # said once: later takes raise the same words without a log line
                 raise AlignerUnavailable(self.error) from e
             log.info("aligner %s loaded on %s", c.model_id, self._aligner.asr.device)
