@@ -22,6 +22,7 @@ from app.engine.requests import AudioChunk
 from app.model.align import AlignedWords, WhisperAligner, dtw
 from app.model.random.whisper import make_tiny_whisper
 from app.model.words import WordSpan, split_words
+from app.service.asr import Transcriber
 from app.service.subtitles import MAX_CUE_CHARS, cues, to_srt, to_vtt
 from app.service.timings import Aligner, AlignerUnavailable, TakeTimings, WordTiming, place_words, sentences_of
 
@@ -200,5 +201,24 @@ def test_unavailable_aligner_says_why_once(monkeypatch, caplog):
             await no_dl.sentence("hello", wave)
         with pytest.raises(AlignerUnavailable, match=r"\[asr\] enabled = false"):
             await Aligner(AsrConfig(enabled=False)).sentence("hello", wave)
+
+    asyncio.run(main())
+
+
+def test_the_aligner_uses_the_transcribers_whisper(folder):
+    """One copy of the [asr] model: the aligner runs on the one the Transcriber loads (its attention now eager),
+    and transcribing still works after."""
+    async def main():
+        cfg = AsrConfig(model_id=str(folder), device="cpu")
+        asr = Transcriber(cfg)
+        aligner = Aligner(cfg, asr)
+        en, _ = sf.read(ASSETS / "prompt_en.wav", dtype="float32")
+        got = await aligner.sentence(EN, en)
+        assert [w.word for w in got.words] == [w.text for w in split_words(EN)]
+        shared = await asr.model()  # loaded once, by the aligner's first sentence
+        assert shared.model.config._attn_implementation == "eager" and aligner.transcriber is asr
+        transcript = await asr.transcribe(ASSETS / "prompt_en.wav")
+        assert transcript.language and isinstance(transcript.text, str)
+        assert await asr.model() is shared
 
     asyncio.run(main())

@@ -33,7 +33,8 @@ class Transcriber:
         self.error = "" if cfg.enabled else Message("asr_off", "automatic transcription is off ([asr] enabled = false)")
         self._asr: WhisperAsr | None = None
         self._load_lock = asyncio.Lock()  # one load, however many first uses arrive together
-        self._run_lock = asyncio.Lock()  # one clip at a time: each decode uses every core (or the GPU)
+        # one forward at a time on the model, a clip's or the aligner's: each uses every core (or the GPU)
+        self.run_lock = asyncio.Lock()
         self._cache: ClipCache[Transcript] = ClipCache(TRANSCRIPT_CACHE_SIZE)  # by the clip's bytes and language
 
     async def transcribe(self, src: str | Path | bytes, *, report: Report | None = None,
@@ -41,11 +42,12 @@ class Transcriber:
         """The clip's words and language (cached by content). Raises `AsrUnavailable`."""
         if not self.cfg.enabled:
             raise AsrUnavailable(self.error)
-        async with self._run_lock:
-            asr = await self._model(report, retry)  # at once when loaded (a cached clip implies it is)
+        async with self.run_lock:
+            asr = await self.model(report, retry)  # at once when loaded (a cached clip implies it is)
             return await self._cache.get(src, self.cfg.language, lambda clip, lang: _transcribe(asr, clip, lang))
 
-    async def _model(self, report: Report | None, retry: bool) -> WhisperAsr:
+    async def model(self, report: Report | None = None, retry: bool = False) -> WhisperAsr:
+        """The loaded Whisper (loaded now on first use; the aligner's too). Raises `AsrUnavailable`."""
         async with self._load_lock:
             if self._asr is not None:
                 return self._asr

@@ -109,9 +109,9 @@ class StudioService:
         self.admission = Admission(cfg.server, self.metrics)  # every door's, one for the process
         self.share = FairShare(cfg.server.streams_per_client, self.metrics)  # per client, at every door
         self.asr = Transcriber(cfg.asr)  # Whisper for blank transcripts, loaded on first use
-        # word timings for the doors that ask (app/service/take_timings.py): its own eager-attention copy of the
-        # [asr] Whisper, loaded on the first aligned sentence, never at start
-        self.aligner = Aligner(cfg.asr)
+        # word timings for the doors that ask (app/service/take_timings.py), on the Transcriber's Whisper (loaded on
+        # the first aligned sentence, never at start)
+        self.aligner = Aligner(cfg.asr, self.asr)
         self.n_out_of_memory = 0  # requests refused because they ran out of (GPU) memory
 
     # --- start / stop ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Word and character timings of a take: each finished sentence's audio aligned to its text, in ms from the
 take's start. The aligner is the `[asr]` Whisper, loaded on first use, run in a worker thread.
 
-    aligner = Aligner(cfg.asr)
+    aligner = Aligner(cfg.asr, transcriber)  # the Transcriber's Whisper, one copy for both
     timings = await aligner.take(sentences_of(chunks, texts))  # TakeTimings; AlignerUnavailable says why
 
 Design notes: docs/timings.md.
@@ -22,8 +22,9 @@ from app.config import AsrConfig
 from app.engine.requests import AudioChunk
 from app.message import Message
 from app.model.align import AlignedWords, WhisperAligner
-from app.model.asr import AsrModelError, fetch_asr_model
+from app.model.asr import AsrModelError
 from app.model.words import char_edges_ms
+from app.service.asr import AsrUnavailable, Transcriber
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +152,16 @@ def sentences_of(chunks: Iterable[AudioChunk], texts: Sequence[str]) -> list[tup
 
 
 class Aligner:
-    """Lazy, shared forced aligner on the `[asr]` model (its folder or cache, as the Transcriber's): `error`
-    (why it is off or failed, "" if not), `sentence`, `take`. A failed load is logged once and not retried."""
+    """Lazy, shared forced aligner on the `[asr]` model: the `transcriber`'s own Whisper (one copy in memory; its
+    attention becomes eager, the only kind that returns weights), loaded by it on first use. `error` (why it is
+    off or failed, "" if not), `sentence`, `take`. A failed load is logged once and not retried."""
 
-    def __init__(self, cfg: AsrConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: AsrConfig, transcriber: Transcriber | None = None) -> None:
+        self.cfg, self.transcriber = cfg, transcriber or Transcriber(cfg)
         self.error: str = "" if cfg.enabled else Message(
             "timings_asr_off", "word timings are off: they use the [asr] model ([asr] enabled = false)")
         self._aligner: WhisperAligner | None = None
         self._load_lock = asyncio.Lock()  # one load, however many first takes arrive together
-        self._run_lock = asyncio.Lock()  # one sentence at a time: each forward uses every core (or the GPU)
 
     async def take(self, sentences: Sequence[tuple[str, np.ndarray]], *, language: str = "",
                    sample_rate: int = OUTPUT_SAMPLE_RATE_HZ) -> TakeTimings:
@@ -177,7 +178,7 @@ class Aligner:
                        sample_rate: int = OUTPUT_SAMPLE_RATE_HZ) -> SentenceTimings:
         """One finished sentence's timings, `offset_samples` into its take. Raises `AlignerUnavailable`."""
         aligner = await self._model()
-        async with self._run_lock:
+        async with self.transcriber.run_lock:  # one forward at a time on the model (each uses every core or the GPU)
             aligned = await asyncio.to_thread(aligner.align, samples, sample_rate, text, language)
         return sentence_timings(aligned, text, offset_samples * 1000 / sample_rate, len(samples) * 1000 / sample_rate)
 
@@ -187,13 +188,13 @@ class Aligner:
                 return self._aligner
             if self.error:
                 raise AlignerUnavailable(self.error)
-            c = self.cfg
             try:
-                folder = await asyncio.to_thread(fetch_asr_model, c.model_id, download=c.download)
-                self._aligner = await asyncio.to_thread(WhisperAligner.load, folder, c.device)
-            except AsrModelError as e:
-                self.error = Message("timings_unavailable", "word timings are unavailable: {error}", error=str(e))
-                log.warning("%s", self.error)  # said once: later takes raise the same words without a log line
+                asr = await self.transcriber.model()
+            except AsrUnavailable as e:  # the model's own words; the Transcriber logged them, once
+                cause = e.__cause__ if isinstance(e.__cause__, AsrModelError) else e
+                self.error = Message("timings_unavailable", "word timings are unavailable: {error}", error=str(cause))
                 raise AlignerUnavailable(self.error) from e
-            log.info("aligner %s loaded on %s", c.model_id, self._aligner.asr.device)
+            async with self.transcriber.run_lock:  # not while it transcribes: the attention changes
+                self._aligner = WhisperAligner(asr)
+            log.info("aligner on %s's model (%s)", self.cfg.model_id, asr.device)
             return self._aligner
