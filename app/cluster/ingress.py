@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from app.cluster.bridge import PassThroughResponse, request_dict
 from app.cluster.metrics import merge_health, merge_metrics
 from app.config import Config
+from app.message import Message
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     from app.server.main import mount_page
     from app.server.origins import add_cors
     from app.server.studio_stream import add_studio_routes
+    from app.server.studio_timings import PageTimings
 
     api = FastAPI(title=f"{cfg.ui.title} (cluster)", docs_url=None, redoc_url=None, openapi_url=None)
     add_cors(api, cfg.server)  # inside the gate, as build_api's
@@ -58,7 +60,9 @@ def build_ingress_app(cfg: Config, replicas: Any, page: Any) -> Any:
     add_ops_routes(api, cfg, replicas, page)
     add_forward_route(api, cfg, replicas)
     # before the page: its mount at "/" takes every path not routed by then
-    add_studio_routes(api, page, weakref.WeakValueDictionary())
+    # the page's takes are made on the replicas: their word timings are not (no aligner at the ingress)
+    off = Message("page_timings_cluster", "word timings are not made for the page on a cluster")
+    add_studio_routes(api, page, weakref.WeakValueDictionary(), PageTimings(page, off))
     return mount_page(api, gate, page)
 
 

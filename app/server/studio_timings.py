@@ -124,14 +124,16 @@ class PageTimings:
     the page's takes are not aligned (page_timings_off), or ""."""
 
     def __init__(self, service: StudioService, off: str = "") -> None:
-        self.service, self.aligner = service, Refusing(off) if off else service.aligner
+        self.service, self.off = service, off
+        self.aligner = Refusing(off) if off else service.aligner
         self.takes: OrderedDict[str, PageTake] = OrderedDict()
 
     def begin(self, request_id: str, owner: Owner, texts: Callable[[], Sequence[str]]) -> PageTake:
         """A new take of `owner` kept under `request_id` (`texts`: its segments' texts, as SentenceTimer reads
         them): `push` each chunk, then `end` it however the take ended."""
         self._prune()
-        take = self.takes[request_id] = PageTake(owner, SentenceTimer(self.aligner, texts))
+        # off: only the reason comes, no text is read (a cluster's page service has no segments to read)
+        take = self.takes[request_id] = PageTake(owner, SentenceTimer(self.aligner, list if self.off else texts))
         return take
 
     async def speak(self, prepared: Prepared, owner: Owner, speak: Callable[[Tap], Awaitable[Response]]) -> Response:
