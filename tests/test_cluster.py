@@ -14,6 +14,7 @@ replica; no replica keeps an engine request. Skips (saying why) where Ray Serve 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -377,7 +378,8 @@ def test_a_replicas_refusal_reaches_the_page_as_its_message(cluster, page, tmp_p
 
 
 def test_the_low_latency_players_routes_on_the_cluster(cluster):
-    """POST /studio/speech streams PCM made on a replica (its record, the page's stats line: the browser test)."""
+    """POST /studio/speech streams PCM made on a replica (its record, the page's stats line: the browser test);
+    the take's timings route says once that the cluster's page makes no word timings."""
     base = cluster[0]
     body = {"text": TEXT, "prompt_audio": str(EXAMPLE_WAV), "prompt_text": EXAMPLE_TRANSCRIPT, "seed": 2}
     with httpx.stream("POST", f"{base}/studio/speech", json=body, timeout=300) as r:
@@ -385,6 +387,10 @@ def test_the_low_latency_players_routes_on_the_cluster(cluster):
         n = sum(len(piece) for piece in r.iter_bytes())
         request_id = r.headers["x-request-id"]
     assert n > 0 and n % SAMPLE_BYTES == 0 and len(request_id) == 32
+    got = httpx.get(f"{base}/studio/requests/{request_id}/timings", timeout=60)
+    note, done = (json.loads(line) for line in got.text.splitlines())
+    assert got.status_code == 200 and note["words"] == [] and "on a cluster" in note["note"], got.text
+    assert done == {"type": "done", "srt": "", "vtt": "WEBVTT\n\n"}, got.text
 
 
 def test_a_killed_replica_breaks_its_stream_only_and_the_service_goes_on(cluster, oai):
