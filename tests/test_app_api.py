@@ -310,8 +310,9 @@ def test_stop_aborts_and_full_queue_is_refused(client, server):
 
     Each listener has its own client (session), as separate pages do: Gradio's cancel stops every
     running task of the same session and function, which with one shared session let the waiting job
-    start in the slots freed by the first cancel before its own cancel arrived. The two running jobs
-    are streaming before the third is submitted, so the third always finds them out of the queue."""
+    start in the slots freed by the first cancel before its own cancel arrived. The second running job
+    joins once the first has left the queue (it holds one waiting event: two joins at once could find it
+    full), and both are streaming before the third is submitted, so the third always finds them out of it."""
     from gradio_client import Client, handle_file
     from gradio_client.utils import QueueError, Status
 
@@ -323,8 +324,13 @@ def test_stop_aborts_and_full_queue_is_refused(client, server):
         time.sleep(0.1)
     before = h["requests"]["outcomes"]
     listeners = [Client(server[0] + "/", verbose=False) for _ in range(3)]
-    running = [c.submit(**kw) for c in listeners[:2]]
+    running = []
     deadline = time.monotonic() + 60
+    for c in listeners[:2]:  # the second joins once the first left the queue: Gradio's queue has one place
+        running.append(c.submit(**kw))
+        while running[-1].status().code not in (Status.PROCESSING, Status.ITERATING, Status.PROGRESS, Status.LOG):
+            assert time.monotonic() < deadline and not running[-1].done(), running[-1].status()
+            time.sleep(0.02)
     while health(server)["active_streams"] < 2:  # both running ones are out of the queue, streaming
         assert time.monotonic() < deadline and not any(j.done() for j in running), [j.status() for j in running]
         time.sleep(0.1)
