@@ -25,7 +25,7 @@ from app.server.openai_api import V1_PARAMS
 from app.server.speech import map_error, pcm_bytes, prepare_or_raise
 from app.server.studio_stream import reference_path
 from app.server.studio_timings import PageTimings
-from app.server.ws_timings import alignment_messages
+from app.server.ws_timings import alignment_messages, take_texts
 from app.service.owners import Caller, Owner
 from app.service.prepare import Prepared, SpeechInputs
 from app.service.refusals import refusal
@@ -117,8 +117,7 @@ class SpeechSession:
         if fmt == "wav":
             await self.ws.send_bytes(audio_formats.wav_header(None))
         final, rid, asked = None, prepared.request.request_id, start.get("timestamps", False)
-        page = self.timings.begin(rid, caller.owner, lambda: [" ".join(feed.texts)]) if PAGE_FIELDS & start.keys() \
-            else None
+        page = self.timings.begin(rid, caller.owner, lambda: take_texts(feed)) if PAGE_FIELDS & start.keys() else None
         try:
             async with alignment_messages(self.ws, self.service.aligner, feed, on=asked) as tap:
                 async for chunk in speak_arriving(self.service, prepared, caller, self.queue, stop):

@@ -32,7 +32,7 @@ async def alignment_messages(ws: WebSocket, aligner: Aligner, feed: TextFeed, *,
     if not on:
         yield no_tap
         return
-    timer = SentenceTimer(aligner, lambda: [" ".join(feed.texts)])  # called once the take ended: all text is in
+    timer = SentenceTimer(aligner, lambda: take_texts(feed))  # called once the take ended: all text is in
     try:
         yield timer.push
         async for t in timer.rest():
@@ -43,6 +43,12 @@ async def alignment_messages(ws: WebSocket, aligner: Aligner, feed: TextFeed, *,
                 await ws.send_json({"type": "timestamps", "index": index, **timings_json(sentence)})
     finally:
         await timer.aclose()
+
+
+def take_texts(feed: TextFeed) -> list[str]:
+    """The socket's take as SentenceTimer reads it: one segment, the sentences joined by one space (as
+    `by_sentence` cuts them apart again)."""
+    return [" ".join(feed.texts)]
 
 
 def by_sentence(t: SentenceTimings, texts: Sequence[str]) -> list[SentenceTimings]:
