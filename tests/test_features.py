@@ -25,7 +25,7 @@ from tolerances import (
     within,
 )
 
-from app.audio import AudioError, load_audio, resample, to_int16_pcm, wav_bytes
+from app.audio import AudioError, load_audio, to_int16_pcm, wav_bytes
 from app.model.features import cmn, kaldi_fbank, prompt_mel, whisper_log_mel
 from app.model.hparams import ModelFolderError, load_hparams
 from app.model.onnx_models import (
@@ -35,6 +35,7 @@ from app.model.onnx_models import (
     SpeechTokenizerOnnx,
     make_session,
 )
+from app.resample import resample
 
 CASES = {"a": "prompt_24k.wav", "b": "prompt_16k.wav"}  # fixture README §3: the two cases of every set
 

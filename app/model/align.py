@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.audio import SILENCE_DBFS, frame_levels_dbfs, resample
+from app.audio import SILENCE_DBFS, frame_levels_dbfs
 from app.model.asr import ASR_SAMPLE_RATE_HZ, WhisperAsr
 from app.model.words import WordSpan, language_of, split_words, word_frames
+from app.resample import resample
 
 SECONDS_PER_FRAME = 0.02  # one encoder frame = 2 mel hops of 10 ms
 SAMPLES_PER_FRAME = round(ASR_SAMPLE_RATE_HZ * SECONDS_PER_FRAME)  # 320 at 16 kHz
