@@ -5,15 +5,14 @@ Design notes: docs/model.md.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from app.model import hyperpyyaml
 
 
 class ModelFolderError(ValueError):
@@ -149,82 +148,15 @@ class ModelHParams:
 # --- HyperPyYAML reading -------------------------------------------------------------------
 
 
-class _Ref(str):
-    """The text of a `!ref` node, resolved after the whole document is read."""
-
-
-class _TagIgnoringLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_tagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-def _construct_ref(loader: yaml.SafeLoader, node: yaml.Node) -> _Ref:
-    return _Ref(loader.construct_scalar(node))
-
-
-_TagIgnoringLoader.add_constructor("!ref", _construct_ref)
-for _prefix in ("!new:", "!name:", "!apply:", "!module:", "!copy:", "!include:"):
-    _TagIgnoringLoader.add_multi_constructor(_prefix, _construct_tagged)
-
-_REF_RE = re.compile(r"<([^<>]+)>")
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv}
-
-
-def _eval_arith(expr: str) -> Any:
-    """Evaluate `3 * 2`-style arithmetic on literals only (no names, no calls)."""
-
-    def ev(n: ast.AST) -> Any:
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return -ev(n.operand)
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINOPS:
-            return _BINOPS[type(n.op)](ev(n.left), ev(n.right))
-        raise ValueError(f"unsupported !ref expression {expr!r}")
-
-    return ev(ast.parse(expr.strip(), mode="eval"))
-
-
-def _resolve(node: Any, root: dict[str, Any]) -> Any:
-    if isinstance(node, _Ref):
-        text = str(node)
-        whole = _REF_RE.fullmatch(text.strip())
-        if whole:
-            return _resolve(_lookup(root, whole.group(1)), root)
-        return _eval_arith(_REF_RE.sub(lambda m: repr(_resolve(_lookup(root, m.group(1)), root)), text))
-    if isinstance(node, dict):
-        return {k: _resolve(v, root) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(v, root) for v in node]
-    return node
-
-
-def _lookup(root: dict[str, Any], dotted: str) -> Any:
-    cur: Any = root
-    for part in dotted.split("."):
-        cur = cur[part]
-    return cur
-
-
 def read_hyperpyyaml(path: Path) -> dict[str, Any]:
     """Read a HyperPyYAML file as plain data: class tags dropped, `!ref`s resolved."""
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_TagIgnoringLoader)
+        raw = hyperpyyaml.load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise ModelFolderError(f"cannot read {path}: {e}") from e
     if not isinstance(raw, dict):
         raise ModelFolderError(f"{path} is not a YAML mapping")
-    return _resolve(raw, raw)
+    return hyperpyyaml.resolve(raw)
 
 
 # --- extraction -----------------------------------------------------------------------------
@@ -256,6 +188,28 @@ def _qwen_dims(config_path: Path) -> QwenDims:
     )
 
 
+def _hift_dims(hift: dict[str, Any], where: str) -> HiftDims:
+    """The vocoder's section of cosyvoice2.yaml (`hift`) -> `HiftDims`."""
+    istft = _num(hift, "istft_params", where)
+    f0 = _num(hift, "f0_predictor", where)
+    return HiftDims(
+        in_channels=int(hift["in_channels"]), base_channels=int(hift["base_channels"]),
+        nb_harmonics=int(hift["nb_harmonics"]), sampling_rate=int(hift["sampling_rate"]),
+        nsf_alpha=float(hift["nsf_alpha"]), nsf_sigma=float(hift["nsf_sigma"]),
+        nsf_voiced_threshold=float(hift["nsf_voiced_threshold"]),
+        upsample_rates=tuple(int(v) for v in hift["upsample_rates"]),
+        upsample_kernel_sizes=tuple(int(v) for v in hift["upsample_kernel_sizes"]),
+        istft_n_fft=int(istft["n_fft"]), istft_hop_len=int(istft["hop_len"]),
+        resblock_kernel_sizes=tuple(int(v) for v in hift["resblock_kernel_sizes"]),
+        resblock_dilation_sizes=tuple(tuple(int(d) for d in ds) for ds in hift["resblock_dilation_sizes"]),
+        source_resblock_kernel_sizes=tuple(int(v) for v in hift["source_resblock_kernel_sizes"]),
+        source_resblock_dilation_sizes=tuple(
+            tuple(int(d) for d in ds) for ds in hift["source_resblock_dilation_sizes"]),
+        lrelu_slope=float(hift.get("lrelu_slope", 0.1)), audio_limit=float(hift.get("audio_limit", 0.99)),
+        f0_cond_channels=int(f0["cond_channels"]),
+    )
+
+
 def hparams_from_dict(y: dict[str, Any], qwen: QwenDims, where: str = "cosyvoice2.yaml") -> ModelHParams:
     """Build `ModelHParams` from resolved yaml data (see `read_hyperpyyaml`)."""
     llm, flow, hift = (_num(y, k, where) for k in ("llm", "flow", "hift"))
@@ -266,8 +220,6 @@ def hparams_from_dict(y: dict[str, Any], qwen: QwenDims, where: str = "cosyvoice
     cfm = dec.get("cfm_params", {})
     cfm = cfm.get("content", cfm)
     feat = _num(y, "feat_extractor", where)
-    istft = _num(hift, "istft_params", f"{where}:hift")
-    f0 = _num(hift, "f0_predictor", f"{where}:hift")
     llm_dims = LLMDims(
         llm_input_size=int(llm["llm_input_size"]), llm_output_size=int(llm["llm_output_size"]),
         speech_token_size=int(llm["speech_token_size"]),
@@ -295,22 +247,7 @@ def hparams_from_dict(y: dict[str, Any], qwen: QwenDims, where: str = "cosyvoice
         inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
         t_scheduler=str(cfm.get("t_scheduler", "cosine")), n_timesteps=10,
     )
-    hift_dims = HiftDims(
-        in_channels=int(hift["in_channels"]), base_channels=int(hift["base_channels"]),
-        nb_harmonics=int(hift["nb_harmonics"]), sampling_rate=int(hift["sampling_rate"]),
-        nsf_alpha=float(hift["nsf_alpha"]), nsf_sigma=float(hift["nsf_sigma"]),
-        nsf_voiced_threshold=float(hift["nsf_voiced_threshold"]),
-        upsample_rates=tuple(int(v) for v in hift["upsample_rates"]),
-        upsample_kernel_sizes=tuple(int(v) for v in hift["upsample_kernel_sizes"]),
-        istft_n_fft=int(istft["n_fft"]), istft_hop_len=int(istft["hop_len"]),
-        resblock_kernel_sizes=tuple(int(v) for v in hift["resblock_kernel_sizes"]),
-        resblock_dilation_sizes=tuple(tuple(int(d) for d in ds) for ds in hift["resblock_dilation_sizes"]),
-        source_resblock_kernel_sizes=tuple(int(v) for v in hift["source_resblock_kernel_sizes"]),
-        source_resblock_dilation_sizes=tuple(
-            tuple(int(d) for d in ds) for ds in hift["source_resblock_dilation_sizes"]),
-        lrelu_slope=float(hift.get("lrelu_slope", 0.1)), audio_limit=float(hift.get("audio_limit", 0.99)),
-        f0_cond_channels=int(f0["cond_channels"]),
-    )
+    hift_dims = _hift_dims(hift, f"{where}:hift")
     feat_dims = FeatDims(
         n_fft=int(feat["n_fft"]), num_mels=int(feat["num_mels"]), sampling_rate=int(feat["sampling_rate"]),
         hop_size=int(feat["hop_size"]), win_size=int(feat["win_size"]), fmin=float(feat["fmin"]),
