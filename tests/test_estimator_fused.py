@@ -93,10 +93,10 @@ def test_fused_weights_follow_the_parameters(flow):
 def test_causal_conv_as_one_gemm(rows, frames):
     """The 3-tap im2col GEMM (an overlapping view of the padded input) is the causal Conv1d, one row and
     one frame included (fp64: only the summation order differs)."""
-    from app.model.flow.estimator import _conv3, _taps
+    from app.model.flow.fused import conv3, taps
 
     g = torch.Generator().manual_seed(rows * 100 + frames)
     w, b = torch.randn(5, 4, 3, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
     x = torch.randn(rows, 4, frames, generator=g, dtype=torch.float64)
     ref = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (2, 0)), w, b)
-    assert within((_conv3(x.transpose(1, 2), _taps(w), b).transpose(1, 2) - ref).abs().max(), INCREMENTAL_F64_ATOL)
+    assert within((conv3(x.transpose(1, 2), taps(w), b).transpose(1, 2) - ref).abs().max(), INCREMENTAL_F64_ATOL)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.model.flow.encoder import attention_mask
+from app.model.flow.fused import FusedWeights, conv3, fused_block, norm_mish
 from app.model.hparams import EstimatorDims
 
 if TYPE_CHECKING:  # annotations only: the packed call is built on this module's layers
@@ -157,13 +158,13 @@ class CausalConditionalDecoder(nn.Module):
             [CausalResnetBlock1D(2 * C, C, time_dim), blocks(), CausalConv1d(C, C, 3)])])
         self.final_block = CausalBlock1D(C, C)
         self.final_proj = nn.Conv1d(C, dims.out_channels, 1)
-        self._fused: _Fused | None = None  # derived weights (not parameters: the state dict is official)
+        self._fused: FusedWeights | None = None  # derived weights (not parameters: the state dict is official)
 
     def resnets(self) -> list[CausalResnetBlock1D]:
         """The resnets in evaluation order (down, mid..., up)."""
         return [self.down_blocks[0][0], *(m[0] for m in self.mid_blocks), self.up_blocks[0][0]]
 
-    def fused(self) -> _Fused:
+    def fused(self) -> FusedWeights:
         """The derived weights of `forward`, rebuilt after a load, a move or a dtype change (hooks
         below) or when a sentinel parameter changed; after other in-place edits call `unfuse()`."""
         if self._fused is not None and torch.compiler.is_compiling():
@@ -172,7 +173,7 @@ class CausalConditionalDecoder(nn.Module):
         key = tuple((id(p), -1 if p.is_inference() else p._version, p.data_ptr(), p.dtype, p.device)
                     for p in (first, last))  # (inference tensors keep no version counter)
         if self._fused is None or self._fused.key != key:
-            self._fused = _Fused(self, key)
+            self._fused = FusedWeights(self, key)
         return self._fused
 
     def unfuse(self) -> None:
@@ -186,7 +187,7 @@ class CausalConditionalDecoder(nn.Module):
         self._fused = None
         super()._load_from_state_dict(*args, **kwargs)
 
-    def _inputs(self, fz: _Fused, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+    def _inputs(self, fz: FusedWeights, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
                 cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> every resnet's time term [B or 1, n_res, 1, C] and the input [B, T, 320] channels-last."""
         if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) == 0:
@@ -223,18 +224,18 @@ class CausalConditionalDecoder(nn.Module):
         def stack(h: torch.Tensor, i: int, blocks: nn.ModuleList) -> torch.Tensor:
             h = fz.resnet(i, h, m, t_res[:, i])  # t_res[:, i]: [B or 1, 1, C]
             for block in blocks:
-                h = _block(block, next(qkv), h, bias)
+                h = fused_block(block, next(qkv), h, bias)
             return h
 
         (_, blocks, _), = self.down_blocks
         skip = h = stack(h, 0, blocks)
-        h = _conv3(h * m, *fz.convs[0])
+        h = conv3(h * m, *fz.convs[0])
         for i, (_, blocks) in enumerate(self.mid_blocks, 1):
             h = stack(h, i, blocks)
         (_, blocks, _), = self.up_blocks
         h = stack(torch.cat([h, skip], dim=2), len(self.mid_blocks) + 1, blocks)
-        h = _conv3(h * m, *fz.convs[1])
-        h = _norm_mish(_conv3(h * m, *fz.convs[2]), self.final_block.block[2]) * m
+        h = conv3(h * m, *fz.convs[1])
+        h = norm_mish(conv3(h * m, *fz.convs[2]), self.final_block.block[2]) * m
         return (F.linear(h, *fz.proj) * m).transpose(1, 2)
 
     def forward_cached(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
@@ -255,9 +256,9 @@ class CausalConditionalDecoder(nn.Module):
         def stack(h: torch.Tensor, i: int, blocks: nn.ModuleList) -> torch.Tensor:
             a, r = conv(h, *fz.block1[i]).split(fz.channels, dim=2)
             n1, n2 = fz.norms[i]
-            h = _norm_mish(conv(_norm_mish(a, n1) + t_res[:, i], *fz.block2[i]), n2) + r
+            h = norm_mish(conv(norm_mish(a, n1) + t_res[:, i], *fz.block2[i]), n2) + r
             for block in blocks:
-                h = _block(block, next(qkv), h, None, cache)
+                h = fused_block(block, next(qkv), h, None, cache)
             return h
 
         skip = h = stack(h, 0, self.down_blocks[0][1])
@@ -265,71 +266,5 @@ class CausalConditionalDecoder(nn.Module):
         for i, (_, blocks) in enumerate(self.mid_blocks, 1):
             h = stack(h, i, blocks)
         h = stack(torch.cat([h, skip], dim=2), len(self.mid_blocks) + 1, self.up_blocks[0][1])
-        h = _norm_mish(conv(conv(h, *fz.convs[1]), *fz.convs[2]), self.final_block.block[2])
+        h = norm_mish(conv(conv(h, *fz.convs[1]), *fz.convs[2]), self.final_block.block[2])
         return F.linear(h, *fz.proj).transpose(1, 2)
-
-
-def _taps(w: torch.Tensor) -> torch.Tensor:
-    """Conv1d weight [out, in, k] -> GEMM weight [out, k·in] over the im2col columns of `_conv3`."""
-    return w.permute(0, 2, 1).reshape(w.shape[0], -1)
-
-
-def _gemm3(xp: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """k=3 conv of xp [B, 2 + T, C] (2 frames of left context) -> [B, T, out]: the columns
-    [x(t-2), x(t-1), x(t)] [B, T, 3C] times the `_taps` weight, one GEMM."""
-    xp = xp.contiguous()
-    (B, T, C), s = xp.shape, xp.stride(0)
-    # row t of the columns is xp[t : t + 3] flattened: an overlapping view, copied once (2-D: one GEMM)
-    cols = xp.as_strided((B, T - 2, 3 * C), (s, C, 1), xp.storage_offset()).reshape(-1, 3 * C)
-    return F.linear(cols, w, b).view(B, T - 2, -1)
-
-
-def _conv3(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Causal k=3 conv channels-last: x [B, T, C], zeros before frame 0."""
-    return _gemm3(F.pad(x, (0, 0, 2, 0)), w, b)
-
-
-def _norm_mish(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    return F.mish(norm(x))  # eager LayerNorm and Mish (no fused approximations)
-
-
-def _block(block: TransformerBlock, w_qkv: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
-           cache: PackedCall | None = None) -> torch.Tensor:
-    """`TransformerBlock.forward` (or `forward_cached` with `cache`) with q/k/v as one GEMM: x [B, T, C]."""
-    attn, (B, T, _) = block.attn1, x.shape
-    qkv = F.linear(block.norm1(x), w_qkv).view(B, T, 3, attn.n_heads, attn.d_head)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, d_head]
-    # with a cache: over the earlier frames' keys/values too
-    out = cache.attend(q, k, v) if cache is not None else F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    x = x + attn.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
-    return x + block.ff(block.norm3(x))
-
-
-class _Fused:
-    """Weights of the restructured `forward`, derived (concatenated, reshaped) from the parameters."""
-
-    @torch.no_grad()
-    def __init__(self, est: CausalConditionalDecoder, key: tuple) -> None:
-        self.key, self.channels = key, est.dims.channels[0]
-        res = est.resnets()
-        self.t_weight = torch.cat([r.mlp[1].weight for r in res])  # [n_res·C, 4C]
-        self.t_bias = torch.cat([r.mlp[1].bias for r in res])
-        self.norms = [(r.block1.block[2], r.block2.block[2]) for r in res]
-        self.block1, self.block2 = [], []
-        for r in res:  # block1's conv and res_conv (on the last tap: x(t)) as one GEMM [2C, 3·in]
-            c1, c2, rc = r.block1.block[0], r.block2.block[0], r.res_conv
-            w_res = F.pad(rc.weight, (2, 0))  # [C, in, 3]: zero on taps t-2, t-1
-            self.block1.append((_taps(torch.cat([c1.weight, w_res])), torch.cat([c1.bias, rc.bias])))
-            self.block2.append((_taps(c2.weight), c2.bias))
-        blocks = [b for s in (est.down_blocks, est.mid_blocks, est.up_blocks) for m in s for b in m[1]]
-        self.qkv = [torch.cat([b.attn1.to_q.weight, b.attn1.to_k.weight, b.attn1.to_v.weight]) for b in blocks]
-        convs = (est.down_blocks[0][2], est.up_blocks[0][2], est.final_block.block[0])
-        self.convs = [(_taps(c.weight), c.bias) for c in convs]
-        self.proj = (est.final_proj.weight[:, :, 0], est.final_proj.bias)
-
-    def resnet(self, i: int, x: torch.Tensor, m: torch.Tensor, t_res: torch.Tensor) -> torch.Tensor:
-        """`CausalResnetBlock1D.forward` channels-last: x [B, T, in], m [B, T, 1] -> [B, T, C]."""
-        (n1, n2), C = self.norms[i], self.channels
-        a, r = _conv3(x * m, *self.block1[i]).split(C, dim=2)
-        h = (_norm_mish(a, n1) + t_res) * m  # block1's own output mask is implied by this one
-        return _norm_mish(_conv3(h, *self.block2[i]), n2) * m + r
