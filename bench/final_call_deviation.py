@@ -23,9 +23,10 @@ import torch
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.flow.incremental.paged import KVPool
+from app.model.flow_calls import FlowPrompt
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowPrompt, Token2WavStream
+from app.model.token2wav import Token2WavStream
 
 PROMPT_TOKENS = 119
 

@@ -94,7 +94,7 @@ def prompt(golden):
     """The official flow prompt of the fixture set (tokens, mel, x-vector) as a FlowPrompt."""
     import torch
 
-    from app.model.token2wav import FlowPrompt
+    from app.model.flow_calls import FlowPrompt
 
     f = golden("flow")
     return FlowPrompt(tokens=torch.from_numpy(f["prompt_token"]).long(), mel=torch.from_numpy(f["prompt_feat"]),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
+from app.model.flow_calls import IncrementalItem, flow_batch
+from app.model.token2wav import ChunkPlan, Token2WavStream
 
 
 def run_chunk(s: Token2WavStream, tokens: Tensor, plan: ChunkPlan) -> Tensor:

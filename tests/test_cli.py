@@ -16,7 +16,8 @@ import soundfile as sf
 import torch
 
 from app.config import load_config
-from app.model.token2wav import FlowPrompt, Token2WavStream
+from app.model.flow_calls import FlowPrompt
+from app.model.token2wav import Token2WavStream
 
 EN_PROMPT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 

@@ -34,10 +34,11 @@ from app.model.flow import CausalFlow, load_flow
 from app.model.flow.incremental.paged import KVPool
 from app.model.flow.incremental.prompt_cache import PromptCache
 from app.model.flow.incremental.state import FlowState, build_voice_prefix, prompt_only_chunks
+from app.model.flow_calls import FlowItem, FlowPrompt, flow_batch
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import Token2WavStream, flow_step
 
 MEL_ATOL = FLOW_MEL_ATOL
 CAUSAL_FINAL = StreamingConfig(final_call="chunk_causal")  # the official hops, a chunk-causal final call

@@ -19,8 +19,9 @@ from app.model.flow.incremental.packed import pack, packed_solve
 from app.model.flow.incremental.paged import KVPool, PoolFull, bytes_per_frame
 from app.model.flow.incremental.paged_graphs import PagedGraphs
 from app.model.flow.incremental.state import build_voice_prefix, prepare_hop
+from app.model.flow_calls import IncrementalItem, flow_batch
 from app.model.hparams import load_hparams
-from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import Token2WavStream, flow_step
 
 pytestmark = pytest.mark.parity
 TOL = min(FLOW_MEL_ATOL, INCREMENTAL_ATOL)

@@ -22,6 +22,7 @@ from tolerances import BATCH_ATOL, WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.config import StreamingConfig
 from app.engine.requests import SynthesisRequest
+from app.model.flow_calls import FlowPrompt
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hift_batch import length_buckets, make_row, vocode_rows
 from app.model.hparams import load_hparams
@@ -31,7 +32,6 @@ from app.model.token2wav import (
     MEL_CACHE_FRAMES,
     SOURCE_CACHE_SAMPLES,
     ChunkPlan,
-    FlowPrompt,
     Token2WavStream,
     _crossfade_windows,
 )

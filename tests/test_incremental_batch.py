@@ -22,8 +22,9 @@ from app.model.flow.incremental.batch import incremental_batch
 from app.model.flow.incremental.cache import next_capacity
 from app.model.flow.incremental.paged import KVPool, PoolFull, blocks_needed, bytes_per_frame
 from app.model.flow.incremental.state import build_voice_prefix, prepare_hop, prepare_hops
+from app.model.flow_calls import IncrementalItem, flow_batch
 from app.model.hparams import load_hparams
-from app.model.token2wav import IncrementalItem, Token2WavStream, flow_batch, flow_step
+from app.model.token2wav import Token2WavStream, flow_step
 
 pytestmark = pytest.mark.parity
 

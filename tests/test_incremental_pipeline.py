@@ -13,7 +13,7 @@ from test_pipeline import collect, held_together, make_synth
 from tolerances import WAVE_MAX_ATOL, WAVE_RMS_ATOL, within
 
 from app.engine.requests import SynthesisRequest
-from app.model.token2wav import IncrementalItem
+from app.model.flow_calls import IncrementalItem
 
 pytestmark = pytest.mark.parity
 TEXTS = ("Hello there, how are you today?", "A second request running at the same time, with more words in it.")

@@ -172,7 +172,7 @@ def test_batched_flow_differs_from_batch1_by_rounding_only(tiny):
     1e-5 random nudge of the batch-1 mel moves the audio more than batching does."""
     import torch
 
-    from app.model.token2wav import FlowItem, FlowPrompt, flow_batch
+    from app.model.flow_calls import FlowItem, FlowPrompt, flow_batch
 
     synth, _ = tiny
     flow, hift = synth.model.flow, synth.model.hift

@@ -10,10 +10,11 @@ from tolerances import BATCH_ATOL, BATCH_SOLVE_ATOL, FLOW_MEL_ATOL, PREFIX_ATOL,
 
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
+from app.model.flow_calls import FlowPrompt
 from app.model.hift import HiFTGenerator, normalize_hift_state_dict
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowPrompt, Token2WavStream
+from app.model.token2wav import Token2WavStream
 
 pytestmark = pytest.mark.parity
 
@@ -193,7 +194,7 @@ def test_complementary_crossfade_option(modules, prompt, golden):
 @pytest.mark.parametrize("streaming,finalize", [(True, False), (False, True)])
 def test_batched_flow_equals_each_row_alone(modules, prompt, golden, streaming, finalize):
     """Rows of different prompt and token lengths in one flow call == each call alone (padding is masked)."""
-    from app.model.token2wav import FlowItem, flow_batch
+    from app.model.flow_calls import FlowItem, flow_batch
 
     flow, _ = modules
     tokens = torch.from_numpy(golden("stream")["tokens"]).long()
@@ -218,7 +219,7 @@ def test_frames_padded_to_a_graph_bucket_give_the_same_mel(modules, prompt, gold
     the padding applies and the estimator runs eagerly; the graph replay itself is checked on a GPU by
     bench/gpu/flow_graphs.py)."""
     from app.model.flow.graphs import EstimatorGraphs
-    from app.model.token2wav import FlowItem, flow_batch
+    from app.model.flow_calls import FlowItem, flow_batch
 
     flow, _ = modules
     tokens = torch.from_numpy(golden("stream")["tokens"]).long()

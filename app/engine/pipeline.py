@@ -26,11 +26,12 @@ from app.model.flow.incremental.paged_graphs import PagedGraphs, make_pool
 from app.model.flow.incremental.prompt_cache import PromptCache
 from app.model.flow.incremental.state import FlowState, VoicePrefix
 from app.model.flow.work import FlowWork
+from app.model.flow_calls import IncrementalItem, flow_batch
 from app.model.frontend import VoiceFeatures
 from app.model.hift_graphs import HiftGraphs, row_buckets, schedule_frames
 from app.model.llm import ENDOFPROMPT, build_lm_ids
 from app.model.loader import CosyVoice2Model
-from app.model.token2wav import ChunkPlan, IncrementalItem, Token2WavStream, flow_batch
+from app.model.token2wav import ChunkPlan, Token2WavStream
 
 log = logging.getLogger(__name__)
 

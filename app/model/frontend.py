@@ -29,10 +29,10 @@ from app.audio import (
 )
 from app.message import Message
 from app.model.features import cmn, kaldi_fbank, prompt_mel, whisper_log_mel
+from app.model.flow_calls import FlowPrompt
 from app.model.hparams import FeatDims
 from app.model.onnx_models import SpeakerEncoderOnnx, SpeechTokenizerOnnx
 from app.model.text import TextFrontend, is_only_punctuation
-from app.model.token2wav import FlowPrompt
 from app.model.tokenizer import SpeechTextTokenizer
 
 _ARRAY_KEYS = ("prompt_text_ids", "speech_tokens", "speech_mel", "embedding")

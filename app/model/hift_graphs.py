@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from app.config import StreamingConfig
+from app.model.flow_calls import FlowPrompt
 from app.model.hift import HiFTGenerator
 from app.model.hift_batch import HiftRow, stack_rows, vocode_step
 from app.model.token2wav import (
@@ -21,7 +22,6 @@ from app.model.token2wav import (
     MEL_CACHE_FRAMES,
     PRE_LOOKAHEAD_TOKENS,
     SOURCE_CACHE_SAMPLES,
-    FlowPrompt,
     Token2WavStream,
 )
 

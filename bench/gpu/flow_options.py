@@ -23,9 +23,10 @@ import torch
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow
 from app.model.flow.graphs import EstimatorGraphs
+from app.model.flow_calls import FlowItem, FlowPrompt, flow_batch
 from app.model.hparams import load_hparams
 from app.model.loader import load_strict
-from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
+from app.model.token2wav import Token2WavStream
 from bench.gpu.timing import timed as median_ms
 
 model_dir, out = sys.argv[1], sys.argv[2]

@@ -38,12 +38,13 @@ from app.model.flow.incremental.paged import KVPool, bytes_per_frame
 from app.model.flow.incremental.paged_graphs import PagedGraphs
 from app.model.flow.incremental.paged_solve import solve_calls
 from app.model.flow.incremental.state import build_voice_prefix, prepare_hop, prepare_hops
+from app.model.flow_calls import FlowItem, FlowPrompt, flow_batch
 from app.model.hparams import load_hparams
 from app.model.random import SIZES
 from app.model.random.init import randomize
 from app.model.random.tokenizer_files import write_qwen_config
 from app.model.random.yaml_template import render_cosyvoice2_yaml
-from app.model.token2wav import FlowItem, FlowPrompt, Token2WavStream, flow_batch
+from app.model.token2wav import Token2WavStream
 from bench.gpu.timing import kernels, timed, top_kernels
 
 
