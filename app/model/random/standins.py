@@ -86,6 +86,36 @@ def build_campplus(seed: int = 0) -> onnx.ModelProto:
     return _model(graph)
 
 
+def _standardise_fsq(x: str, out: str, nodes: list[onnx.NodeProto]) -> None:
+    """Append nodes: `x` [1, 32, T'] standardised per channel over time, projected to 8 digits and
+    quantised (FSQ, ternary) -> `out` [1, T'] int64 token indices."""
+    nodes += [
+        # per-channel standardisation over time
+        helper.make_node("ReduceMean", [x], ["mu"], axes=[2], keepdims=1),  # [1, 32, 1]
+        helper.make_node("Sub", [x, "mu"], ["centred"]),
+        helper.make_node("Mul", ["centred", "centred"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[2], keepdims=1),
+        _const("eps", 1e-5),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+        helper.make_node("Sqrt", ["var_eps"], ["std"]),
+        helper.make_node("Div", ["centred", "std"], ["z"]),  # [1, 32, T']
+        helper.make_node("Transpose", ["z"], ["zt"], perm=[0, 2, 1]),  # [1, T', 32]
+        helper.make_node("MatMul", ["zt", "proj.weight"], ["p"]),  # [1, T', 8]
+        helper.make_node("Add", ["p", "proj.bias"], ["pb"]),
+        # FSQ: 8 ternary digits
+        helper.make_node("Tanh", ["pb"], ["t"]),
+        _const("fsq_scale", FSQ_SCALE),
+        helper.make_node("Mul", ["t", "fsq_scale"], ["ts"]),
+        helper.make_node("Round", ["ts"], ["r"]),  # {-1, 0, 1}
+        _const("digit_offset", 1.0),
+        helper.make_node("Add", ["r", "digit_offset"], ["digits"]),  # {0, 1, 2}
+        helper.make_node("Mul", ["digits", "powers"], ["weighted"]),
+        _const("sum_axes", [2], np.int64),
+        helper.make_node("ReduceSum", ["weighted", "sum_axes"], ["index_f"], keepdims=0),  # [1, T']
+        helper.make_node("Cast", ["index_f"], [out], to=TensorProto.INT64),
+    ]
+
+
 def build_speech_tokenizer(seed: int = 0) -> onnx.ModelProto:
     """The S3Tokenizer-v2 stand-in: `feats` [1,128,T] f32, `feats_length` [1] i32 -> `indices` [1,T'] i64."""
     gen = torch.Generator().manual_seed(seed)
@@ -118,31 +148,7 @@ def build_speech_tokenizer(seed: int = 0) -> onnx.ModelProto:
     _gelu("c1", "g1", nodes)
     nodes.append(helper.make_node("Conv", ["g1", "conv2.weight", "conv2.bias"], ["c2"], **conv))  # [1,32,T']
     _gelu("c2", "g2", nodes)
-    nodes += [
-        # per-channel standardisation over time
-        helper.make_node("ReduceMean", ["g2"], ["mu"], axes=[2], keepdims=1),  # [1, 32, 1]
-        helper.make_node("Sub", ["g2", "mu"], ["centred"]),
-        helper.make_node("Mul", ["centred", "centred"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[2], keepdims=1),
-        _const("eps", 1e-5),
-        helper.make_node("Add", ["var", "eps"], ["var_eps"]),
-        helper.make_node("Sqrt", ["var_eps"], ["std"]),
-        helper.make_node("Div", ["centred", "std"], ["z"]),  # [1, 32, T']
-        helper.make_node("Transpose", ["z"], ["zt"], perm=[0, 2, 1]),  # [1, T', 32]
-        helper.make_node("MatMul", ["zt", "proj.weight"], ["p"]),  # [1, T', 8]
-        helper.make_node("Add", ["p", "proj.bias"], ["pb"]),
-        # FSQ: 8 ternary digits
-        helper.make_node("Tanh", ["pb"], ["t"]),
-        _const("fsq_scale", FSQ_SCALE),
-        helper.make_node("Mul", ["t", "fsq_scale"], ["ts"]),
-        helper.make_node("Round", ["ts"], ["r"]),  # {-1, 0, 1}
-        _const("digit_offset", 1.0),
-        helper.make_node("Add", ["r", "digit_offset"], ["digits"]),  # {0, 1, 2}
-        helper.make_node("Mul", ["digits", "powers"], ["weighted"]),
-        _const("sum_axes", [2], np.int64),
-        helper.make_node("ReduceSum", ["weighted", "sum_axes"], ["index_f"], keepdims=0),  # [1, T']
-        helper.make_node("Cast", ["index_f"], ["indices"], to=TensorProto.INT64),
-    ]
+    _standardise_fsq("g2", "indices", nodes)
     graph = helper.make_graph(
         nodes, "speech_tokenizer_v2_standin",
         [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, TOKENIZER_IN_MELS, "T"]),
