@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from app.config import SamplingConfig
+from app.model.hparams import load_hparams
 from app.model.llm import SPEECH_TOKEN_SIZE, SpeechLM
 from app.model.sampling import ras_sample
 
@@ -70,7 +71,6 @@ def load_export_lm(export_dir: Path, *, dtype: torch.dtype | None = None) -> nn.
 @torch.inference_mode()
 def text_prefixes(model_dir: Path, texts: tuple[str, ...] = CALIBRATION_TEXTS) -> list[Tensor]:
     """Real LM prefixes `[1, T_i, D]` (float32): sos + text embeddings + task_id, one per text."""
-    from app.model.hparams import load_hparams
     from app.model.tokenizer import SpeechTextTokenizer
 
     model_dir = Path(model_dir)
@@ -136,3 +136,17 @@ def calibration_samples(model: nn.Module, n_samples: int, seq_len: int, generato
             row = torch.cat([prefix[0].to(speech.dtype), speech[k]], dim=0)  # [T + L, D]
             samples[i] = {"inputs_embeds": row[None]}
     return samples  # type: ignore[return-value]  # every index was filled above
+
+
+def source_sampling(model_dir: Path, export_dir: Path, export_cfg: dict) -> tuple[RASParams, list[Tensor]]:
+    """The model folder the export came from (checked by llm.pt's hash) -> its sampling and text prefixes."""
+    from app.model.vllm_export import file_sha256
+
+    if not (model_dir / "llm.pt").is_file():
+        raise ValueError(f"--model-dir {model_dir} has no llm.pt: not a CosyVoice2 model folder")
+    want = export_cfg.get("cosyvoice2_export", {}).get("llm_pt_sha256")
+    if want and file_sha256(model_dir / "llm.pt") != want:
+        raise ValueError(f"--model-dir {model_dir} is not the folder {export_dir} was exported from "
+                         "(llm.pt content differs)")
+    d = load_hparams(model_dir).llm
+    return RASParams(top_p=d.top_p, top_k=d.top_k, win_size=d.win_size, tau_r=d.tau_r), text_prefixes(model_dir)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from app.tools.calibration import OFFICIAL_RAS, RASParams, calibration_samples, load_export_lm, text_prefixes
+from app.tools.calibration import OFFICIAL_RAS, calibration_samples, load_export_lm, source_sampling
 
 SCHEME = "W4A16_ASYM"  # 4-bit weights, 16-bit activations, asymmetric (int zero points)
 DEFAULT_GROUP_SIZE = 128  # the W4A16_ASYM preset's group
@@ -182,6 +182,19 @@ def _save(model: nn.Module, export_dir: Path, out_dir: Path, meta: dict) -> None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _calibration(model, n_samples: int, n_eval: int, seq_len: int, seed: int, prefixes, ras) -> tuple[list, list]:
+    """Sampled calibration sequences and held-out ones, in the export's dtype, the model back on the CPU."""
+    # on a GPU if there is one; on CPU in float32 (torch's CPU bf16 matmuls are ~100x slower at decode
+    # batch sizes). bf16/fp16 -> fp32 -> back is exact: AWQ sees the export's weights.
+    dtype, device = model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device, torch.float32 if device.type == "cpu" else dtype)
+    generator = torch.Generator().manual_seed(seed)
+    samples = calibration_samples(model, n_samples + n_eval, seq_len, generator, prefixes=prefixes, ras=ras)
+    model.to("cpu", dtype)  # llm-compressor moves one layer at a time to its device
+    samples = [{k: v.to(dtype) if v.is_floating_point() else v for k, v in s.items()} for s in samples]
+    return samples[:n_samples], samples[n_samples:]
+
+
 def quantize(export_dir: Path, out_dir: Path, *, model_dir: Path | None = None, n_samples: int = 64,
              seq_len: int = 256, seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE, n_eval: int = 4,
              force: bool = False) -> dict:
@@ -198,30 +211,10 @@ def quantize(export_dir: Path, out_dir: Path, *, model_dir: Path | None = None, 
     warnings = check_shapes(model, group_size)
     ras, prefixes = OFFICIAL_RAS, None
     if model_dir is not None:
-        from app.model.hparams import load_hparams
-        from app.model.vllm_export import file_sha256
-
-        if not (Path(model_dir) / "llm.pt").is_file():
-            raise ValueError(f"--model-dir {model_dir} has no llm.pt: not a CosyVoice2 model folder")
-        want = export_cfg.get("cosyvoice2_export", {}).get("llm_pt_sha256")
-        if want and file_sha256(Path(model_dir) / "llm.pt") != want:
-            raise ValueError(f"--model-dir {model_dir} is not the folder {export_dir} was exported from "
-                             "(llm.pt content differs)")
-        d = load_hparams(Path(model_dir)).llm
-        ras = RASParams(top_p=d.top_p, top_k=d.top_k, win_size=d.win_size, tau_r=d.tau_r)
-        prefixes = text_prefixes(Path(model_dir))
+        ras, prefixes = source_sampling(Path(model_dir), export_dir, export_cfg)
     t_load = time.perf_counter()
 
-    # Sampling: on a GPU if there is one; on CPU in float32, as torch's CPU bf16 matmuls are ~100x
-    # slower at decode batch sizes. bf16/fp16 -> fp32 -> back is exact: AWQ sees the export's weights.
-    dtype = model.dtype
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device, torch.float32 if device.type == "cpu" else dtype)
-    generator = torch.Generator().manual_seed(seed)
-    samples = calibration_samples(model, n_samples + n_eval, seq_len, generator, prefixes=prefixes, ras=ras)
-    model.to("cpu", dtype)  # llm-compressor moves one layer at a time to its device
-    samples = [{k: v.to(dtype) if v.is_floating_point() else v for k, v in s.items()} for s in samples]
-    calib, held_out = samples[:n_samples], samples[n_samples:]
+    calib, held_out = _calibration(model, n_samples, n_eval, seq_len, seed, prefixes, ras)
     logp_before = _speech_logp(model, held_out, n_valid)
     t_data = time.perf_counter()
 
