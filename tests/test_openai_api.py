@@ -159,6 +159,24 @@ def test_openai_sdk_wav_non_streamed_and_speed(oai, voice):
     assert pcm_samples(slow).size > normal.size * 1.5  # speed 0.5 is ~twice as long (same seed and tokens)
 
 
+def test_vllm_omni_benchmark_request_shape(server, voice):
+    """The body and headers vLLM-Omni's `vllm bench serve --omni --backend openai-audio-speech` sends (its
+    `stream: true`, and `Bearer None` when OPENAI_API_KEY is unset): streamed PCM; `stream: false` is whole."""
+    url, headers = server[0] + "/v1/audio/speech", {"Authorization": "Bearer None"}
+    body = {"model": "FunAudioLLM/CosyVoice2-0.5B", "input": TEXT, "stream": True, "stream_format": "audio",
+            "response_format": "pcm", "voice": voice, "seed": 5}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200 and "content-length" not in r.headers, r.read()
+        pcm = pcm_samples(b"".join(r.iter_bytes()))
+    assert pcm.size > SAMPLES_PER_TOKEN and pcm.size % SAMPLES_PER_TOKEN == 0
+    r = httpx.post(url, json={**body, "stream": False}, headers=headers, timeout=120)
+    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content) > 0, r.text
+    r = httpx.post(url, json={**body, "stream": False, "stream_format": "sse"}, timeout=30)
+    assert r.status_code == 400 and error_of(r)["param"] == "stream" and "always streams" in error_of(r)["message"]
+    r = httpx.post(url, json={**body, "speed": 0.8}, timeout=30)  # streamed audio has no speed: says what to do
+    assert r.status_code == 400 and error_of(r)["param"] == "speed", r.text
+
+
 def test_a_two_voice_dialogue_through_the_openai_sdk(server, oai, voice):
     """`dialogue: true` (extra_body): '[a] … [b] …' with saved voices, one streamed take. Its first turn is
     that turn spoken alone, sample for sample (same seed; segment 0 draws the same LM and HiFT noise); the

@@ -69,6 +69,8 @@ def speech_body(lim: LimitsConfig) -> type[BaseModel]:
         stream_format: str = Field("audio", description="'audio' (the audio itself as the body) or 'sse' (OpenAI's "
                                    "speech.audio.delta/done events, the audio in base64; docs/api.md)",
                                    json_schema_extra={"enum": list(STREAM_FORMATS)})
+        stream: bool | None = Field(None, description="vLLM-Omni's flag: true streams the audio as it is made, false "
+                                    "sends it whole with exact lengths; left out: streamed unless speed is not 1.0")
         timestamps: bool = Field(False, description="with stream_format 'sse': each sentence's word and character "
                                  "times as a speech.audio.timestamps event (opt-in: each sentence costs a Whisper pass "
                                  "on the server; docs/api.md)")
@@ -151,6 +153,9 @@ def check_speech(service: StudioService, body: BaseModel, admin: bool) -> str | 
     if body.stream_format not in STREAM_FORMATS:
         raise ApiError(400, f"stream_format {body.stream_format[:20]!r} is not supported: use 'audio' (the audio "
                        "itself as the body) or 'sse' (events)", param="stream_format", code="unsupported_value")
+    if body.stream is False and body.stream_format == "sse":
+        raise ApiError(400, "stream_format 'sse' always streams: leave stream out (or send true), or send "
+                       "stream_format 'audio' for the whole audio", param="stream", code="unsupported_value")
     if body.timestamps and body.stream_format != "sse":
         raise ApiError(400, "timestamps needs stream_format 'sse' (the timings are events between the audio "
                        "events): send stream_format 'sse', or leave timestamps out", param="timestamps",
@@ -173,7 +178,7 @@ async def speak_v1(service: StudioService, body: BaseModel, request: Request) ->
     name = check_speech(service, body, caller.owner.admin)
     prepared = await prepare_or_raise(service, SpeechInputs(
         text=body.input, voice=name, mode=body.mode, instruct_text=(body.instructions or "").strip(),
-        seed=body.seed, speed=body.speed, stream=None, fixed_tokens=body.fixed_tokens,
+        seed=body.seed, speed=body.speed, stream=body.stream, fixed_tokens=body.fixed_tokens,
         owner=caller.owner, dialogue=body.dialogue), V1_PARAMS)
     notes = {"X-Mode-Note": "voice has no transcript: cross-lingual mode"} if NO_TRANSCRIPT_NOTE in prepared.notes \
         else {}
