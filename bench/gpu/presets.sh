@@ -13,6 +13,9 @@
 # PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default, then what the
 #   word-timings aligner costs (turbo's shapes, float16: bench/aligner.py).
 # PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64.
+# PART 5: the field's client (vLLM-Omni's `vllm bench serve --omni`) against `python app.py` at 1 / 16 / 64, in its
+#   terms (bench/gpu/omni.sh). Its own call, carrying .carry2 (`bash bench/gpu/omni.sh prepare`) instead of .carry1:
+#   only on a machine where an earlier PART installed vLLM less than 30 s before.
 # Knobs: RPS (2 requests per stream), FIXED (250 tokens), T (seconds per sweep, 240).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,6 +40,7 @@ case ${1:-} in
      T=150 long long_default
      python -m bench aligner --device cuda --out "${OUT:-out}/aligner_cuda.json" 2>&1 | grep -E "^(\||\{)|Error|Traceback" ;;
   4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
-  *) echo "usage: bash $0 1|2|3|4" >&2; exit 2 ;;
+  5) CONC="1 16 64" bash bench/gpu/omni.sh run ;;
+  *) echo "usage: bash $0 1|2|3|4|5" >&2; exit 2 ;;
 esac
 ls "${OUT:-out}"
