@@ -13,6 +13,8 @@
 # PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default, then what the
 #   word-timings aligner costs (turbo's shapes, float16: bench/aligner.py).
 # PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64.
+# PART 6: the LM's step budget (issue 51 item 3): default.toml at 64 streams with vllm.max_num_batched_tokens 2048
+#   and 16384 (the shipped 4096 is PART 1's row).
 # PART 5: the field's client (vLLM-Omni's `vllm bench serve --omni`) against `python app.py` at 1 / 16 / 64, in its
 #   terms (bench/gpu/omni.sh). Its own call, carrying .carry2 (`bash bench/gpu/omni.sh prepare`) instead of .carry1:
 #   only on a machine where an earlier PART installed vLLM less than 30 s before.
@@ -41,6 +43,8 @@ case ${1:-} in
      python -m bench aligner --device cuda --out "${OUT:-out}/aligner_cuda.json" 2>&1 | grep -E "^(\||\{)|Error|Traceback" ;;
   4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
   5) CONC="1 16 64" bash bench/gpu/omni.sh run ;;
-  *) echo "usage: bash $0 1|2|3|4|5" >&2; exit 2 ;;
+  6) T=200 sweep batched2048 64 "" "vllm.max_num_batched_tokens=2048"
+     T=200 sweep batched16384 64 "" "vllm.max_num_batched_tokens=16384" ;;
+  *) echo "usage: bash $0 1|2|3|4|5|6" >&2; exit 2 ;;
 esac
 ls "${OUT:-out}"
