@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from app.tools.calibration import OFFICIAL_RAS, calibration_samples, load_export_lm, source_sampling
+from app.tools.calibration import OFFICIAL_RAS, RASParams, calibration_samples, load_export_lm, source_sampling
 
 SCHEME = "W4A16_ASYM"  # 4-bit weights, 16-bit activations, asymmetric (int zero points)
 DEFAULT_GROUP_SIZE = 128  # the W4A16_ASYM preset's group
@@ -182,7 +182,8 @@ def _save(model: nn.Module, export_dir: Path, out_dir: Path, meta: dict) -> None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _calibration(model, n_samples: int, n_eval: int, seq_len: int, seed: int, prefixes, ras) -> tuple[list, list]:
+def _calibration(model: nn.Module, n_samples: int, n_eval: int, seq_len: int, seed: int,
+                 prefixes: list[Tensor] | None, ras: RASParams) -> tuple[list[dict], list[dict]]:
     """Sampled calibration sequences and held-out ones, in the export's dtype, the model back on the CPU."""
     # on a GPU if there is one; on CPU in float32 (torch's CPU bf16 matmuls are ~100x slower at decode
     # batch sizes). bf16/fp16 -> fp32 -> back is exact: AWQ sees the export's weights.
