@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from app.audio import OUTPUT_SAMPLE_RATE_HZ, load_audio
+
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("recording", "audio_s", "words", "ms_per_sentence", "ms_per_audio_s", "device", "size", "note")
 
@@ -33,15 +35,9 @@ def add_parser(sub: Any) -> None:
 
 def recordings() -> list[tuple[str, np.ndarray, str]]:
     """(name, [N] float32 samples at 24 kHz, transcript) of the example voices."""
-    import soundfile as sf
-
     examples = json.loads((REPO / "assets" / "examples.json").read_text())["voices"]
-    out = []
-    for v in examples:
-        samples, rate = sf.read(REPO / "assets" / v["audio"], dtype="float32")
-        assert rate == 24_000, rate
-        out.append((v["name"], samples, v["transcript"]))
-    return out
+    return [(v["name"], load_audio(REPO / "assets" / v["audio"], OUTPUT_SAMPLE_RATE_HZ)[0].numpy(), v["transcript"])
+            for v in examples]
 
 
 def run(args: Any, argv: list[str]) -> dict[str, Any]:
@@ -58,17 +54,17 @@ def run(args: Any, argv: list[str]) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     rows = []
     for name, samples, text in recordings():
-        aligner.align(samples, 24_000, text)  # warm-up: first-call allocations and kernels
+        aligner.align(samples, OUTPUT_SAMPLE_RATE_HZ, text)  # warm-up: first-call allocations and kernels
         times = []
         for _ in range(args.repeats):
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            got = aligner.align(samples, 24_000, text)
+            got = aligner.align(samples, OUTPUT_SAMPLE_RATE_HZ, text)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        ms, audio_s = statistics.median(times) * 1e3, samples.size / 24_000
+        ms, audio_s = statistics.median(times) * 1e3, samples.size / OUTPUT_SAMPLE_RATE_HZ
         rows.append({"recording": name, "audio_s": round(audio_s, 2), "words": len(got.words),
                      "ms_per_sentence": round(ms, 1), "ms_per_audio_s": round(ms / audio_s, 1),
                      "device": device, "size": args.size, "note": got.note})  # a note: not aligned (why)

@@ -40,7 +40,7 @@ run() {
   . /tmp/vllm_env.sh
   export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1
   local out=${OUT:-out}/omni sets=(--set model.download=false --set server.concurrency_limit=128
-    --set "server.voices_dir=\"$W/voices\"" --set "vllm.export_cache_dir=\"$W/vllm\"") kv n c pid
+    --set "server.voices_dir=\"$W/voices\"" --set "vllm.export_cache_dir=\"$W/vllm\"") kv n c pid voice
   mkdir -p "$out" "$W"
   python3 bench/gpu/install_wheels.py "$CARRY/wheels_extra" --label "extra wheels installed" || return 4
   [ -f /tmp/full/llm.pt ] || python3 -m app.tools.make_model /tmp/full --size full --force > "$out/make_full.json" || return 4
@@ -51,9 +51,8 @@ run() {
   for _ in $(seq 300); do [ "$(health)" = 200 ] && break; sleep 1; done  # a start-up wait in a script
   [ "$(health)" = 200 ] || { tail -30 "$W/app.log"; kill -- -"$pid"; return 5; }
   echo "server ready after ${SECONDS} s"
-  python3 -c "import httpx,json; t=json.load(open('assets/examples.json'))['voices'][0]['transcript']
-r=httpx.post('$URL/v1/voices', files={'audio': open('assets/prompt_en.wav','rb')}, timeout=120,
-             data={'transcript': t, 'name': 'omni', 'overwrite': 'true'}); print(r.status_code, r.text[:200])"
+  voice=$(python3 -c "import httpx; from bench.soak import voice_upload; name, parts = voice_upload('omni')
+r = httpx.post('$URL/v1/voices', timeout=120, **parts); r.raise_for_status(); print(name)") || return 6
   python3 -c "import json; from bench.__main__ import TEXTS
 open('$W/texts.jsonl','w').writelines(json.dumps({'prompt': t}) + '\n' for t in TEXTS)"
   for c in ${CONC:-1 16 64}; do
@@ -63,7 +62,7 @@ open('$W/texts.jsonl','w').writelines(json.dumps({'prompt': t}) + '\n' for t in 
       --backend openai-audio-speech --base-url $URL --endpoint /v1/audio/speech --model FunAudioLLM/CosyVoice2-0.5B \
       --tokenizer /tmp/full/CosyVoice-BlankEN --dataset-name custom --dataset-path "$W/texts.jsonl" \
       --skip-chat-template --custom-output-len 1 --num-prompts "$n" --max-concurrency "$c" --request-rate inf \
-      --num-warmups 1 --extra-body "{\"voice\": \"omni\", \"fixed_tokens\": ${FIXED:-250}, \"seed\": 1}" \
+      --num-warmups 1 --extra-body "{\"voice\": \"$voice\", \"fixed_tokens\": ${FIXED:-250}, \"seed\": 1}" \
       --percentile-metrics e2el,audio_ttfp,audio_rtf,audio_underrun --metric-percentiles 50,95 \
       --save-result --result-dir "$out" --result-filename "omni_c$c.json" 2>&1 \
       | sed -n '/Serving Benchmark Result/,$p'
