@@ -133,7 +133,7 @@ class SpeechSession:
         if final is not None:  # none: the page's Stop ended the take
             stats = dataclasses.asdict(final.stats) if final.stats else {}
             stats["n_segments"] = len(self.segments)  # the segments said (the engine's take is one)
-            await self.ws.send_json({"type": "done", "request_id": prepared.request.request_id, "stats": stats})
+            await self.ws.send_json({"type": "done", "request_id": rid, "stats": stats})
 
 
 def start_inputs(start: dict, owner: Owner) -> tuple[str, SpeechInputs]:
