@@ -1,6 +1,7 @@
-"""Storage for the incremental flow's encoder stages (app/model/flow/incremental/state.py): growable K/V and
-position buffers, conv left context, and `StageCall`, the view of one stage's state that the encoder layers'
-`forward_cached` methods use (the estimator's state is paged: app/model/flow/incremental/paged.py).
+"""Storage for the incremental flow's encoder stages (app/model/flow/incremental/state.py): growable K/V
+buffers, conv left context, and `StageCall`, the view of one stage's state that the encoder layers'
+`forward_cached` methods use (the estimator's state is paged: app/model/flow/incremental/paged.py; the
+relative-position rows are one table for all streams: app/model/flow/incremental/positions.py).
 Design notes: docs/model.md.
 """
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from app.model.flow.encoder import position_rows
+from app.model.flow.incremental.positions import PositionTable
 
 GROWTH = 0.25  # a full buffer grows by a quarter of its capacity (at least what the call needs)
 
@@ -78,7 +79,6 @@ class StageState:
     """Committed state of one stage (see the module docstring)."""
 
     kv: Growable  # [2 (K, V), layers, slots, rows, heads, T, d_head]
-    pos: Growable  # linear_pos rows [layers, heads, T, d_head] of offsets 0..T-1
     tails: list[list[Tensor]] = field(default_factory=list)  # [slot][conv] -> [rows, C, k-1] inputs before `length`
 
     @property
@@ -88,21 +88,18 @@ class StageState:
     @property
     def nbytes(self) -> int:
         tails = sum(t.numel() * t.element_size() for slot in self.tails for t in slot)
-        return self.kv.nbytes + self.pos.nbytes + tails
+        return self.kv.nbytes + tails
 
     def share(self) -> StageState:
-        return StageState(self.kv.share(), self.pos.share(),
-                          [list(slot) for slot in self.tails])  # tails are replaced, never written
+        return StageState(self.kv.share(), [list(slot) for slot in self.tails])  # tails are replaced, never written
 
     def trimmed(self) -> StageState:
-        return StageState(self.kv.trimmed(), self.pos.trimmed(),
-                          [list(slot) for slot in self.tails])
+        return StageState(self.kv.trimmed(), [list(slot) for slot in self.tails])
 
 
 def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype: torch.dtype,
               device: torch.device, *, chunk: int = 1) -> StageState:
-    return StageState(Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk),
-                      Growable((layers, heads), d_head, dtype, device, chunk))
+    return StageState(Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk))
 
 
 class StageCall:
@@ -114,11 +111,11 @@ class StageCall:
     (keys/values are written only at positions >= its length).
     """
 
-    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int) -> None:
+    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int,
+                 table: PositionTable) -> None:
         assert state.length == start <= commit <= end, (state.length, start, commit, end)
-        self.state, self.start, self.end, self.commit = state, start, end, commit
+        self.state, self.start, self.end, self.commit, self.table = state, start, end, commit, table
         state.kv.reserve(end)  # copy-on-extend happens here
-        state.pos.reserve(end)
         device = state.kv.data.device
         q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
         k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
@@ -128,7 +125,6 @@ class StageCall:
         n = end - start
         # relative position of (query i, key j) is i - j; column (i - j) + n - 1 of `positions`
         self.position_columns = (q - k + n - 1)[None, None]  # [1, 1, n, end]
-        self._pos_rows: tuple[Tensor, Tensor] | None = None
         self._tails: list[list[Tensor]] = [list(s) for s in state.tails]
         self.begin(0)
 
@@ -176,27 +172,13 @@ class StageCall:
 
     def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
         """linear_pos of the relative positions -(n-1)..end-1 -> [1, H, n-1+end, d] (column c is
-        offset c-(n-1)); rows of offsets >= 0 are computed once per stream and kept."""
-        pos = self.state.pos
+        offset c-(n-1)): a view of the stage's shared table (the layer's own `linear_pos` built it)."""
         layer = self._pos
         self._pos += 1
-        n = self.end - self.start
-        if self._pos_rows is None:  # sin/cos rows, shared by the layers of this call
-            device, dtype = pos.data.device, pos.data.dtype
-            new = torch.arange(pos.length, max(pos.length, self.end), device=device)
-            neg = -torch.arange(n - 1, 0, -1, device=device)  # offsets -(n-1)..-1
-            dim = linear_pos.in_features
-            self._pos_rows = position_rows(new, dim, dtype), position_rows(neg, dim, dtype)
-        new_rows, neg_rows = self._pos_rows
-        if new_rows.shape[0]:
-            pos.data[layer, :, pos.length : pos.length + new_rows.shape[0]] = \
-                linear_pos(new_rows).view(-1, heads, d_head).transpose(0, 1)
-        neg = linear_pos(neg_rows).view(-1, heads, d_head).transpose(0, 1)  # [H, n-1, d]
-        return torch.cat([neg, pos.data[layer, :, : self.end]], dim=1)[None]
+        assert self.table.layers[layer] is linear_pos, "layers must call positions in the table's order"
+        return self.table.rows(layer, self.end - self.start, self.end)
 
     def finish(self) -> None:
         """Commit: positions < `commit` and the conv tails at `commit` become the state."""
         self.state.tails = self._tails
         self.state.kv.length = self.commit
-        if self._pos_rows is not None:
-            self.state.pos.length = max(self.state.pos.length, self.end)

@@ -18,7 +18,8 @@ class BatchCall:
     outputs are never read: causal convs and masked keys keep them out of the real positions)."""
 
     def __init__(self, calls: list[StageCall]) -> None:
-        self.calls = calls
+        self.calls, self.table, self._pos = calls, calls[0].table, 0
+        assert all(c.table is self.table for c in calls), "streams of one pass share one flow's position table"
         n = [c.end - c.start for c in calls]
         self.N, self.E = max(n), max(c.end for c in calls)
         device = calls[0].hidden.device
@@ -51,13 +52,12 @@ class BatchCall:
         return keys, values
 
     def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
-        """Each stream's table of offsets -(n_b-1)..end_b-1 at columns N-n_b.. of [B, H, N-1+E, d]."""
-        tables = [c.positions(linear_pos, heads, d_head) for c in self.calls]
-        out = tables[0].new_zeros(len(tables), heads, self.N - 1 + self.E, d_head)
-        for b, (c, t) in enumerate(zip(self.calls, tables, strict=True)):
-            at = self.N - (c.end - c.start)
-            out[b, :, at : at + t.shape[2]] = t[0]
-        return out
+        """Offsets -(N-1)..E-1 -> [1, H, N-1+E, d], one table for every row: row b's offsets -(n_b-1)..end_b-1
+        sit at its columns N-n_b.. (`position_columns`), so column c is offset c-(N-1) in every row."""
+        layer = self._pos
+        self._pos += 1
+        assert self.table.layers[layer] is linear_pos, "layers must call positions in the table's order"
+        return self.table.rows(layer, self.N, self.E)
 
 
 def forward_cached_batch(encoder: UpsampleConformerEncoder, xs: list[Tensor], aheads: list[Tensor | None],

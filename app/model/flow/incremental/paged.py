@@ -13,6 +13,7 @@ from torch import Tensor
 
 from app.model.flow.estimator import CausalConv1d
 from app.model.flow.flow import CausalFlow
+from app.model.flow.incremental.positions import stage_tables
 
 PAD_BLOCK, SINK_BLOCK = 0, 1  # reserved block ids (see the module docstring)
 PAD_TAIL = 0  # reserved tail slot
@@ -47,8 +48,9 @@ def bytes_per_frame(flow: CausalFlow, dtype: torch.dtype | None = None) -> float
 
 
 class KVPool:
-    """The preallocated block pool and tail slots (module docstring). Thread-safe bookkeeping; the
-    tensors are written only by the call that holds the blocks."""
+    """The preallocated block pool and tail slots (module docstring), and the encoder's position tables
+    (positions.py): what all streams of one flow share. Thread-safe bookkeeping; the tensors are written
+    only by the call that holds the blocks."""
 
     def __init__(self, flow: CausalFlow, n_blocks: int, n_streams: int | None = None) -> None:
         if n_blocks < 1:
@@ -77,6 +79,7 @@ class KVPool:
         self._free_tails = list(range(n_streams, 0, -1))
         self._lock = threading.Lock()
         self.refused = 0  # reserve calls that found the pool full
+        self.positions = stage_tables(flow.encoder)  # the encoder's rel-pos rows, read by every stream's calls
 
     @property
     def n_blocks(self) -> int:

@@ -55,6 +55,7 @@ class FlowState:
             if src.est.pool is not pool:
                 raise ValueError("voice prefix and stream state must use the same flow state pool")
             self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
+            self.positions = pool.positions
             self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
             return
         enc, D = flow.dims.encoder, flow.dims.encoder.output_size
@@ -63,6 +64,7 @@ class FlowState:
         self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=chunk)
         self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=2 * chunk)
         self.est = PagedStage(pool)
+        self.positions = pool.positions  # the encoder stages' (tokens, frames) rows, shared by every stream
         self.token_ids = self.prompt_tokens[:, :0]
 
     @property
@@ -240,8 +242,9 @@ def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
     ids = tokens[:, start:].clamp(min=0)
     emb = flow.input_embedding(ids)  # [1, L - start, D_in]
     up = flow.encoder.up_layer.stride
-    tok_call = StageCall(state.enc, start, end, commit, chunk)
-    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk)
+    tok_table, frm_table = state.positions
+    tok_call = StageCall(state.enc, start, end, commit, chunk, tok_table)
+    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk, frm_table)
     return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, emb[:, : end - start],
                  None if finalize else emb[:, end - start:])
 
