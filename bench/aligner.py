@@ -11,17 +11,15 @@ memory (parameters; peak CUDA memory on a GPU).
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app.audio import OUTPUT_SAMPLE_RATE_HZ, load_audio
+from bench.examples import example_voices
 
-REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("recording", "audio_s", "words", "ms_per_sentence", "ms_per_audio_s", "device", "size", "note")
 
 
@@ -35,9 +33,8 @@ def add_parser(sub: Any) -> None:
 
 def recordings() -> list[tuple[str, np.ndarray, str]]:
     """(name, [N] float32 samples at 24 kHz, transcript) of the example voices."""
-    examples = json.loads((REPO / "assets" / "examples.json").read_text())["voices"]
-    return [(v["name"], load_audio(REPO / "assets" / v["audio"], OUTPUT_SAMPLE_RATE_HZ)[0].numpy(), v["transcript"])
-            for v in examples]
+    return [(v["name"], load_audio(v["audio"], OUTPUT_SAMPLE_RATE_HZ)[0].numpy(), v["transcript"])
+            for v in example_voices()]
 
 
 def run(args: Any, argv: list[str]) -> dict[str, Any]:

@@ -25,15 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.examples import example_voices
+
 QUIET, FLOODER = "198.51.100.2", "198.51.100.1"
 TEXT = "Hello there, how are you today? The weather is lovely."
 
 
 async def _client(httpx, url: str, ip: str):
-    example = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))["voices"][0]
+    example = example_voices()[0]
     c = httpx.AsyncClient(base_url=url, timeout=300, headers={"X-Forwarded-For": ip})
-    r = await c.post("/v1/voices", files={"audio": ("ref.wav", (REPO / "assets" / example["audio"]).read_bytes())},
+    r = await c.post("/v1/voices", files={"audio": ("ref.wav", example["audio"].read_bytes())},
                      data={"transcript": example["transcript"], "name": "flood", "overwrite": "true"})
     r.raise_for_status()
     return c

@@ -44,7 +44,8 @@ from urllib.parse import urlparse
 import httpx
 import numpy as np
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+from bench.examples import example_voices
+
 MIB = 1024 * 1024
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "A soak test keeps many voices talking at once.",
              "Every stream may end early, and nothing should be left behind.",
@@ -129,9 +130,9 @@ def _drift(samples: list[dict[str, Any]], key: str, field: str = "rss_mib") -> d
 
 def voice_upload(prefix: str) -> tuple[str, dict[str, Any]]:
     """(a fresh voice name, the POST /v1/voices multipart parts) for the first example voice in assets/."""
-    example = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))["voices"][0]
+    example = example_voices()[0]
     name = f"{prefix}-{secrets.token_hex(4)}"
-    files = {"audio": ("reference.wav", (ASSETS / example["audio"]).read_bytes(), "audio/wav")}
+    files = {"audio": ("reference.wav", example["audio"].read_bytes(), "audio/wav")}
     return name, {"files": files, "data": {"transcript": example["transcript"], "name": name}}
 
 

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import json
 import os
 import secrets
 import time
@@ -25,8 +24,8 @@ import numpy as np
 from app.audio import SAMPLES_PER_TOKEN
 from app.cli import config_from_cli, config_path
 from bench import report as rep
+from bench.examples import example_voices
 
-ASSETS = rep.REPO / "assets"
 GB = 1e9
 MIB = 1024 * 1024
 
@@ -58,8 +57,8 @@ class Reference:
 
 
 def default_reference() -> tuple[Path, str]:
-    example = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))["voices"][0]
-    return ASSETS / example["audio"], example["transcript"]
+    example = example_voices()[0]
+    return example["audio"], example["transcript"]
 
 
 class MemoryWatch:
