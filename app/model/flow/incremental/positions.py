@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from app.model.flow.encoder import UpsampleConformerEncoder, position_rows
 
 BLOCK = 256  # offsets per computed block: every block is one GEMM of the same shape, so a row's bytes never
-# depend on which call grew the table (a take's bytes are the same alone and under load)
+# depend on which call grew the table (a stream reads the same rows alone and under load)
 
 
 class PositionTable:
