@@ -36,7 +36,8 @@ const WORDS_VIEW = {
   },
 
   // the word whose [start, end) holds `ms` gets `word-now`, no word where none does (a pause between words, -1);
-  // the box's data-ms is the time marked
+  // the box's data-ms is the time marked, floored: whole ms inside the word too (rounded, 698.7 would read as
+  // its end 699)
   highlight(box, ms) {
     const holds = (s) => Number(s.dataset.start) <= ms && ms < Number(s.dataset.end);
     const now = box.querySelector('.word-now');
@@ -45,7 +46,7 @@ const WORDS_VIEW = {
       const next = [...box.children].find(holds);
       if (next) next.classList.add('word-now');
     }
-    box.dataset.ms = String(Math.round(ms));
+    box.dataset.ms = String(Math.floor(ms));
   },
 
   // `subs` {srt, vtt} as download links named `stem`.srt / .vtt; their blob: URLs are pushed onto `urls`
