@@ -201,10 +201,10 @@ def test_interleaved_streams_share_an_untouched_prefix(flow, prompt, tokens):
     def prefix_of(key, p):
         return cache.get(key, flow, p.tokens, p.mel, p.embedding)
 
-    def snapshot(prefix) -> list[torch.Tensor]:  # the encoder stages' buffers, the estimator's blocks and tails
+    def snapshot(prefix) -> list[torch.Tensor]:  # the encoder stages' rows, the estimator's blocks and tails
         enc, up, est = prefix.state.stages
-        return [enc.kv.data.clone(), up.kv.data.clone(), pool.kv[:, :, est.table].clone(),
-                pool.tails[est.tail_slot].clone()]
+        return [pool.encoder.committed(0, est.table, enc.length), pool.encoder.committed(1, est.table, up.length),
+                pool.kv[:, :, est.table].clone(), pool.tails[est.tail_slot].clone()]
 
     snapshots = {key: snapshot(prefix_of(key, p)) for key, p, _ in jobs}
 
@@ -227,9 +227,9 @@ def test_interleaved_streams_share_an_untouched_prefix(flow, prompt, tokens):
             if not s.done:
                 plan = s.next_plan(tok.shape[1], lm_finished=True)
                 out.append(s.flow_mel(tok, plan))
-                if not plan.finalize:  # a stream's buffers and blocks are its own once extended
+                if not plan.finalize:  # a stream's blocks (all three stages' rows) are its own once extended
                     owned, shared = s.flow_state, s.voice_prefix.state
-                    assert not owned.enc.kv.shared and owned.enc.kv.data.data_ptr() != shared.enc.kv.data.data_ptr()
+                    assert owned.est.table[: owned.est.n_shared] == shared.est.table  # read, never written
                     assert not set(owned.est.table[owned.est.n_shared:]) & set(shared.est.table)
                 s.advance(plan)
     for a, b in zip(alone, together, strict=True):
@@ -307,8 +307,8 @@ def test_state_dtype_follows_flow_and_bad_calls(flow, prompt, tokens):
                         flow_pool=new_pool(half))
     plan = s.next_plan(tokens.shape[1], lm_finished=False)
     mel = s.flow_mel(tokens, plan)
-    assert all(st.kv.data.dtype == torch.float16 for st in s.flow_state.stages[:2])
-    assert s.flow_state.est.pool.kv.dtype == torch.float16
+    pool = s.flow_state.est.pool
+    assert pool.kv.dtype == torch.float16 and all(kv.dtype == torch.float16 for kv in pool.encoder.kv)
     # the fp16 hop is the packed call, whose spread vs the fp16 re-solve is tolerances.py's (5.9e-3 here)
     assert err(mel, flow_batch(half, [s.flow_item(tokens, plan)])[0]) <= HALF_INCREMENTAL_ATOL
     state = s.flow_state

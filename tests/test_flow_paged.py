@@ -179,13 +179,15 @@ def test_bucketed_static_solve_equals_tight(flow, prompt, tokens):
 
 
 def test_bytes_per_frame(flow):
-    """Pool bytes per committed frame = the K/V formula: layers x K/V x heads x d_head x Euler evaluations
-    x CFG rows, fp32 and fp16."""
+    """Pool bytes per committed frame = the K/V formulas: the estimator's layers x K/V x heads x d_head x Euler
+    evaluations x CFG rows, and the encoder's (token-stage layers / 2 + frame-stage layers) x K/V x its width,
+    fp32 and fp16."""
     pool = KVPool(flow, n_blocks=1)
     chunk = flow.dims.estimator.static_chunk_size
     assert pool.block_bytes == bytes_per_frame(flow) * chunk
-    e = flow.dims.estimator
+    e, enc = flow.dims.estimator, flow.dims.encoder
     per = e.n_blocks * (e.num_mid_blocks + 2) * 2 * e.num_heads * e.attention_head_dim * flow.dims.n_timesteps * 2
+    per += (enc.num_blocks + 2 * enc.num_up_blocks) * enc.output_size  # K/V of a token (2 frames) + of a frame
     assert bytes_per_frame(flow) == per * 4 and bytes_per_frame(flow, torch.float16) == per * 2
     print(f"pool bytes per frame on the fixture flow: {bytes_per_frame(flow):.0f} fp32, "
           f"{bytes_per_frame(flow, torch.float16):.0f} fp16; tail slot {pool.tail_bytes} B per stream")

@@ -19,7 +19,6 @@ from tolerances import FLOW_MEL_ATOL, HALF_INCREMENTAL_ATOL, INCREMENTAL_ATOL, I
 from app.config import StreamingConfig
 from app.model.flow import CausalFlow, load_flow
 from app.model.flow.incremental.batch import incremental_batch
-from app.model.flow.incremental.cache import next_capacity
 from app.model.flow.incremental.paged import KVPool, PoolFull, blocks_needed, bytes_per_frame
 from app.model.flow.incremental.state import build_voice_prefix, prepare_hop, prepare_hops
 from app.model.flow_calls import IncrementalItem, flow_batch
@@ -214,23 +213,22 @@ def test_one_encoder_pass_equals_each_stream_alone(flow, prompt, tokens):
     for a, t in zip(alone[:3], together[:3], strict=True):
         assert a.mu.shape == t.mu.shape and a.est_call.start == t.est_call.start
         assert err(a.mu, t.mu) <= INCREMENTAL_F64_ATOL, err(a.mu, t.mu)
-        for ca, ct in zip(a.calls[:2], t.calls[:2], strict=True):  # the encoder stages' keys/values and tails
+        for stage, (ca, ct) in enumerate(zip(a.calls[:2], t.calls[:2], strict=True)):  # encoder keys/values, tails
             ca.finish()
             ct.finish()
-            n = ca.state.kv.length
-            assert n == ct.state.kv.length
-            assert err(ca.state.kv.data[..., :n, :], ct.state.kv.data[..., :n, :]) <= INCREMENTAL_F64_ATOL
+            n = ca.state.length
+            assert n == ct.state.length
+            kv_a = a.state.est.pool.encoder.committed(stage, a.state.est.table, n)
+            kv_t = t.state.est.pool.encoder.committed(stage, t.state.est.table, n)
+            assert err(kv_a, kv_t) <= INCREMENTAL_F64_ATOL
             assert all(err(x, y) <= INCREMENTAL_F64_ATOL for sa, sb in zip(ca.state.tails, ct.state.tails, strict=True)
                        for x, y in zip(sa, sb, strict=True))
 
 
 def test_state_memory_bound_and_dtype(flow, prompt, tokens):
-    """The encoder stages' buffers grow by a quarter in whole chunks (<= 1.25x the committed positions + one
-    chunk; doubling held up to 2x); the estimator's frames take whole pool blocks, at most what
-    `blocks_needed` counted before the hop; fp16 flows keep fp16 states. Prints bytes per committed frame."""
-    chunk = flow.dims.estimator.static_chunk_size
-    assert next_capacity(0, 130, chunk) == 150 and next_capacity(400, 410, chunk) == 500
-    assert next_capacity(400, 380, chunk) == 400 and next_capacity(400, 700, chunk) == 700
+    """A stream's state is whole pool blocks, at most what `blocks_needed` counted before the hop, plus its tail
+    slot and conv tails: the encoder stages keep their keys/values in the same blocks as the estimator's frames
+    (no buffer of their own); fp16 flows keep fp16 states. Prints bytes per committed frame."""
     for dtype in (torch.float32, torch.float16):
         f = copy.deepcopy(flow).to(dtype)
         pool = KVPool(f, n_blocks=64)
@@ -241,9 +239,10 @@ def test_state_memory_bound_and_dtype(flow, prompt, tokens):
             s.flow_mel(tokens, plan)
             st = s.flow_state
             assert pool.used_blocks - before <= need and len(st.est.table) * pool.block_frames >= st.n_frames
-            assert pool.kv.dtype == dtype and all(g.kv.data.dtype == dtype for g in st.stages[:2])
-            for g in st.stages[:2]:
-                assert g.kv.capacity <= 1.25 * g.kv.length + g.kv.quantum, (g.kv.capacity, g.kv.length)
+            assert len(st.est.table) * pool.encoder.rows[0] >= st.n_tokens
+            assert pool.kv.dtype == dtype and all(kv.dtype == dtype for kv in pool.encoder.kv)
+            tails = sum(g.nbytes for g in st.stages[:2])
+            assert st.nbytes == len(st.est.table) * pool.block_bytes + pool.tail_bytes + tails
             per_frame.append(st.nbytes / st.n_frames)
             s.advance(plan)
         print(f"{dtype}: bytes per committed frame after each hop {[round(b) for b in per_frame]} "

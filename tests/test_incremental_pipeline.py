@@ -51,7 +51,7 @@ def test_incremental_pipeline_equals_resolve(parity_model_dir, voice):
     assert cache is not None and cache.stats.misses >= 1 and cache.stats.hits >= 1, cache.stats
     assert synth.flow_budget.refused == 0 and synth.flow_budget.held_bytes == 0  # released at the end
     tables = synth.facts()["flow_incremental"]["position_table_bytes"]  # the encoder's rows, held once by the pool
-    assert tables == sum(t.nbytes for t in synth.flow_pool.positions) > 0
+    assert tables == sum(t.nbytes for t in synth.flow_pool.encoder.positions) > 0
 
 
 def test_no_room_falls_back_to_the_resolve(parity_model_dir, voice):

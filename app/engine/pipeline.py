@@ -287,7 +287,7 @@ class Synthesizer:
                 "state_bytes": budget.held_bytes, "state_max_bytes": budget.max_bytes, "sized": self.state_sizing,
                 "refused_streams": budget.refused, "resolved_streams": self.resolved_streams,
                 "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
-                "position_table_bytes": sum(t.nbytes for t in pool.positions),  # the encoder's rows, all streams'
+                "position_table_bytes": sum(t.nbytes for t in pool.encoder.positions),  # all streams' rows
                 "paged_graphs": None if pg is None else {"kept": len(pg.buckets), "replays": pg.replays,
                                                          "capture_failures": pg.capture_failures, "eager": pg.misses}}
         return facts

@@ -1,7 +1,7 @@
-"""Storage for the incremental flow's encoder stages (app/model/flow/incremental/state.py): growable K/V
-buffers, conv left context, and `StageCall`, the view of one stage's state that the encoder layers'
-`forward_cached` methods use (the estimator's state is paged: app/model/flow/incremental/paged.py; the
-relative-position rows are one table for all streams: app/model/flow/incremental/positions.py).
+"""The incremental flow's encoder stages (app/model/flow/incremental/state.py): their committed length and conv
+left context, and `StageCall`, the view of one stage's state that the encoder layers' `forward_cached` methods
+use. Keys/values live in the stream's blocks of the pool (paged.py, encoder_rows.py); the relative-position
+rows are one table for all streams (positions.py).
 Design notes: docs/model.md.
 """
 
@@ -14,92 +14,23 @@ from torch import Tensor, nn
 
 from app.model.flow.incremental.positions import PositionTable
 
-GROWTH = 0.25  # a full buffer grows by a quarter of its capacity (at least what the call needs)
-
-
-def next_capacity(capacity: int, n: int, quantum: int, growth: float = GROWTH) -> int:
-    """Capacity after a reserve of n positions: unchanged if n fits, else max(n, capacity·(1+growth))
-    rounded up to whole `quantum`s (chunks). growth=1.0 is capacity doubling (the earlier rule: up to
-    2x the committed positions held; 0.25 holds at most 1.25x + one chunk)."""
-    if n <= capacity:
-        return capacity
-    want = max(n, capacity + int(capacity * growth))
-    return -(-want // quantum) * quantum
-
-
-class Growable:
-    """A tensor `data` [*lead, capacity, d] that grows along dim -2 (`next_capacity`: +25 % in whole chunks).
-
-    `length` counts the valid positions. A buffer made by `share()` aliases another's data
-    (`shared`): it is copied before its first write (copy-on-extend), so the original, e.g. a
-    voice prefix that many streams read, is never mutated.
-    """
-
-    def __init__(self, lead: tuple[int, ...], d: int, dtype: torch.dtype, device: torch.device,
-                 quantum: int = 1) -> None:
-        self.data = torch.empty(*lead, 0, d, dtype=dtype, device=device)
-        self.length = 0
-        self.shared = False
-        self.quantum = quantum  # capacity is a multiple of this (the stage's chunk)
-
-    @property
-    def capacity(self) -> int:
-        return self.data.shape[-2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this buffer owns (0 while it only aliases another's data)."""
-        return 0 if self.shared else self.data.numel() * self.data.element_size()
-
-    def reserve(self, n: int) -> None:
-        """Room for positions 0..n-1 in data this buffer owns (keeps 0..length-1)."""
-        if n <= self.capacity and not self.shared:
-            return
-        cap = next_capacity(0 if self.shared else self.capacity, n, self.quantum)
-        data = self.data.new_empty(*self.data.shape[:-2], cap, self.data.shape[-1])
-        data[..., : self.length, :] = self.data[..., : self.length, :]
-        self.data, self.shared = data, False
-
-    def _alias(self, data: Tensor, shared: bool) -> Growable:
-        other = Growable.__new__(Growable)
-        other.data, other.length, other.shared, other.quantum = data, self.length, shared, self.quantum
-        return other
-
-    def share(self) -> Growable:
-        """A read-only-until-written alias of this buffer's valid part."""
-        return self._alias(self.data, True)
-
-    def trimmed(self) -> Growable:
-        """A copy holding exactly the valid positions (capacity = length)."""
-        return self._alias(self.data[..., : self.length, :].clone(), False)
-
 
 @dataclass
 class StageState:
-    """Committed state of one stage (see the module docstring)."""
+    """Committed state of one encoder stage: `length` positions, and the conv tails at it. Its keys/values
+    live in the stream's pool blocks (encoder_rows.py), addressed by the estimator stage's block table."""
 
-    kv: Growable  # [2 (K, V), layers, slots, rows, heads, T, d_head]
+    length: int = 0
     tails: list[list[Tensor]] = field(default_factory=list)  # [slot][conv] -> [rows, C, k-1] inputs before `length`
 
     @property
-    def length(self) -> int:
-        return self.kv.length
-
-    @property
     def nbytes(self) -> int:
-        tails = sum(t.numel() * t.element_size() for slot in self.tails for t in slot)
-        return self.kv.nbytes + tails
+        return sum(t.numel() * t.element_size() for slot in self.tails for t in slot)
 
     def share(self) -> StageState:
-        return StageState(self.kv.share(), [list(slot) for slot in self.tails])  # tails are replaced, never written
+        return StageState(self.length, [list(slot) for slot in self.tails])  # tails are replaced, never written
 
-    def trimmed(self) -> StageState:
-        return StageState(self.kv.trimmed(), [list(slot) for slot in self.tails])
-
-
-def new_stage(layers: int, slots: int, rows: int, heads: int, d_head: int, dtype: torch.dtype,
-              device: torch.device, *, chunk: int = 1) -> StageState:
-    return StageState(Growable((2, layers, slots, rows, heads), d_head, dtype, device, chunk))
+    trimmed = share  # nothing past `length` is held here (the pool's `PagedStage.trimmed` gives blocks back)
 
 
 class StageCall:
@@ -111,12 +42,15 @@ class StageCall:
     (keys/values are written only at positions >= its length).
     """
 
-    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int,
-                 table: PositionTable) -> None:
+    def __init__(self, state: StageState, start: int, end: int, commit: int, chunk: int, table: PositionTable,
+                 kv: Tensor, host_rows: Tensor) -> None:
+        """kv: the stage's pool tensor [2, layers, blocks·r, H, d]; host_rows: long [end] on the host, the rows of
+        kv's axis 2 that hold this stream's positions 0..end-1 (`encoder_rows.flat_rows` of its block table)."""
         assert state.length == start <= commit <= end, (state.length, start, commit, end)
         self.state, self.start, self.end, self.commit, self.table = state, start, end, commit, table
-        state.kv.reserve(end)  # copy-on-extend happens here
-        device = state.kv.data.device
+        self.kv, self.host_rows = kv, host_rows
+        self._rows: Tensor | None = None  # on the device, when this call runs alone (a batched pass builds its own)
+        device = kv.device
         q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
         k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
         block = q // chunk  # block-causal with full left context, as `chunk_mask`
@@ -162,13 +96,17 @@ class StageCall:
         self._conv += 1
 
     def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v [rows, H, n, d] of the new positions -> all keys/values [rows, H, end, d] (views)."""
-        data = self.state.kv.data
+        """k, v [1, H, n, d] of the new positions -> all keys/values [1, H, end, d] (the new ones written to
+        the stream's blocks at positions >= its length, the committed ones read from them)."""
         layer = self._attn
         self._attn += 1
-        data[0, layer, self.slot, :, :, self.start : self.end] = k
-        data[1, layer, self.slot, :, :, self.start : self.end] = v
-        return data[0, layer, self.slot, :, :, : self.end], data[1, layer, self.slot, :, :, : self.end]
+        if self._rows is None:
+            self._rows = self.host_rows.to(self.kv.device, non_blocking=True)
+        rows = self._rows
+        self.kv[0, layer].index_copy_(0, rows[self.start :], k[0].transpose(0, 1))  # [n, H, d]
+        self.kv[1, layer].index_copy_(0, rows[self.start :], v[0].transpose(0, 1))
+        return (self.kv[0, layer].index_select(0, rows).transpose(0, 1)[None],
+                self.kv[1, layer].index_select(0, rows).transpose(0, 1)[None])
 
     def positions(self, linear_pos: nn.Linear, heads: int, d_head: int) -> Tensor:
         """linear_pos of the relative positions -(n-1)..end-1 -> [1, H, n-1+end, d] (column c is
@@ -181,4 +119,4 @@ class StageCall:
     def finish(self) -> None:
         """Commit: positions < `commit` and the conv tails at `commit` become the state."""
         self.state.tails = self._tails
-        self.state.kv.length = self.commit
+        self.state.length = self.commit

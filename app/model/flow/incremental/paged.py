@@ -1,4 +1,5 @@
-"""A paged pool for the incremental flow's estimator state (app/model/flow/incremental/state.py).
+"""A paged pool for the incremental flow's state (app/model/flow/incremental/state.py): the estimator's keys/values
+and conv tails, and in the same blocks the encoder's keys/values (encoder_rows.py).
 
 Design notes: docs/model.md.
 """
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from app.model.flow.estimator import CausalConv1d
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental.positions import stage_tables
+from app.model.flow.incremental.encoder_rows import EncoderRows, encoder_block_bytes
 
 PAD_BLOCK, SINK_BLOCK = 0, 1  # reserved block ids (see the module docstring)
 PAD_TAIL = 0  # reserved tail slot
@@ -33,24 +34,25 @@ def conv_channels(flow: CausalFlow) -> list[int]:
 
 
 def block_bytes(flow: CausalFlow, dtype: torch.dtype | None = None) -> int:
-    """Bytes of one block: one chunk of frames × evaluations × layers × K/V × rows × heads × d_head."""
+    """Bytes of one block: the estimator's chunk of frames × evaluations × layers × K/V × rows × heads × d_head,
+    and the encoder stages' keys/values of the same chunk (encoder_rows.py)."""
     e = flow.dims.estimator
     size = torch.empty(0, dtype=dtype or next(flow.parameters()).dtype).element_size()
     layers = e.n_blocks * (e.num_mid_blocks + 2)
     return (e.static_chunk_size * flow.dims.n_timesteps * layers * 2 * CFG_ROWS * e.num_heads
-            * e.attention_head_dim * size)
+            * e.attention_head_dim * size) + encoder_block_bytes(flow, size)
 
 
 def bytes_per_frame(flow: CausalFlow, dtype: torch.dtype | None = None) -> float:
-    """Estimator K/V bytes per committed mel frame in the pool (a frame of a shared prefix counts once
+    """Estimator and encoder K/V bytes per committed mel frame in the pool (a frame of a shared prefix counts once
     per voice, not per stream)."""
     return block_bytes(flow, dtype) / flow.dims.estimator.static_chunk_size
 
 
 class KVPool:
-    """The preallocated block pool and tail slots (module docstring), and the encoder's position tables
-    (positions.py): what all streams of one flow share. Thread-safe bookkeeping; the tensors are written
-    only by the call that holds the blocks."""
+    """The preallocated block pool and tail slots (module docstring), and in the same blocks the encoder's
+    keys/values with its position tables (`encoder`, encoder_rows.py): what all streams of one flow share.
+    Thread-safe bookkeeping; the tensors are written only by the call that holds the blocks."""
 
     def __init__(self, flow: CausalFlow, n_blocks: int, n_streams: int | None = None) -> None:
         if n_blocks < 1:
@@ -79,7 +81,7 @@ class KVPool:
         self._free_tails = list(range(n_streams, 0, -1))
         self._lock = threading.Lock()
         self.refused = 0  # reserve calls that found the pool full
-        self.positions = stage_tables(flow.encoder)  # the encoder's rel-pos rows, read by every stream's calls
+        self.encoder = EncoderRows(flow, n_blocks + RESERVED_BLOCKS, PAD_BLOCK)
 
     @property
     def n_blocks(self) -> int:
@@ -96,7 +98,9 @@ class KVPool:
 
     @property
     def block_bytes(self) -> int:
-        return self.kv[:, :, 0].numel() * self.kv.element_size()
+        enc = sum(kv.shape[0] * kv.shape[1] * rows * kv[0, 0, 0].numel() * kv.element_size()
+                  for kv, rows in zip(self.encoder.kv, self.encoder.rows, strict=True))
+        return self.kv[:, :, 0].numel() * self.kv.element_size() + enc
 
     @property
     def tail_bytes(self) -> int:
@@ -104,7 +108,8 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size() + self.tails.numel() * self.tails.element_size()
+        return (self.kv.numel() * self.kv.element_size() + self.tails.numel() * self.tails.element_size()
+                + self.encoder.nbytes)
 
     def frames(self, slot: int, layer: int) -> Tensor:
         """Evaluation `slot`, layer `layer`: [blocks·50, 2 (K/V), rows, heads, d], row block·50 + offset (a view)."""

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
-from app.model.flow.incremental.cache import StageCall, StageState, new_stage
+from app.model.flow.incremental.cache import StageCall, StageState
 from app.model.flow.incremental.encode_batch import forward_cached_batch
 from app.model.flow.incremental.paged import KVPool, PagedEstCall, PagedStage
 from app.model.flow.incremental.paged_solve import solve_calls
@@ -27,14 +27,15 @@ def prompt_only_chunks(n_prompt_tokens: int, chunk_tokens: int, lookahead: int) 
 
 class FlowState:
     """One stream's incremental flow state: the prompt, the committed tokens and, per stage,
-    keys/values and conv left context of the committed positions (app/model/flow/incremental/cache.py).
+    conv left context of the committed positions (app/model/flow/incremental/cache.py); the keys/values of all
+    three stages live in its blocks of the pool.
 
     `n_tokens` prompt + generated tokens are committed (a multiple of the 25-token chunk), i.e.
     `2·n_tokens` mel frames. `prefix`: the shared voice state this one started from (read only).
-    `pool`: the `KVPool` (app/model/flow/incremental/paged.py) that keeps the estimator's keys/values and conv tails
-    (a prefix is built on the same pool, and its blocks are shared, not copied); `release()` gives them
-    back (call it from the stream's `finally`). Lives on the per-request object, never on the shared
-    flow module.
+    `pool`: the `KVPool` (app/model/flow/incremental/paged.py) that keeps every stage's keys/values and the
+    estimator's conv tails (a prefix is built on the same pool, and its blocks are shared, not copied);
+    `release()` gives them back (call it from the stream's `finally`). Lives on the per-request object,
+    never on the shared flow module.
     """
 
     def __init__(self, flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tensor, embedding: Tensor,
@@ -55,16 +56,10 @@ class FlowState:
             if src.est.pool is not pool:
                 raise ValueError("voice prefix and stream state must use the same flow state pool")
             self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
-            self.positions = pool.positions
             self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
             return
-        enc, D = flow.dims.encoder, flow.dims.encoder.output_size
-        H = enc.attention_heads
-        chunk = enc.static_chunk_size  # tokens; x2 at the frame rate (the estimator's chunk)
-        self.enc = new_stage(enc.num_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=chunk)
-        self.up = new_stage(enc.num_up_blocks, 1, 1, H, D // H, self.dtype, self.device, chunk=2 * chunk)
+        self.enc, self.up = StageState(), StageState()  # their keys/values: in the estimator stage's blocks
         self.est = PagedStage(pool)
-        self.positions = pool.positions  # the encoder stages' (tokens, frames) rows, shared by every stream
         self.token_ids = self.prompt_tokens[:, :0]
 
     @property
@@ -181,8 +176,9 @@ def prepare_hops(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor]
     ok = [p for p in plans if isinstance(p, _Plan)]
     if len(ok) < 2:
         return [refused(partial(_encoded, flow, p)) if isinstance(p, _Plan) else p for p in plans]
+    pad_rows = ok[0].state.est.pool.encoder.pad_rows
     hs = iter(forward_cached_batch(flow.encoder, [p.xs for p in ok], [p.ahead for p in ok],
-                                   [p.tok_call for p in ok], [p.frm_call for p in ok]))
+                                   [p.tok_call for p in ok], [p.frm_call for p in ok], pad_rows))
     return [refused(partial(_hop, flow, p, next(hs))) if isinstance(p, _Plan) else p for p in plans]
 
 
@@ -242,9 +238,12 @@ def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
     ids = tokens[:, start:].clamp(min=0)
     emb = flow.input_embedding(ids)  # [1, L - start, D_in]
     up = flow.encoder.up_layer.stride
-    tok_table, frm_table = state.positions
-    tok_call = StageCall(state.enc, start, end, commit, chunk, tok_table)
-    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk, frm_table)
+    state.est.reserve(up * end)  # the call's blocks, for all three stages (`PoolFull` before any work)
+    rows, blocks = state.est.pool.encoder, state.est.table
+    (tok_kv, frm_kv), (tok_pos, frm_pos) = rows.kv, rows.positions
+    tok_call = StageCall(state.enc, start, end, commit, chunk, tok_pos, tok_kv, rows.call_rows(0, blocks, end))
+    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk, frm_pos, frm_kv,
+                         rows.call_rows(1, blocks, up * end))
     return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, emb[:, : end - start],
                  None if finalize else emb[:, end - start:])
 
