@@ -51,6 +51,7 @@ class EncoderRows:
         shapes = stage_shapes(flow)
         self.rows = tuple(rows for _, rows, _, _ in shapes)
         self.kv = tuple(w.new_empty(2, layers, n_blocks * rows, H, d) for layers, rows, H, d in shapes)
+        self.block_bytes = encoder_block_bytes(flow, w.element_size())  # one block's share of `kv`
         self.pad_block = pad_block  # read by a batched pass's padded keys
         for kv, rows in zip(self.kv, self.rows, strict=True):
             kv[:, :, pad_block * rows : (pad_block + 1) * rows].zero_()

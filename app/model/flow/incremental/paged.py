@@ -98,9 +98,7 @@ class KVPool:
 
     @property
     def block_bytes(self) -> int:
-        enc = sum(kv.shape[0] * kv.shape[1] * rows * kv[0, 0, 0].numel() * kv.element_size()
-                  for kv, rows in zip(self.encoder.kv, self.encoder.rows, strict=True))
-        return self.kv[:, :, 0].numel() * self.kv.element_size() + enc
+        return self.kv[:, :, 0].numel() * self.kv.element_size() + self.encoder.block_bytes
 
     @property
     def tail_bytes(self) -> int:
