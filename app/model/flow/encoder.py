@@ -116,7 +116,7 @@ class RelPosSelfAttention(nn.Module):
 
     def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
         """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
-        `cache` (a `StageCall`, app/model/flow/incremental/cache.py, or B streams' `BatchCall`, encode_batch.py), whose
+        `cache` (a `StageCall`, app/model/flow/incremental/cache.py, or B streams' `StaticCall`, encode_batch.py), whose
         keys/values hold the earlier ones."""
         B, n, _ = x.shape
         H, Dh = self.n_heads, self.d_head
@@ -201,8 +201,9 @@ class Upsample(nn.Module):
         return self.conv(F.pad(x, (2 * self.stride, 0)))
 
     def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        # x: [1, D, n] new tokens -> [1, D, stride·n]; the 2·stride earlier upsampled frames from `cache`
-        x = x.repeat_interleave(self.stride, dim=2)
+        # x: [B, D, n] new tokens -> [B, D, stride·n]; the 2·stride earlier upsampled frames from `cache`
+        # (nearest repeat by expand: no host sync, so a CUDA graph can capture it)
+        x = x[..., None].expand(-1, -1, -1, self.stride).flatten(2)
         return self.conv(cache.left_context(x, 2 * self.stride))
 
 
@@ -278,7 +279,7 @@ class UpsampleConformerEncoder(nn.Module):
 
     def cached_layers(self, x: torch.Tensor, ahead: torch.Tensor, tokens_cache, frames_cache) -> torch.Tensor:
         """`forward_cached` after the embedding: x [B, n, D], ahead [B, lookahead, D] -> h [B, 2n, D]; the
-        caches are `StageCall`s (B = 1) or `BatchCall`s (app/model/flow/incremental/encode_batch.py)."""
+        caches are `StageCall`s (B = 1) or `StaticCall`s (app/model/flow/incremental/encode_batch.py)."""
         x = self.pre_lookahead_layer.forward_cached(x, ahead, tokens_cache)
         for block in self.encoders:
             x = block.forward_cached(x, tokens_cache)

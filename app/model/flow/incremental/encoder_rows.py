@@ -46,13 +46,14 @@ class EncoderRows:
     written). Only positions a call wrote are ever read, so the rest stays uninitialised (on the CPU,
     untouched memory is not committed)."""
 
-    def __init__(self, flow: CausalFlow, n_blocks: int, pad_block: int) -> None:
+    def __init__(self, flow: CausalFlow, n_blocks: int, pad_block: int, sink_block: int) -> None:
         w = next(flow.parameters())
         shapes = stage_shapes(flow)
         self.rows = tuple(rows for _, rows, _, _ in shapes)
         self.kv = tuple(w.new_empty(2, layers, n_blocks * rows, H, d) for layers, rows, H, d in shapes)
         self.block_bytes = encoder_block_bytes(flow, w.element_size())  # one block's share of `kv`
         self.pad_block = pad_block  # read by a batched pass's padded keys
+        self.sink_block = sink_block  # written by a batched pass's padded positions, never read
         for kv, rows in zip(self.kv, self.rows, strict=True):
             kv[:, :, pad_block * rows : (pad_block + 1) * rows].zero_()
         self.positions = stage_tables(flow.encoder)
@@ -61,6 +62,11 @@ class EncoderRows:
     def pad_rows(self) -> tuple[int, ...]:
         """A zero row of each stage's tensor (the pad block's first)."""
         return tuple(self.pad_block * rows for rows in self.rows)
+
+    @property
+    def sink_rows(self) -> tuple[int, ...]:
+        """A row of each stage's tensor that padding positions write (the sink block's first)."""
+        return tuple(self.sink_block * rows for rows in self.rows)
 
     def call_rows(self, stage: int, blocks: list[int], end: int) -> Tensor:
         """The rows of a stream's positions 0..end-1 of `stage` (its block table reserved up to them), host."""

@@ -81,7 +81,7 @@ class KVPool:
         self._free_tails = list(range(n_streams, 0, -1))
         self._lock = threading.Lock()
         self.refused = 0  # reserve calls that found the pool full
-        self.encoder = EncoderRows(flow, n_blocks + RESERVED_BLOCKS, PAD_BLOCK)
+        self.encoder = EncoderRows(flow, n_blocks + RESERVED_BLOCKS, PAD_BLOCK, SINK_BLOCK)
 
     @property
     def n_blocks(self) -> int:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from app.model.flow.flow import CausalFlow
 from app.model.flow.incremental.cache import StageCall, StageState
-from app.model.flow.incremental.encode_batch import forward_cached_batch
+from app.model.flow.incremental.encode_batch import encoder_pass
 from app.model.flow.incremental.paged import KVPool, PagedEstCall, PagedStage
 from app.model.flow.incremental.paged_solve import solve_calls
 
@@ -56,11 +56,14 @@ class FlowState:
             if src.est.pool is not pool:
                 raise ValueError("voice prefix and stream state must use the same flow state pool")
             self.enc, self.up, self.est = src.enc.share(), src.up.share(), src.est.share()
-            self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on
+            self.prompt_ids = src.prompt_ids
+            self.token_ids = src.token_ids  # [1, committed + lookahead] tokens the state depends on (host)
             return
         self.enc, self.up = StageState(), StageState()  # their keys/values: in the estimator stage's blocks
         self.est = PagedStage(pool)
-        self.token_ids = self.prompt_tokens[:, :0]
+        # the token bookkeeping stays on the host: a hop's plan then never waits for the device
+        self.prompt_ids = self.prompt_tokens.cpu()  # [1, P] int64
+        self.token_ids = self.prompt_ids[:, :0]
 
     @property
     def n_tokens(self) -> int:
@@ -114,7 +117,7 @@ def build_voice_prefix(flow: CausalFlow, prompt_tokens: Tensor, prompt_mel: Tens
     chunk, n_ctx = flow.dims.encoder.static_chunk_size, flow.dims.pre_lookahead_len
     n = prompt_only_chunks(state.prompt_tokens.shape[1], chunk, n_ctx) * chunk
     if n:
-        _advance(flow, state, state.prompt_tokens[:, : n + n_ctx], finalize=False)
+        _advance(flow, state, state.prompt_ids[:, : n + n_ctx], finalize=False)
     state.enc, state.up, state.est = (s.trimmed() for s in state.stages)
     return VoicePrefix(state)
 
@@ -162,9 +165,10 @@ def prepare_hop(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: 
 
 
 def prepare_hops(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor], *, finalize: list[bool],
-                 token_offsets: list[int]) -> list[Hop | ValueError]:
-    """`prepare_hop` of B streams (distinct states) with one encoder pass for all of them; a refused
-    call is its ValueError in the list (its state unchanged), the others still run."""
+                 token_offsets: list[int], graphs=None) -> list[Hop | ValueError]:
+    """`prepare_hop` of B streams (distinct states) with one encoder pass for all of them (`graphs`: an
+    `EncoderGraphs` replays it where a bucket fits); a refused call is its ValueError in the list (its state
+    unchanged), the others still run."""
     def refused(call: Callable[[], Any]) -> Any:  # a stream's ValueError (bad call, full pool) is its result
         try:
             return call()
@@ -174,19 +178,17 @@ def prepare_hops(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor]
     plans = [refused(partial(_checked, flow, st, tok, finalize=fin, token_offset=off))
              for st, tok, fin, off in zip(states, tokens, finalize, token_offsets, strict=True)]
     ok = [p for p in plans if isinstance(p, _Plan)]
-    if len(ok) < 2:
+    if not ok or (len(ok) == 1 and graphs is None):
         return [refused(partial(_encoded, flow, p)) if isinstance(p, _Plan) else p for p in plans]
-    pad_rows = ok[0].state.est.pool.encoder.pad_rows
-    hs = iter(forward_cached_batch(flow.encoder, [p.xs for p in ok], [p.ahead for p in ok],
-                                   [p.tok_call for p in ok], [p.frm_call for p in ok], pad_rows))
-    return [refused(partial(_hop, flow, p, next(hs))) if isinstance(p, _Plan) else p for p in plans]
+    mus = iter(encoder_pass(flow, ok, graphs))
+    return [refused(partial(_hop, flow, p, next(mus))) if isinstance(p, _Plan) else p for p in plans]
 
 
 def _checked(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: bool, token_offset: int) -> _Plan:
     if state.finished:
         raise ValueError("this flow state already ran its final call")
-    n_prompt = state.prompt_tokens.shape[1]
-    tokens = torch.cat([state.prompt_tokens, token.to(state.device).long()], dim=1)
+    n_prompt = state.prompt_ids.shape[1]
+    tokens = torch.cat([state.prompt_ids, token.cpu().long()], dim=1)  # host (a CPU tensor: no copy)
     end = tokens.shape[1] - (0 if finalize else flow.dims.pre_lookahead_len)
     if state.prompt_mel.shape[1] > 2 * end:
         raise ValueError(f"prompt mel has {state.prompt_mel.shape[1]} frames but the tokens give only {2 * end}")
@@ -199,7 +201,7 @@ def _checked(flow: CausalFlow, state: FlowState, token: Tensor, *, finalize: boo
 
 def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool) -> tuple[Tensor, int]:
     """Frames from the committed edge to the end of a streaming call on `tokens` [1, L] (prompt +
-    generated); commits whole chunks. Returns (fp32 mel [1, 80, n], its first absolute frame)."""
+    generated, host); commits whole chunks. Returns (fp32 mel [1, 80, n], its first absolute frame)."""
     hop = _encoded(flow, _plan(flow, state, tokens, finalize=finalize, first=None))
     return _solved(flow, hop), hop.est_call.start
 
@@ -209,19 +211,19 @@ class _Plan:
     """One stream's call before its encoder pass: its stage calls and the embedded new tokens."""
 
     state: FlowState
-    tokens: Tensor  # [1, L] prompt + generated
+    tokens: Tensor  # [1, L] prompt + generated, host
     finalize: bool
     first: int | None  # the first frame the caller wants back (None: all new frames)
     commit: int  # tokens committed after the call
     tok_call: StageCall
     frm_call: StageCall
-    xs: Tensor  # [1, end - start, D_in] embeddings of the tokens this call encodes
-    ahead: Tensor | None  # [1, lookahead, D_in] of the tokens after them; None at the end of the utterance
+    ids: Tensor  # host int64 [end - start (+ lookahead)]: the tokens this call encodes, then (not at the end of
+    # the utterance) the look-ahead tokens after them
 
 
 def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool, first: int | None) -> _Plan:
-    """The stage calls of a streaming call on `tokens` [1, L] (prompt + generated) from the committed edge, and
-    its embedded new tokens; `first`: the first frame the caller wants back (None: all new frames)."""
+    """The stage calls of a streaming call on `tokens` [1, L] (prompt + generated, host) from the committed edge,
+    and its new token ids; `first`: the first frame the caller wants back (None: all new frames)."""
     dims = flow.dims
     n_ctx, chunk = dims.pre_lookahead_len, dims.encoder.static_chunk_size
     L = tokens.shape[1]
@@ -235,8 +237,6 @@ def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
     commit = end if finalize else end // chunk * chunk
     commit = max(commit, start)
 
-    ids = tokens[:, start:].clamp(min=0)
-    emb = flow.input_embedding(ids)  # [1, L - start, D_in]
     up = flow.encoder.up_layer.stride
     state.est.reserve(up * end)  # the call's blocks, for all three stages (`PoolFull` before any work)
     rows, blocks = state.est.pool.encoder, state.est.table
@@ -244,18 +244,20 @@ def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
     tok_call = StageCall(state.enc, start, end, commit, chunk, tok_pos, tok_kv, rows.call_rows(0, blocks, end))
     frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk, frm_pos, frm_kv,
                          rows.call_rows(1, blocks, up * end))
-    return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, emb[:, : end - start],
-                 None if finalize else emb[:, end - start:])
+    return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, tokens[0, start:].clamp(min=0))
 
 
 def _encoded(flow: CausalFlow, p: _Plan) -> Hop:
-    return _hop(flow, p, flow.encoder.forward_cached(p.xs, p.ahead, p.tok_call, p.frm_call))
+    """One stream's own encoder pass (no padding)."""
+    n = p.tok_call.end - p.tok_call.start
+    emb = flow.input_embedding(p.ids.to(p.state.device, non_blocking=True))[None]  # [1, n (+ lookahead), D_in]
+    h = flow.encoder.forward_cached(emb[:, :n], None if p.finalize else emb[:, n:], p.tok_call, p.frm_call)
+    return _hop(flow, p, flow.encoder_proj(h).transpose(1, 2))
 
 
-def _hop(flow: CausalFlow, p: _Plan, h: Tensor) -> Hop:
-    """The `Hop` of a planned call from its encoder output h [1, 2n, D]."""
+def _hop(flow: CausalFlow, p: _Plan, mu: Tensor) -> Hop:
+    """The `Hop` of a planned call from its encoder pass's mu [1, 80, 2n]."""
     state, dims = p.state, flow.dims
-    mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
     up = flow.encoder.up_layer.stride
     f0, f1 = p.frm_call.start, p.frm_call.end  # frames of this call
     cond = torch.zeros_like(mu)
