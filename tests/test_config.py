@@ -43,6 +43,7 @@ def test_the_flow_defaults_of_every_config():
         cfg = load_config(path)
         e = cfg.engine
         assert e.flow_incremental is incremental and e.flow_paged_graphs and e.hift_graphs, path
+        assert e.flow_encoder_graphs, path
         assert (cfg.model.flow_dtype, cfg.model.hift_dtype) == (dtype, "float32"), path
         if path in ("configs/fast.toml", "configs/exact.toml"):  # one path: only the hop or the dtype differs
             assert e == default.engine and cfg.vllm == default.vllm, path

@@ -115,6 +115,7 @@ class EngineConfig:
     flow_paged_graphs: bool = True  # CUDA: paged hops replay graphs captured at start-up (flow/paged_graphs.py)
     flow_paged_graph_rows: int = 64  # graph buckets: 1, 4, 16, ... streams up to this
     flow_paged_graph_blocks: int = 32  # graph buckets: key blocks (50 frames) 8, 12, 16, 24, 32, ... up to this
+    flow_encoder_graphs: bool = True  # CUDA: the hops' encoder pass too, same buckets (flow/encoder_graphs.py)
     prompt_cache_gib: float = 4.0  # per-voice flow prefixes (the prompt's whole chunks), least recently used out
     hift_graphs: bool = True  # CUDA: HiFT graphs captured at warm-up only, replayed (app/model/hift_graphs.py)
     hift_graph_rows: int = 16  # row buckets 1, 2, 4, ... up to this (rows padded with copies)

@@ -110,7 +110,7 @@ class Synthesizer:
         # one block pool (a full pool refuses hops: the re-solve takes over)
         self.flow_pool, self.paged_graphs = make_pool(
             flow, n, graphs=e.flow_paged_graphs and self.cuda, max_rows=e.flow_paged_graph_rows,
-            max_blocks=e.flow_paged_graph_blocks)
+            max_blocks=e.flow_paged_graph_blocks, encoder_graphs=e.flow_encoder_graphs)
         self.prompt_cache = PromptCache(max_bytes=int(e.prompt_cache_gib * 2**30), pool=self.flow_pool)
         self.flow_budget = FlowBudget(n)
         self.incremental = True
@@ -288,8 +288,8 @@ class Synthesizer:
                 "refused_streams": budget.refused, "resolved_streams": self.resolved_streams,
                 "pool_blocks": pool.n_blocks, "pool_free_blocks": pool.free_blocks, "pool_refused": pool.refused,
                 "position_table_bytes": sum(t.nbytes for t in pool.encoder.positions),  # all streams' rows
-                "paged_graphs": None if pg is None else {"kept": len(pg.buckets), "replays": pg.replays,
-                                                         "capture_failures": pg.capture_failures, "eager": pg.misses}}
+                "paged_graphs": None if pg is None else pg.facts,
+                "encoder_graphs": None if pg is None or pg.encoder is None else pg.encoder.facts}
         return facts
 
     async def aclose(self) -> None:

@@ -6,7 +6,8 @@ the packed solve alone (streams one after another, eager), batched (one eager pa
 (the packed bucket's CUDA graph, captured before timing, replayed) and the re-solve of the same calls
 with the estimator's CUDA graphs; max |diff| graphed vs eager and
 eager vs the re-solve; kernels per hop (torch profiler: device kernels and launch calls); the streams'
-encoder passes alone (one batched pass, as served, and one stream at a time); pool bytes per frame and
+encoder passes alone (one batched pass, eager and replayed from its bucket's CUDA graph, with max |diff| of
+their mu, and one stream at a time); pool bytes per frame and
 per stream; the shared prefix's reference counts; with --profile, the top kernels of the most streams'
 graphed packed solve and of their re-solve.
 
@@ -91,6 +92,7 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                        torch.randint(0, dims.vocab_size, (1, 400), generator=gen).to(device)))
     prefixes = [build_voice_prefix(flow, p.tokens, p.mel, p.embedding, pool=pool) for p, _ in voices]
     graphs = PagedGraphs(flow, pool, rows=(1, 4, 16), frames=(100, 200), key_blocks=(8, 12, 16))
+    graphs.encoder.capture()  # every encoder bucket (18 small graphs), as the engine's start-up
     resolve_graphs = EstimatorGraphs(flow.decoder["estimator"], bucket_frames=64) if device.type == "cuda" else None
     out: dict = {"dtype": str(dtype).removeprefix("torch."), "pool_blocks": pool.n_blocks,
                  "block_bytes": pool.block_bytes, "bytes_per_frame": bytes_per_frame(flow),
@@ -106,10 +108,13 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
         for B in counts:
             jobs = [stream(i, which) for i in range(B)]
 
-            def hops(jobs=jobs):  # one encoder pass for every stream, as served
+            def hops(jobs=jobs, g=None):  # one encoder pass for every stream, as served (g: its graphs)
                 return prepare_hops(flow, [s.flow_state for s, _, _ in jobs],
                                     [tok[:, : plan.n_tokens] for _, tok, plan in jobs], finalize=[False] * len(jobs),
-                                    token_offsets=[plan.token_offset for _, _, plan in jobs])
+                                    token_offsets=[plan.token_offset for _, _, plan in jobs], graphs=g)
+
+            def hops_graphed(hops=hops):
+                return hops(g=graphs.encoder)
 
             def hops_one_by_one(jobs=jobs):  # each stream's encoder pass on its own (before)
                 return [prepare_hop(flow, s.flow_state, tok[:, : plan.n_tokens], finalize=False,
@@ -149,6 +154,7 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                 except Exception as e:  # recorded; the graphed column then runs eagerly (a miss)
                     capture_error = repr(e)[:300]
                 capture_s = time.perf_counter() - t_cap
+                mu_diff = max(float((x.mu - y.mu).abs().max()) for x, y in zip(hs, hops_graphed(), strict=True))
                 saved = pool.tails.clone()
                 eager = batched()
                 pool.tails.copy_(saved)
@@ -170,6 +176,8 @@ def run_dtype(args, dtype: torch.dtype, device: torch.device, partial: list) -> 
                        "graphed_ms": round(timed(graphed, args.reps, device), 2) if graphs.available(pool) else None,
                        "resolve_graphs_ms": round(timed(resolve, args.reps, device), 2),
                        "encoder_passes_ms": round(timed(hops, args.reps, device), 2),  # one pass, all streams
+                       "encoder_graphed_ms": round(timed(hops_graphed, args.reps, device), 2),
+                       "max_abs_diff_encoder_graphed_vs_eager": mu_diff, "encoder_graphs": graphs.encoder.facts,
                        "encoder_one_by_one_ms": round(timed(hops_one_by_one, args.reps, device), 2),
                        "pool_used_blocks": pool.used_blocks,
                        "state_gb_per_stream": round(sum(s.flow_state.nbytes for s, _, _ in jobs) / B / 1e9, 3),

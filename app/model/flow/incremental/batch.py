@@ -22,11 +22,13 @@ def incremental_batch(flow: CausalFlow, states: list[FlowState], tokens: list[Te
     tokens[i]: [1, N_i] stream i's generated prefix; finalize/token_offsets: per stream. Returns per
     stream its fp32 mel [1, 80, T_i], or the ValueError that refused its call (its state unchanged;
     the other streams still run; `PoolFull` when a state found no free blocks in its pool). The states
-    (app/model/flow/incremental/paged.py) solve together, packed (`graphs`: a `PagedGraphs` to replay).
+    (app/model/flow/incremental/paged.py) solve together, packed (`graphs`: a `PagedGraphs` to replay, its
+    `encoder` graphs for the encoder pass).
     `work`: a `FlowWork` (app/model/flow/work.py) told each solve's shape.
     """
     assert len({id(s) for s in states}) == len(states), "one call per stream state"
-    prepared = prepare_hops(flow, states, tokens, finalize=finalize, token_offsets=token_offsets)  # one encoder pass
+    prepared = prepare_hops(flow, states, tokens, finalize=finalize, token_offsets=token_offsets,
+                            graphs=None if graphs is None else graphs.encoder)  # one encoder pass
     hops = [h for h in prepared if not isinstance(h, ValueError)]
     out: list[Tensor | ValueError | None] = [h if isinstance(h, ValueError) else None for h in prepared]
     if not hops:

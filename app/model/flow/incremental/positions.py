@@ -35,6 +35,11 @@ class PositionTable:
         data = self._table[0]
         return data.numel() * data.element_size()
 
+    @property
+    def snapshot(self) -> Tensor:
+        """The table now ([layers, H, columns, d_head]); a later growth replaces it, never writes it."""
+        return self._table[0]
+
     def rows(self, layer: int, n: int, end: int) -> Tensor:
         """Offsets -(n-1)..end-1 of `layer` -> [1, H, n-1+end, d_head] (a view: column c is offset c-(n-1))."""
         data, neg = self._table
