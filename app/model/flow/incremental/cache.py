@@ -7,6 +7,7 @@ Design notes: docs/model.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -49,18 +50,28 @@ class StageCall:
         assert state.length == start <= commit <= end, (state.length, start, commit, end)
         self.state, self.start, self.end, self.commit, self.table = state, start, end, commit, table
         self.kv, self.host_rows = kv, host_rows
+        self.chunk = chunk
         self._rows: Tensor | None = None  # on the device, when this call runs alone (a batched pass builds its own)
-        device = kv.device
-        q = torch.arange(start, end, device=device)[:, None]  # absolute query positions [n, 1]
-        k = torch.arange(end, device=device)[None, :]  # absolute key positions [1, end]
-        block = q // chunk  # block-causal with full left context, as `chunk_mask`
-        self.hidden = k >= (block + 1) * chunk  # bool [n, end]: keys past the query's chunk
-        self.attention_hidden = self.hidden[None, None]  # [1, 1, n, end], as the encoder's attention reads it
-        n = end - start
-        # relative position of (query i, key j) is i - j; column (i - j) + n - 1 of `positions`
-        self.position_columns = (q - k + n - 1)[None, None]  # [1, 1, n, end]
         self._tails: list[list[Tensor]] = [list(s) for s in state.tails]
         self.begin(0)
+
+    @functools.cached_property
+    def attention_hidden(self) -> Tensor:
+        """bool [1, 1, n, end]: keys past the query's chunk (block-causal with full left context, as `chunk_mask`);
+        made when this call runs alone (a batched pass computes its rows' own)."""
+        q, k = self._positions()
+        return (k >= (q // self.chunk + 1) * self.chunk)[None, None]
+
+    @functools.cached_property
+    def position_columns(self) -> Tensor:
+        """long [1, 1, n, end]: query i / key j's relative position i - j is column (i - j) + n - 1 of `positions`."""
+        q, k = self._positions()
+        return (q - k + self.end - self.start - 1)[None, None]
+
+    def _positions(self) -> tuple[Tensor, Tensor]:
+        """Absolute query positions [n, 1] and key positions [1, end] on the device."""
+        device = self.kv.device
+        return torch.arange(self.start, self.end, device=device)[:, None], torch.arange(self.end, device=device)[None]
 
     def begin(self, slot: int) -> None:
         self.slot, self._conv, self._attn, self._pos = slot, 0, 0, 0
