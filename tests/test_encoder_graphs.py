@@ -1,7 +1,9 @@
 """The hops' encoder pass at static shapes (app/model/flow/incremental/encode_batch.py) and its CUDA graphs
 (encoder_graphs.py): a pass padded to a bucket (more rows, more new tokens, more keys) gives each stream the
 same mu, conv tails and keys/values as its tight pass, and writes nothing outside the streams' new positions but
-the sink block; the bucket chosen is the least work that holds a call; on a GPU a replay equals the eager pass."""
+the sink block; a bucket runs the same ops at the same shapes whichever streams fill it, none reading a device
+value on the host (what a CUDA graph needs, checked on the CPU); the bucket chosen is the least work that holds a
+call; on a GPU a replay equals the eager pass."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 from test_encoder_rows import _streams
 from tolerances import BATCH_ATOL, within
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from app.model.flow import load_flow
 from app.model.flow.incremental.encode_batch import encode_rows, encoder_inputs
@@ -116,3 +119,42 @@ def test_a_replayed_pass_equals_the_eager_one(parity_model_dir, prompt, tokens):
         for b, p in enumerate(plans):
             m = 2 * (p.tok_call.end - p.tok_call.start)
             assert float((replay[0][b, :m] - eager[0][b, :m]).abs().max()) < BATCH_ATOL
+
+
+class _Trace(TorchDispatchMode):
+    """Every aten op of a region with its output shapes; fails on an op that reads a tensor's value on the host
+    or whose output shape depends on values (a CUDA graph can capture neither)."""
+
+    SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "repeat_interleave", "equal")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, list]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__
+        assert not any(name.startswith(s) for s in self.SYNCS), f"{name}: a host sync or a value-dependent shape"
+        out = func(*args, **(kwargs or {}))
+        shapes = [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else [out]) if torch.is_tensor(t)]
+        self.ops.append((name, shapes))
+        return out
+
+
+@torch.inference_mode()
+def test_a_bucket_runs_the_same_ops_whatever_the_streams(flow, prompt, tokens):
+    """What a CUDA graph replays: the op sequence and every shape of the pass are those of its capture (padding
+    rows only) whichever streams fill the bucket; nothing reads a device value on the host."""
+    pool = KVPool(flow, n_blocks=96)
+    streams, _, plans = _plans(flow, prompt, tokens, pool, cut=7)
+    rows = pool.encoder
+    N = max(p.tok_call.end - p.tok_call.start for p in plans) + 3
+    E = max(p.tok_call.end for p in plans) + 20
+    traces = []
+    for members in ([], plans[:1], plans):
+        inp = encoder_inputs(flow, rows, members, streams=4, tokens=N, keys=E)
+        with _Trace() as t:
+            encode_rows(flow, rows, inp)
+        traces.append(t.ops)
+    assert len(traces[0]) > 100 and traces[0] == traces[1] == traces[2]
+    for s, _ in streams:
+        s.flow_state.release()
