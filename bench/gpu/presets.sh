@@ -12,9 +12,11 @@
 #   fast.toml as shipped at 1 / 16 / 64.
 # PART 3: exact.toml (the fp32 flow) at 1 / 16 / 64, then one 1,500-token segment on the default, then what the
 #   word-timings aligner costs (turbo's shapes, float16: bench/aligner.py).
-# PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64.
-# PART 6: the LM's step budget (issue 51 item 3): default.toml at 64 streams with vllm.max_num_batched_tokens 2048
-#   and 16384 (the shipped 4096 is PART 1's row).
+# PART 4: the default with calls not sized (the schedule's own A/B) at 1 / 16 / 64, then with the encoder pass
+#   eager (engine.flow_encoder_graphs=false: the encoder graphs' A/B beside PART 1's default).
+# PART 6: the hop alone (bench.gpu.paged_hops, fp16, 1 / 16 streams: the encoder pass graphed vs eager and their
+#   mu's |diff|), then the LM's step budget (issue 51 item 3): default.toml at 64 streams with
+#   vllm.max_num_batched_tokens 2048 and 16384 (the shipped 4096 is PART 1's row).
 # PART 5: the field's client (vLLM-Omni's `vllm bench serve --omni`) against `python app.py` at 1 / 16 / 64, in its
 #   terms (bench/gpu/omni.sh). Its own call, carrying .carry2 (`bash bench/gpu/omni.sh prepare`) instead of .carry1:
 #   only on a machine where an earlier PART installed vLLM less than 30 s before.
@@ -41,9 +43,12 @@ case ${1:-} in
   3) sweep exact 1,16,64 configs/exact.toml
      T=150 long long_default
      python -m bench aligner --device cuda --out "${OUT:-out}/aligner_cuda.json" 2>&1 | grep -E "^(\||\{)|Error|Traceback" ;;
-  4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0" ;;
+  4) sweep unsized 1,16,64 "" "engine.first_call_ms=0 engine.max_call_ms=0"
+     sweep eagerencoder 1,16,64 "" "engine.flow_encoder_graphs=false" ;;
   5) CONC="1 16 64" bash bench/gpu/omni.sh run ;;
-  6) T=200 sweep batched2048 64 "" "vllm.max_num_batched_tokens=2048"
+  6) timeout 150 python -m bench.gpu.paged_hops "${OUT:-out}/paged_hops.json" --streams 1,16 --dtypes float16 2>&1 \
+       | grep -E "^\{|Error|Traceback" | cut -c1-900
+     T=200 sweep batched2048 64 "" "vllm.max_num_batched_tokens=2048"
      T=200 sweep batched16384 64 "" "vllm.max_num_batched_tokens=16384" ;;
   *) echo "usage: bash $0 1|2|3|4|5|6" >&2; exit 2 ;;
 esac
