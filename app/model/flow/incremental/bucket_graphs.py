@@ -22,15 +22,17 @@ class BucketGraphs:
 
     name = "bucket"
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, *, min_free_bytes: int = 0) -> None:
+        """min_free_bytes: no bucket is captured while the device has less free (the serving's own
+        allocations come first; the rest run eagerly)."""
+        self.device, self.min_free_bytes = device, min_free_bytes
         self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, Any, tuple[Tensor, ...]]] = {}
         self.lock = threading.Lock()
         # token->wave workers replay on their own CUDA streams: the next caller's stream waits for this event
         # (recorded after the last caller's output clone), else its input copy could overwrite the static
         # buffers while the last replay still reads them
         self._released: torch.cuda.Event | None = None
-        self.replays = self.misses = self.capture_failures = 0
+        self.replays = self.misses = self.capture_failures = self.skipped = 0
 
     @property
     def buckets(self) -> list[tuple[int, ...]]:
@@ -40,7 +42,7 @@ class BucketGraphs:
     def facts(self) -> dict[str, int]:
         """Graphs kept, replays, captures that failed, calls no bucket held (run eagerly)."""
         return {"kept": len(self._graphs), "replays": self.replays, "capture_failures": self.capture_failures,
-                "eager": self.misses}
+                "skipped_low_memory": self.skipped, "eager": self.misses}
 
     def _static(self, key: tuple[int, ...]) -> Any:
         raise NotImplementedError
@@ -60,9 +62,16 @@ class BucketGraphs:
         mempool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
         with self.lock:
-            for key in keys:
+            for i, key in enumerate(keys):
                 if key in self._graphs:
                     continue
+                if self.min_free_bytes:  # the warm-ups' cached blocks back to the device first, then measure
+                    torch.cuda.empty_cache()
+                if self.min_free_bytes and torch.cuda.mem_get_info(self.device)[0] < self.min_free_bytes:
+                    self.skipped = len(keys) - i
+                    log.warning("%s graphs: %d buckets not captured, less than %.1f GiB free", self.name,
+                                self.skipped, self.min_free_bytes / 2**30)
+                    break
                 inp = self._static(key)
                 g = torch.cuda.CUDAGraph()
                 try:  # out of memory included (a subclass): that bucket then runs eagerly

@@ -18,6 +18,8 @@ from app.model.flow.incremental.encode_batch import EncoderInputs, encode_rows, 
 
 TOKENS = (50, 100, 125)  # new tokens per row: the official schedule's hops end on chunk edges (a first hop from a
 # voice prefix 50 or 75, then 50, 100, 100, ..); an unaligned hop (fast.toml) adds up to 24 uncommitted tokens
+MIN_FREE_BYTES = 2 << 30  # captured after the solve's graphs, and only while this stays free: the largest bucket's
+# pass takes ~2 GB (64 rows, 125 tokens over 800; fp16), and serving needs room of its own (an exact final's re-solve)
 
 
 class EncoderGraphs(BucketGraphs):
@@ -27,7 +29,7 @@ class EncoderGraphs(BucketGraphs):
 
     def __init__(self, flow: CausalFlow, pool, *, rows: tuple[int, ...] = (1, 4, 16),
                  tokens: tuple[int, ...] = TOKENS, key_blocks: tuple[int, ...] = (8, 12, 16, 24, 32)) -> None:
-        super().__init__(pool.device)
+        super().__init__(pool.device, min_free_bytes=MIN_FREE_BYTES)
         self.flow, self.rows_pool = flow, pool.encoder
         per_block = self.rows_pool.rows[0]  # tokens per pool block
         self.keys = tuple(sorted(k * per_block for k in key_blocks))
