@@ -281,3 +281,17 @@ def test_flow_work_counts_the_shapes_computed(flow, prompt, tokens):
     for s in streams:
         s.drop_flow_state()
     assert pool.used_blocks == 0
+
+
+def test_a_taken_block_is_zeroed_and_no_other(flow):
+    """A block's unwritten positions are read behind the mask with weight 0, so they must be finite: `allocate`
+    zeroes the blocks it gives (in one op) and leaves every other block as it was."""
+    pool = KVPool(flow, n_blocks=6)
+    first = pool.allocate(3)
+    pool.kv.fill_(float("nan"))  # what a released block may hold
+    pool.release(first)
+    taken = pool.allocate(2)
+    assert not pool.allocate(0)
+    for b in range(pool.kv.shape[2]):
+        block = pool.kv[:, :, b]
+        assert (block == 0).all() if b in taken else block.isnan().all(), b

@@ -125,8 +125,9 @@ class KVPool:
             ids = [self._free.pop() for _ in range(n)]
             for i in ids:
                 self._refs[i] = 1
-        for i in ids:  # on the caller's stream, before the call that writes them
-            self.kv[:, :, i].zero_()
+        # on the caller's stream, before the call that writes them; one kernel for all of them
+        if ids:
+            self.kv.index_fill_(2, torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True), 0)
         return ids
 
     def retain(self, table: list[int], n: int) -> list[int]:

@@ -24,4 +24,4 @@ def solve_calls(flow: CausalFlow, calls: list[PagedEstCall], mus: list[Tensor], 
     if work is not None:  # one row of M frames; attention by its visible pairs
         pairs = visible_pairs(calls, e.static_chunk_size, e.num_decoding_left_chunks)
         work.add(1, x.shape[2], pairs / x.shape[2], sum(n))
-    return [m.float() for m in x[:, :, : sum(n)].split(n, dim=2)]
+    return list(x[:, :, : sum(n)].float().split(n, dim=2))  # one cast for all streams
