@@ -208,7 +208,7 @@ def _advance(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bo
 
 @dataclass
 class _Plan:
-    """One stream's call before its encoder pass: its stage calls and the embedded new tokens."""
+    """One stream's call before its encoder pass: its stage calls and its new token ids (host)."""
 
     state: FlowState
     tokens: Tensor  # [1, L] prompt + generated, host
