@@ -14,8 +14,8 @@ from torch import nn
 
 from app.model.hparams import EncoderDims
 
-if TYPE_CHECKING:  # annotations only: cache.py imports this module
-    from app.model.flow.incremental.cache import StageCall
+if TYPE_CHECKING:  # annotations only: encode_batch.py imports this module (through the flow)
+    from app.model.flow.incremental.encode_batch import StaticCall
 
 UPSAMPLE_STRIDE = 2  # mel frames per token
 NORM_EPS = 1e-5  # embed / after_norm LayerNorms
@@ -114,10 +114,10 @@ class RelPosSelfAttention(nn.Module):
         attn = scores.masked_fill(hidden, -math.inf).softmax(dim=-1).masked_fill(hidden, 0.0)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, H * Dh))
 
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        """`forward` for the new positions only: x [1, n, D] at absolute positions start..end-1 of
-        `cache` (a `StageCall`, app/model/flow/incremental/cache.py, or B streams' `StaticCall`, encode_batch.py), whose
-        keys/values hold the earlier ones."""
+    def forward_cached(self, x: torch.Tensor, cache: StaticCall) -> torch.Tensor:
+        """`forward` for the new positions only: x [B, n, D] at each row's absolute positions start..end-1 of
+        `cache` (B streams' `StaticCall`, app/model/flow/incremental/encode_batch.py), whose keys/values hold the
+        earlier ones."""
         B, n, _ = x.shape
         H, Dh = self.n_heads, self.d_head
         q = self.linear_q(x).view(B, n, H, Dh)
@@ -157,7 +157,7 @@ class ConformerBlock(nn.Module):
         x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
         return x + self.feed_forward(self.norm_ff(x))
 
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StaticCall) -> torch.Tensor:
         x = x + self.self_attn.forward_cached(self.norm_mha(x), cache)
         return x + self.feed_forward(self.norm_ff(x))
 
@@ -179,10 +179,10 @@ class PreLookahead(nn.Module):
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
         return h.transpose(1, 2) + x
 
-    def forward_cached(self, x: torch.Tensor, ahead: torch.Tensor, cache: StageCall) -> torch.Tensor:
-        # x: [1, n, D] new tokens; ahead: [1, lookahead, D]; conv2's 2 earlier conv1 outputs come
+    def forward_cached(self, x: torch.Tensor, ahead: torch.Tensor, cache: StaticCall) -> torch.Tensor:
+        # x: [B, n, D] new tokens; ahead: [B, lookahead, D]; conv2's 2 earlier conv1 outputs come
         # from `cache` (conv1 itself looks only ahead)
-        h = F.leaky_relu(self.conv1(torch.cat([x, ahead], dim=1).transpose(1, 2)), 0.01)  # [1, D, n]
+        h = F.leaky_relu(self.conv1(torch.cat([x, ahead], dim=1).transpose(1, 2)), 0.01)  # [B, D, n]
         h = self.conv2(cache.left_context(h, self.conv2.kernel_size[0] - 1))
         return h.transpose(1, 2) + x
 
@@ -200,7 +200,7 @@ class Upsample(nn.Module):
         x = x.repeat_interleave(self.stride, dim=2)
         return self.conv(F.pad(x, (2 * self.stride, 0)))
 
-    def forward_cached(self, x: torch.Tensor, cache: StageCall) -> torch.Tensor:
+    def forward_cached(self, x: torch.Tensor, cache: StaticCall) -> torch.Tensor:
         # x: [B, D, n] new tokens -> [B, D, stride·n]; the 2·stride earlier upsampled frames from `cache`
         # (nearest repeat by expand: no host sync, so a CUDA graph can capture it)
         x = x[..., None].expand(-1, -1, -1, self.stride).flatten(2)
@@ -261,25 +261,10 @@ class UpsampleConformerEncoder(nn.Module):
             x = block(x, mask, pos_emb)
         return self.after_norm(x), lengths
 
-    def forward_cached(self, xs: torch.Tensor, ahead: torch.Tensor | None, tokens_cache,
-                       frames_cache: StageCall) -> torch.Tensor:
-        """`forward(streaming=True)` for new tokens only, one row.
-
-        xs: [1, n, D_in] embeddings of tokens start..end-1 of `tokens_cache` (a `StageCall` over
-        token positions; `frames_cache` covers the same span at 2 frames per token); ahead:
-        [1, lookahead, D_in] embeddings of the tokens right after them, or None at the end of the
-        utterance (the look-ahead then reads zeros). Returns h [1, 2n, D] after `after_norm`.
-        """
-        x = self.embed.out(xs) * self.embed.xscale
-        if ahead is None:
-            ahead = x.new_zeros(1, self.lookahead, x.shape[2])
-        else:
-            ahead = self.embed.out(ahead) * self.embed.xscale
-        return self.cached_layers(x, ahead, tokens_cache, frames_cache)
-
     def cached_layers(self, x: torch.Tensor, ahead: torch.Tensor, tokens_cache, frames_cache) -> torch.Tensor:
-        """`forward_cached` after the embedding: x [B, n, D], ahead [B, lookahead, D] -> h [B, 2n, D]; the
-        caches are `StageCall`s (B = 1) or `StaticCall`s (app/model/flow/incremental/encode_batch.py)."""
+        """`forward(streaming=True)` for B rows of new tokens only, after the embedding: x [B, n, D], ahead
+        [B, lookahead, D] -> h [B, 2n, D]; the caches are the token and frame stages' `StaticCall`s
+        (app/model/flow/incremental/encode_batch.py), which hold the earlier positions."""
         x = self.pre_lookahead_layer.forward_cached(x, ahead, tokens_cache)
         for block in self.encoders:
             x = block.forward_cached(x, tokens_cache)

@@ -64,15 +64,16 @@ def encoder_inputs(flow: CausalFlow, rows: EncoderRows, plans: list, *, streams:
     tails = []
     for call, n_ctx in (("tok_call", 2), ("frm_call", 2 * up)):  # the pre-look-ahead conv2 (k 3), the up conv
         zeros = rows.kv[0].new_zeros(1, D, n_ctx)
-        held = [getattr(p, call).committed_tail(zeros, n_ctx) for p in plans]
+        held = [getattr(p, call).committed_tail(zeros) for p in plans]
         tails.append(torch.cat(held + [zeros] * (B - len(plans))))
     return EncoderInputs(index, (tails[0], tails[1]), B, N, E)
 
 
 class StaticCall:
-    """The `StageCall` interface of the encoder's layers over one stage of a pass: B rows of N queries over E
-    keys; a row's padding queries see nothing (their outputs are never read: causal convs and masked keys keep
-    them out of the real positions), its padding keys read the pad block's zeros."""
+    """What the encoder's layers call over one stage of a pass (`left_context` per causal conv, `keys_values` and
+    `positions` per attention layer, in their fixed order): B rows of N queries over E keys; a row's padding
+    queries see nothing (their outputs are never read: causal convs and masked keys keep them out of the real
+    positions), its padding keys read the pad block's zeros."""
 
     def __init__(self, kv: Tensor, table, writes: Tensor, reads: Tensor, meta: Tensor, tail: Tensor, *,
                  scale: int, chunk: int, N: int, E: int) -> None:

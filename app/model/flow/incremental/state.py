@@ -178,8 +178,8 @@ def prepare_hops(flow: CausalFlow, states: list[FlowState], tokens: list[Tensor]
     plans = [refused(partial(_checked, flow, st, tok, finalize=fin, token_offset=off))
              for st, tok, fin, off in zip(states, tokens, finalize, token_offsets, strict=True)]
     ok = [p for p in plans if isinstance(p, _Plan)]
-    if not ok or (len(ok) == 1 and graphs is None):
-        return [refused(partial(_encoded, flow, p)) if isinstance(p, _Plan) else p for p in plans]
+    if not ok:
+        return plans
     mus = iter(encoder_pass(flow, ok, graphs))
     return [refused(partial(_hop, flow, p, next(mus))) if isinstance(p, _Plan) else p for p in plans]
 
@@ -240,19 +240,14 @@ def _plan(flow: CausalFlow, state: FlowState, tokens: Tensor, *, finalize: bool,
     up = flow.encoder.up_layer.stride
     state.est.reserve(up * end)  # the call's blocks, for all three stages (`PoolFull` before any work)
     rows, blocks = state.est.pool.encoder, state.est.table
-    (tok_kv, frm_kv), (tok_pos, frm_pos) = rows.kv, rows.positions
-    tok_call = StageCall(state.enc, start, end, commit, chunk, tok_pos, tok_kv, rows.call_rows(0, blocks, end))
-    frm_call = StageCall(state.up, up * start, up * end, up * commit, up * chunk, frm_pos, frm_kv,
-                         rows.call_rows(1, blocks, up * end))
+    tok_call = StageCall(state.enc, start, end, commit, rows.call_rows(0, blocks, end))
+    frm_call = StageCall(state.up, up * start, up * end, up * commit, rows.call_rows(1, blocks, up * end))
     return _Plan(state, tokens, finalize, first, commit, tok_call, frm_call, tokens[0, start:].clamp(min=0))
 
 
 def _encoded(flow: CausalFlow, p: _Plan) -> Hop:
     """One stream's own encoder pass (no padding)."""
-    n = p.tok_call.end - p.tok_call.start
-    emb = flow.input_embedding(p.ids.to(p.state.device, non_blocking=True))[None]  # [1, n (+ lookahead), D_in]
-    h = flow.encoder.forward_cached(emb[:, :n], None if p.finalize else emb[:, n:], p.tok_call, p.frm_call)
-    return _hop(flow, p, flow.encoder_proj(h).transpose(1, 2))
+    return _hop(flow, p, encoder_pass(flow, [p])[0])
 
 
 def _hop(flow: CausalFlow, p: _Plan, mu: Tensor) -> Hop:
