@@ -65,9 +65,7 @@ class BucketGraphs:
             for i, key in enumerate(keys):
                 if key in self._graphs:
                     continue
-                if self.min_free_bytes:  # the warm-ups' cached blocks back to the device first, then measure
-                    torch.cuda.empty_cache()
-                if self.min_free_bytes and torch.cuda.mem_get_info(self.device)[0] < self.min_free_bytes:
+                if self._short_of_memory():
                     self.skipped = len(keys) - i
                     log.warning("%s graphs: %d buckets not captured, less than %.1f GiB free", self.name,
                                 self.skipped, self.min_free_bytes / 2**30)
@@ -90,6 +88,13 @@ class BucketGraphs:
                 self._graphs[key] = (g, inp, out if isinstance(out, tuple) else (out,))
             torch.cuda.synchronize(self.device)
         return len(self._graphs)
+
+    def _short_of_memory(self) -> bool:
+        """Less than `min_free_bytes` free on the device (the warm-ups' cached blocks given back first)."""
+        if not self.min_free_bytes:
+            return False
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(self.device)[0] < self.min_free_bytes
 
     def _replay(self, key: tuple[int, ...], inputs: Any) -> tuple[Tensor, ...]:
         """The outputs (fresh tensors) of bucket `key`'s graph on `inputs` (shaped as its static ones)."""

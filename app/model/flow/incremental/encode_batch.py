@@ -62,7 +62,9 @@ def encoder_inputs(flow: CausalFlow, rows: EncoderRows, plans: list, *, streams:
     index = torch.cat([x.view(-1) for x in (ids, meta, tw, tr, fw, fr)]).to(device, non_blocking=True)
     D = enc.dims.output_size
     tails = []
-    for call, n_ctx in (("tok_call", 2), ("frm_call", 2 * up)):  # the pre-look-ahead conv2 (k 3), the up conv
+    convs = (enc.pre_lookahead_layer.conv2, enc.up_layer.conv)  # each stage's one causal conv
+    for call, conv in zip(("tok_call", "frm_call"), convs, strict=True):
+        n_ctx = conv.kernel_size[0] - 1
         zeros = rows.kv[0].new_zeros(1, D, n_ctx)
         held = [getattr(p, call).committed_tail(zeros) for p in plans]
         tails.append(torch.cat(held + [zeros] * (B - len(plans))))

@@ -74,5 +74,4 @@ class EncoderGraphs(BucketGraphs):
             self.misses += 1
             return None
         inp = encoder_inputs(self.flow, self.rows_pool, plans, streams=key[0], tokens=key[1], keys=key[2])
-        mu, tok_tails, frm_tails = self._replay(key, inp)
-        return mu, tok_tails, frm_tails
+        return self._replay(key, inp)
